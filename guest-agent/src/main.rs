@@ -1,0 +1,210 @@
+//! `shoal-agent`: the PID 1 init of Shoal guests.
+//!
+//! On the development hosts the guest runs under PVM, where every guest
+//! syscall costs ~0.5 ms and every fork+exec close to a second, so this init
+//! does all of its setup with direct syscalls and as few of them as it can:
+//! a mount is tried first and its mount point created only when the mount
+//! says it is missing; the console is only reopened when writing to it fails;
+//! the command is started with `clone(CLONE_VM | CLONE_VFORK)` (no page-table
+//! copy, no copy-on-write faults) rather than `fork`.
+//!
+//! Protocol on the console (the VMM and tests parse these lines):
+//! - `SHOAL-INIT-READY` once the mounts are done;
+//! - `SHOAL-EXIT <code>` after the command given on the kernel command line
+//!   (after ` -- `) has exited; then the guest syncs and reboots, which the
+//!   VMM (`reboot=k`) treats as a clean exit.
+//!
+//! The binary uses `#![no_main]`: the C `main` receives argv/envp straight
+//! from the kernel and std's runtime setup (fd probing, SIGPIPE, stack guard
+//! handlers: several syscalls) is skipped.
+
+#![no_main]
+
+mod spawn;
+mod sys;
+
+use std::ffi::{c_char, c_int, CStr};
+use std::io::Write;
+
+use sys::{errno, write_all};
+
+/// Marker printed once the init is ready; one write(2).
+const READY: &[u8] = b"SHOAL-INIT-READY\n";
+
+const USAGE: &[u8] = b"usage: shoal-agent [COMMAND [ARG]...]\n\
+shoal-agent is the PID 1 init of Shoal guests (kernel command line: ... -- COMMAND ARG...).\n\
+It only runs as PID 1; nothing was done.\n";
+
+/// One filesystem to mount at boot.
+struct Mount {
+    source: &'static CStr,
+    target: &'static CStr,
+    fstype: &'static CStr,
+    flags: libc::c_ulong,
+    data: Option<&'static CStr>,
+    /// Mode for the mount point if it has to be created.
+    dir_mode: libc::mode_t,
+}
+
+const NOSUID_NODEV: libc::c_ulong = libc::MS_NOSUID | libc::MS_NODEV;
+const NOSUID_NODEV_NOEXEC: libc::c_ulong = NOSUID_NODEV | libc::MS_NOEXEC;
+
+/// In order: /dev first (the console may live there), cgroup2 after sysfs.
+const MOUNTS: &[Mount] = &[
+    Mount {
+        source: c"devtmpfs",
+        target: c"/dev",
+        fstype: c"devtmpfs",
+        flags: libc::MS_NOSUID,
+        data: Some(c"mode=0755"),
+        dir_mode: 0o755,
+    },
+    Mount {
+        source: c"proc",
+        target: c"/proc",
+        fstype: c"proc",
+        flags: NOSUID_NODEV_NOEXEC,
+        data: None,
+        dir_mode: 0o555,
+    },
+    Mount {
+        source: c"sysfs",
+        target: c"/sys",
+        fstype: c"sysfs",
+        flags: NOSUID_NODEV_NOEXEC,
+        data: None,
+        dir_mode: 0o555,
+    },
+    Mount {
+        source: c"cgroup2",
+        target: c"/sys/fs/cgroup",
+        fstype: c"cgroup2",
+        flags: NOSUID_NODEV_NOEXEC,
+        data: None,
+        dir_mode: 0o755,
+    },
+    Mount {
+        source: c"tmpfs",
+        target: c"/tmp",
+        fstype: c"tmpfs",
+        flags: NOSUID_NODEV,
+        data: Some(c"mode=1777"),
+        dir_mode: 0o1777,
+    },
+    Mount {
+        source: c"tmpfs",
+        target: c"/run",
+        fstype: c"tmpfs",
+        flags: NOSUID_NODEV,
+        data: Some(c"mode=755"),
+        dir_mode: 0o755,
+    },
+];
+
+/// C entry point (see the module comment for why not Rust's `fn main`).
+#[no_mangle]
+unsafe extern "C" fn main(
+    argc: c_int,
+    argv: *const *const c_char,
+    envp: *const *const c_char,
+) -> c_int {
+    // SAFETY: getpid has no preconditions.
+    if unsafe { libc::getpid() } != 1 {
+        write_all(2, USAGE);
+        return 2;
+    }
+    mount_all();
+    // SAFETY: the pointer and length describe a valid static byte string.
+    if unsafe { libc::sethostname(c"shoal".as_ptr(), 5) } != 0 {
+        sys::report("sethostname", errno());
+    }
+    announce_ready();
+
+    if argc > 1 && !argv.is_null() {
+        // SAFETY: the kernel passes argc > 1 valid entries in a
+        // NULL-terminated argv array that lives for the whole process.
+        let cmd = unsafe { argv.add(1) };
+        // SAFETY: as above; envp is the kernel's NULL-terminated array.
+        let code = unsafe { spawn::run_command(cmd, envp) };
+        // Formatted on the stack: no allocation (an mmap under musl).
+        let mut buf = [0u8; 32];
+        let mut w = &mut buf[..];
+        let _ = writeln!(w, "SHOAL-EXIT {code}"); // fits: 11 + at most 11 digits
+        let len = 32 - w.len();
+        write_all(1, buf.get(..len).unwrap_or_default());
+        // SAFETY: sync and reboot have no memory-safety preconditions.
+        unsafe {
+            libc::sync();
+            libc::reboot(libc::RB_AUTOBOOT);
+        }
+        // Only reached if the reboot was refused: keep PID 1 alive.
+        sys::report("reboot", errno());
+    }
+    spawn::reap_forever()
+}
+
+/// Mounts everything in `MOUNTS`; never fails, only reports.
+fn mount_all() {
+    let mut sysfs_ok = true;
+    for m in MOUNTS {
+        if m.fstype == c"cgroup2" && !sysfs_ok {
+            continue; // no /sys, so no /sys/fs/cgroup either
+        }
+        let ok = mount_one(m);
+        if m.fstype == c"sysfs" {
+            sysfs_ok = ok;
+        }
+    }
+}
+
+/// Mounts one filesystem, creating the mount point only if the mount reports
+/// it missing. Already mounted (EBUSY) counts as success.
+fn mount_one(m: &Mount) -> bool {
+    let data = m.data.map_or(std::ptr::null(), |d| d.as_ptr().cast());
+    let try_mount = || {
+        // SAFETY: all strings are NUL-terminated statics; data is either
+        // NULL or a NUL-terminated option string.
+        let rc = unsafe {
+            libc::mount(
+                m.source.as_ptr(),
+                m.target.as_ptr(),
+                m.fstype.as_ptr(),
+                m.flags,
+                data,
+            )
+        };
+        if rc == 0 {
+            0
+        } else {
+            errno()
+        }
+    };
+    let mut err = try_mount();
+    if err == libc::ENOENT {
+        // SAFETY: target is a NUL-terminated static path.
+        if unsafe { libc::mkdir(m.target.as_ptr(), m.dir_mode) } != 0 {
+            let e = errno();
+            // EROFS etc.: the root cannot take a new directory; skip.
+            sys::report_path("mkdir", m.target, e);
+            return false;
+        }
+        err = try_mount();
+    }
+    match err {
+        0 | libc::EBUSY => true,
+        e => {
+            sys::report_path("mount", m.target, e);
+            false
+        }
+    }
+}
+
+/// Writes the ready marker; if stdout is not open (no /dev/console in the
+/// initramfs when the kernel started us), opens the console as fds 0-2 and
+/// tries once more.
+fn announce_ready() {
+    if sys::write_once(1, READY) == Err(libc::EBADF) {
+        sys::open_console();
+        write_all(1, READY);
+    }
+}
