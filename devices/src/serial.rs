@@ -84,7 +84,9 @@ impl BoundedSink {
             o.on_output(&self.buf);
         }
         let room = self.limit.saturating_sub(self.written);
-        let n = usize::try_from(room).unwrap_or(usize::MAX).min(self.buf.len());
+        let n = usize::try_from(room)
+            .unwrap_or(usize::MAX)
+            .min(self.buf.len());
         let res = self.out.write_all(&self.buf[..n]);
         self.written += n as u64;
         if n < self.buf.len() {

@@ -209,8 +209,8 @@ impl MmioTransport {
                             (self.acked_features & !0xffff_ffff) | (u64::from(v) & offered)
                     }
                     1 => {
-                        self.acked_features = (self.acked_features & 0xffff_ffff)
-                            | ((u64::from(v) << 32) & offered)
+                        self.acked_features =
+                            (self.acked_features & 0xffff_ffff) | ((u64::from(v) << 32) & offered)
                     }
                     _ => {}
                 }
@@ -229,11 +229,10 @@ impl MmioTransport {
                     q.set_ready(v == 1);
                 }
             }
-            0x050 => {
-                if self.activated && self.status & status::DEVICE_NEEDS_RESET == 0 {
+            0x050
+                if self.activated && self.status & status::DEVICE_NEEDS_RESET == 0 => {
                     self.device.queue_notify(v);
                 }
-            }
             0x064 => self.interrupt.ack(v),
             0x070 => self.set_status(v),
             0x080 => self.with_queue(|q| q.set_desc_table_address(Some(v), None)),
@@ -268,7 +267,7 @@ impl BusDevice for MmioTransport {
             self.device.read_config(offset - 0x100, data);
             return;
         }
-        if data.len() != 4 || offset % 4 != 0 {
+        if data.len() != 4 || !offset.is_multiple_of(4) {
             data.fill(0);
             return;
         }
@@ -287,7 +286,7 @@ impl BusDevice for MmioTransport {
         let Ok(bytes) = <[u8; 4]>::try_from(data) else {
             return;
         };
-        if offset % 4 == 0 {
+        if offset.is_multiple_of(4) {
             self.write_reg(offset, u32::from_le_bytes(bytes));
         }
     }

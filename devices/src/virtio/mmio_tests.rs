@@ -105,7 +105,10 @@ fn status_bits_must_come_in_order() {
     let (mut d, _) = probe();
     d.wr(0x70, status::DRIVER_OK);
     assert_eq!(d.rd(0x70), 0);
-    d.wr(0x70, status::ACKNOWLEDGE | status::DRIVER | status::FEATURES_OK);
+    d.wr(
+        0x70,
+        status::ACKNOWLEDGE | status::DRIVER | status::FEATURES_OK,
+    );
     assert_eq!(d.rd(0x70), 0);
     d.wr(0x70, status::ACKNOWLEDGE);
     assert_eq!(d.rd(0x70), status::ACKNOWLEDGE);
@@ -136,7 +139,10 @@ fn queue_outside_memory_fails_activation() {
     d.wr(0x70, status::ACKNOWLEDGE | status::DRIVER);
     d.wr(0x24, 1);
     d.wr(0x20, 1);
-    d.wr(0x70, status::ACKNOWLEDGE | status::DRIVER | status::FEATURES_OK);
+    d.wr(
+        0x70,
+        status::ACKNOWLEDGE | status::DRIVER | status::FEATURES_OK,
+    );
     d.wr(0x80, 0xffff_0000); // far beyond the 1 MiB of guest memory
     d.wr(0x44, 1);
     d.wr(

@@ -64,7 +64,10 @@ impl Driver {
         self.wr(0x20, features as u32);
         self.wr(0x24, 1);
         self.wr(0x20, (features >> 32) as u32);
-        self.wr(0x70, status::ACKNOWLEDGE | status::DRIVER | status::FEATURES_OK);
+        self.wr(
+            0x70,
+            status::ACKNOWLEDGE | status::DRIVER | status::FEATURES_OK,
+        );
         self.wr(0x30, 0);
         self.wr(0x38, u32::from(qsize));
         self.wr(0x80, DESC as u32);

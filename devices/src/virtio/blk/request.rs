@@ -98,7 +98,10 @@ fn run(mem: &GuestMemoryMmap, b: &Backing, body: &[Descriptor]) -> Result<u32, u
             Ok(0)
         }
         RequestType::GetId => {
-            let d = data.first().filter(|d| d.is_write_only()).ok_or(STATUS_IOERR)?;
+            let d = data
+                .first()
+                .filter(|d| d.is_write_only())
+                .ok_or(STATUS_IOERR)?;
             let n = (d.len() as usize).min(ID_LEN);
             mem.write_slice(&b.id[..n], d.addr())
                 .map_err(|_| STATUS_IOERR)?;
@@ -117,7 +120,7 @@ fn transfer(
     to_guest: bool,
 ) -> Result<u32, u8> {
     let total: u64 = data.iter().map(|d| u64::from(d.len())).sum();
-    if total % SECTOR_SIZE != 0 {
+    if !total.is_multiple_of(SECTOR_SIZE) {
         return Err(STATUS_IOERR);
     }
     let end = sector
@@ -188,4 +191,3 @@ fn io_at(
     }
     Ok(())
 }
-

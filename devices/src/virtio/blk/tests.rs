@@ -26,7 +26,10 @@ fn dev(path: &std::path::Path, ro: bool) -> Driver {
     })
     .unwrap();
     let mut d = Driver::new(Box::new(b));
-    assert_ne!(d.bring_up(F | (1 << VIRTIO_BLK_F_FLUSH), 16) & status::DRIVER_OK, 0);
+    assert_ne!(
+        d.bring_up(F | (1 << VIRTIO_BLK_F_FLUSH), 16) & status::DRIVER_OK,
+        0
+    );
     d
 }
 
@@ -125,7 +128,11 @@ fn out_of_range_and_malformed_requests_fail_cleanly() {
     assert_eq!(status_byte(&d), STATUS_IOERR);
     // Data buffer outside guest memory.
     header(&d, 0, 0);
-    d.push_chain(&[(HDR, 16, false), (0xfff_fff0_0000, 512, true), (ST, 1, true)]);
+    d.push_chain(&[
+        (HDR, 16, false),
+        (0xfff_fff0_0000, 512, true),
+        (ST, 1, true),
+    ]);
     d.notify();
     assert_eq!(status_byte(&d), STATUS_IOERR);
     // Short header.

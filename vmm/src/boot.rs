@@ -1,0 +1,235 @@
+//! Loading a Linux kernel (uncompressed ELF `vmlinux`), its command line and
+//! initrd, and writing the boot parameters ("zero page").
+
+use crate::layout::{
+    ram_ranges, CMDLINE_ADDR, CMDLINE_MAX, HIGH_RAM_START, LOW_RAM_END, ZERO_PAGE,
+};
+use linux_loader::loader::bootparam::{boot_e820_entry, boot_params};
+use linux_loader::loader::elf::Elf;
+use linux_loader::loader::KernelLoader;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+
+/// Errors loading the kernel, initrd or command line.
+#[derive(Debug, thiserror::Error)]
+pub enum BootError {
+    /// A file could not be opened.
+    #[error("cannot open {what} {path}: {source}")]
+    Open {
+        /// "kernel" or "initrd".
+        what: &'static str,
+        /// The path.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The kernel is not a loadable x86-64 ELF.
+    #[error("cannot load kernel {path}: {source} (expected an uncompressed ELF vmlinux)")]
+    Kernel {
+        /// The path.
+        path: PathBuf,
+        /// The loader's error.
+        source: linux_loader::loader::Error,
+    },
+    /// The initrd does not fit between the kernel and the end of low RAM.
+    #[error("initrd {path} ({size} bytes) does not fit in guest memory; give the VM more memory")]
+    InitrdTooLarge {
+        /// The path.
+        path: PathBuf,
+        /// Its size.
+        size: u64,
+    },
+    /// Reading the initrd failed.
+    #[error("cannot read initrd {path}: {source}")]
+    InitrdRead {
+        /// The path.
+        path: PathBuf,
+        /// The error.
+        source: vm_memory::GuestMemoryError,
+    },
+    /// The command line is too long or malformed.
+    #[error("kernel command line is {0} bytes; the limit is {max}", max = CMDLINE_MAX - 1)]
+    CmdlineTooLong(usize),
+    /// The command line contains a NUL byte.
+    #[error("kernel command line contains a NUL byte")]
+    CmdlineNul,
+    /// Writing boot data to guest memory failed.
+    #[error("cannot write {0} to guest memory")]
+    Write(&'static str),
+}
+
+/// Where the kernel landed.
+#[derive(Debug, Clone, Copy)]
+pub struct LoadedKernel {
+    /// 64-bit entry point.
+    pub entry: u64,
+    /// First byte past the loaded image.
+    pub end: u64,
+}
+
+/// Loads an ELF vmlinux into guest memory.
+pub fn load_kernel(mem: &GuestMemoryMmap, path: &Path) -> Result<LoadedKernel, BootError> {
+    let mut f = File::open(path).map_err(|source| BootError::Open {
+        what: "kernel",
+        path: path.into(),
+        source,
+    })?;
+    let r = Elf::load(mem, None, &mut f, Some(GuestAddress(HIGH_RAM_START))).map_err(|source| {
+        BootError::Kernel {
+            path: path.into(),
+            source,
+        }
+    })?;
+    Ok(LoadedKernel {
+        entry: r.kernel_load.0,
+        end: r.kernel_end,
+    })
+}
+
+/// Places the initrd at the top of low RAM. Returns (address, size).
+pub fn load_initrd(
+    mem: &GuestMemoryMmap,
+    mem_bytes: u64,
+    kernel_end: u64,
+    path: &Path,
+) -> Result<(u64, u64), BootError> {
+    let mut f = File::open(path).map_err(|source| BootError::Open {
+        what: "initrd",
+        path: path.into(),
+        source,
+    })?;
+    let size = f
+        .metadata()
+        .map_err(|source| BootError::Open {
+            what: "initrd",
+            path: path.into(),
+            source,
+        })?
+        .len();
+    let low_end = ram_ranges(mem_bytes)[0].1;
+    let addr = low_end.checked_sub(size).map(|a| a & !0xfff);
+    let addr = match addr {
+        Some(a) if a >= kernel_end && size > 0 => a,
+        _ => {
+            return Err(BootError::InitrdTooLarge {
+                path: path.into(),
+                size,
+            })
+        }
+    };
+    let len = usize::try_from(size).map_err(|_| BootError::InitrdTooLarge {
+        path: path.into(),
+        size,
+    })?;
+    mem.read_exact_volatile_from(GuestAddress(addr), &mut f, len)
+        .map_err(|source| BootError::InitrdRead {
+            path: path.into(),
+            source,
+        })?;
+    Ok((addr, size))
+}
+
+/// Writes the command line and boot parameters.
+pub fn write_boot_params(
+    mem: &GuestMemoryMmap,
+    mem_bytes: u64,
+    cmdline: &str,
+    initrd: Option<(u64, u64)>,
+) -> Result<(), BootError> {
+    if cmdline.len() >= CMDLINE_MAX {
+        return Err(BootError::CmdlineTooLong(cmdline.len()));
+    }
+    if cmdline.contains('\0') {
+        return Err(BootError::CmdlineNul);
+    }
+    let mut bytes = cmdline.as_bytes().to_vec();
+    bytes.push(0);
+    mem.write_slice(&bytes, GuestAddress(CMDLINE_ADDR))
+        .map_err(|_| BootError::Write("command line"))?;
+
+    let mut p = boot_params::default();
+    p.hdr.type_of_loader = 0xff;
+    p.hdr.boot_flag = 0xaa55;
+    p.hdr.header = 0x5372_6448; // "HdrS"
+    p.hdr.kernel_alignment = 0x0100_0000;
+    p.hdr.cmd_line_ptr = CMDLINE_ADDR as u32;
+    p.hdr.cmdline_size = cmdline.len() as u32;
+    if let Some((addr, size)) = initrd {
+        p.hdr.ramdisk_image = addr as u32;
+        p.hdr.ramdisk_size = size as u32;
+    }
+    let mut e820 = vec![(0, LOW_RAM_END)];
+    for (start, len) in ram_ranges(mem_bytes) {
+        let start = start.max(HIGH_RAM_START);
+        e820.push((start, len - start.min(len)));
+    }
+    for (i, (addr, size)) in e820.into_iter().filter(|e| e.1 > 0).enumerate() {
+        p.e820_table[i] = boot_e820_entry {
+            addr,
+            size,
+            r#type: 1, // usable RAM
+        };
+        p.e820_entries = (i + 1) as u8;
+    }
+    mem.write_obj(p, GuestAddress(ZERO_PAGE))
+        .map_err(|_| BootError::Write("boot parameters"))
+}
+
+/// Inserts `extra` words into `cmdline` before the ` -- ` that starts the
+/// init's own arguments (or at the end if there is none).
+pub fn insert_kernel_args(cmdline: &str, extra: &str) -> String {
+    if extra.is_empty() {
+        return cmdline.to_string();
+    }
+    let (head, tail) = match cmdline.find(" -- ") {
+        Some(i) => cmdline.split_at(i),
+        None if cmdline.starts_with("-- ") => ("", cmdline),
+        None => (cmdline, ""),
+    };
+    let head = head.trim_end();
+    let sep = if head.is_empty() { "" } else { " " };
+    let tail = if tail.starts_with("-- ") {
+        format!(" {tail}")
+    } else {
+        tail.to_string()
+    };
+    format!("{head}{sep}{extra}{tail}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kernel_args_go_before_init_args() {
+        assert_eq!(
+            insert_kernel_args("console=ttyS0", "a=1"),
+            "console=ttyS0 a=1"
+        );
+        assert_eq!(
+            insert_kernel_args("console=ttyS0 -- /bin/sh -c 'x -- y'", "a=1"),
+            "console=ttyS0 a=1 -- /bin/sh -c 'x -- y'"
+        );
+        assert_eq!(insert_kernel_args("-- echo", "a=1"), "a=1 -- echo");
+        assert_eq!(insert_kernel_args("x", ""), "x");
+    }
+
+    #[test]
+    fn cmdline_limits() {
+        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 24)]).unwrap();
+        let long = "x".repeat(CMDLINE_MAX);
+        assert!(matches!(
+            write_boot_params(&mem, 1 << 24, &long, None),
+            Err(BootError::CmdlineTooLong(_))
+        ));
+        assert!(matches!(
+            write_boot_params(&mem, 1 << 24, "a\0b", None),
+            Err(BootError::CmdlineNul)
+        ));
+        write_boot_params(&mem, 1 << 24, "console=ttyS0", None).unwrap();
+        let p: boot_params = mem.read_obj(GuestAddress(ZERO_PAGE)).unwrap();
+        assert_eq!(p.e820_entries, 2);
+        assert_eq!({ p.e820_table[1].size }, (1 << 24) - HIGH_RAM_START);
+    }
+}

@@ -1,0 +1,239 @@
+//! VM configuration, from command-line flags or a JSON file.
+
+use crate::cpu::CpuProfile;
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+
+/// Errors in a configuration.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The JSON file could not be read.
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        /// The path.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The JSON is malformed or has unknown fields.
+    #[error("invalid config file {path}: {source}")]
+    Parse {
+        /// The path.
+        path: PathBuf,
+        /// The parser's error.
+        source: serde_json::Error,
+    },
+    /// A value is out of range.
+    #[error("invalid config: {0}")]
+    Invalid(String),
+}
+
+/// What the guest boots.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum BootSource {
+    /// A Linux kernel (uncompressed ELF vmlinux).
+    Linux {
+        /// vmlinux path.
+        kernel: PathBuf,
+        /// Kernel command line (the VMM appends device and profile words).
+        #[serde(default = "default_cmdline")]
+        cmdline: String,
+        /// Optional initrd / initramfs.
+        #[serde(default)]
+        initrd: Option<PathBuf>,
+    },
+    /// Raw 16-bit code loaded at `addr` and entered in real mode (test guests).
+    RealMode {
+        /// Machine code.
+        code: Vec<u8>,
+        /// Load and entry address (below 64 KiB).
+        addr: u16,
+    },
+}
+
+fn default_cmdline() -> String {
+    "console=ttyS0 reboot=k panic=-1".into()
+}
+
+/// One virtio-blk disk.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct DiskConfig {
+    /// Backing file.
+    pub path: PathBuf,
+    /// Refuse guest writes.
+    #[serde(default)]
+    pub read_only: bool,
+}
+
+/// Where the serial console goes.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum SerialOutput {
+    /// The VMM's stdout.
+    #[default]
+    Stdout,
+    /// A file (created or truncated).
+    File(PathBuf),
+    /// Discarded.
+    Null,
+}
+
+/// A whole VM.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct VmConfig {
+    /// What to boot.
+    pub boot: BootSource,
+    /// Number of vCPUs (1..=254).
+    #[serde(default = "one")]
+    pub vcpus: u8,
+    /// Guest memory in MiB.
+    #[serde(default = "default_mem")]
+    pub memory_mib: u32,
+    /// virtio-blk disks, in order (/dev/vda, /dev/vdb, ...).
+    #[serde(default)]
+    pub disks: Vec<DiskConfig>,
+    /// Serial console destination.
+    #[serde(default)]
+    pub serial: SerialOutput,
+    /// Most bytes of guest console output kept; the rest is dropped.
+    #[serde(default = "default_serial_limit")]
+    pub serial_limit_bytes: u64,
+    /// CPU profile; `None` picks one for the host.
+    #[serde(default)]
+    pub cpu_profile: Option<CpuProfile>,
+}
+
+fn one() -> u8 {
+    1
+}
+fn default_mem() -> u32 {
+    128
+}
+fn default_serial_limit() -> u64 {
+    64 << 20
+}
+
+/// Most virtio devices one VM may have (IRQs 5..=23).
+pub const MAX_VIRTIO_DEVICES: usize = 19;
+
+impl VmConfig {
+    /// A Linux VM with defaults.
+    pub fn linux(kernel: PathBuf) -> Self {
+        Self {
+            boot: BootSource::Linux {
+                kernel,
+                cmdline: default_cmdline(),
+                initrd: None,
+            },
+            vcpus: 1,
+            memory_mib: default_mem(),
+            disks: vec![],
+            serial: SerialOutput::Stdout,
+            serial_limit_bytes: default_serial_limit(),
+            cpu_profile: None,
+        }
+    }
+
+    /// Reads a JSON config file.
+    pub fn from_json_file(path: &std::path::Path) -> Result<Self, ConfigError> {
+        let s = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.into(),
+            source,
+        })?;
+        let c: Self = serde_json::from_str(&s).map_err(|source| ConfigError::Parse {
+            path: path.into(),
+            source,
+        })?;
+        c.validate()?;
+        Ok(c)
+    }
+
+    /// Checks ranges that serde cannot.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.vcpus == 0 || self.vcpus > 254 {
+            return Err(ConfigError::Invalid(format!(
+                "vcpus must be 1..=254, got {}",
+                self.vcpus
+            )));
+        }
+        if self.memory_mib < 16 {
+            return Err(ConfigError::Invalid(format!(
+                "memory_mib must be at least 16, got {}",
+                self.memory_mib
+            )));
+        }
+        if u64::from(self.memory_mib) > (1 << 20) {
+            return Err(ConfigError::Invalid(format!(
+                "memory_mib {} exceeds 1 TiB",
+                self.memory_mib
+            )));
+        }
+        if self.disks.len() > MAX_VIRTIO_DEVICES {
+            return Err(ConfigError::Invalid(format!(
+                "at most {MAX_VIRTIO_DEVICES} disks, got {}",
+                self.disks.len()
+            )));
+        }
+        if let BootSource::RealMode { code, addr } = &self.boot {
+            if usize::from(*addr) + code.len() > 0x1_0000 || code.is_empty() {
+                return Err(ConfigError::Invalid(
+                    "real-mode code must be non-empty and end below 64 KiB".into(),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Guest memory in bytes.
+    pub fn mem_bytes(&self) -> u64 {
+        u64::from(self.memory_mib) << 20
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_defaults_and_unknown_fields() {
+        let c: VmConfig =
+            serde_json::from_str(r#"{"boot":{"type":"linux","kernel":"/k"}}"#).unwrap();
+        assert_eq!(c.vcpus, 1);
+        assert_eq!(c.memory_mib, 128);
+        assert_eq!(c.serial, SerialOutput::Stdout);
+        c.validate().unwrap();
+        assert!(serde_json::from_str::<VmConfig>(
+            r#"{"boot":{"type":"linux","kernel":"/k"},"vcpu":2}"#
+        )
+        .is_err());
+        let c: VmConfig = serde_json::from_str(
+            r#"{"boot":{"type":"linux","kernel":"/k"},"disks":[{"path":"/d","read_only":true}],
+                "serial":{"file":"/tmp/x"},"cpu_profile":"pvm"}"#,
+        )
+        .unwrap();
+        assert!(c.disks[0].read_only);
+        assert_eq!(c.cpu_profile, Some(CpuProfile::Pvm));
+    }
+
+    #[test]
+    fn ranges_are_checked() {
+        let mut c = VmConfig::linux("/k".into());
+        c.vcpus = 0;
+        assert!(c.validate().unwrap_err().to_string().contains("vcpus"));
+        c.vcpus = 1;
+        c.memory_mib = 4;
+        assert!(c.validate().unwrap_err().to_string().contains("memory_mib"));
+        c.memory_mib = 64;
+        c.disks = vec![
+            DiskConfig {
+                path: "/d".into(),
+                read_only: false
+            };
+            20
+        ];
+        assert!(c.validate().unwrap_err().to_string().contains("disks"));
+    }
+}

@@ -1,0 +1,15 @@
+//! Shoal's virtual machine monitor: builds a KVM microVM (memory, vCPUs,
+//! devices, Linux boot) and runs it.
+
+pub mod boot;
+pub mod config;
+pub mod cpu;
+pub mod host;
+pub mod layout;
+pub mod vcpu;
+pub mod vm;
+
+pub use config::{BootSource, DiskConfig, SerialOutput, VmConfig};
+pub use cpu::CpuProfile;
+pub use vcpu::ExitReason;
+pub use vm::{RunOutcome, Vm, VmError};

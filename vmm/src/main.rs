@@ -1,0 +1,209 @@
+//! `shoal-vmm`: boots one microVM and runs it until the guest stops.
+//!
+//! Exit status: 0 when the guest reboots or powers off, 3 on a triple fault,
+//! 124 when `--timeout` expires, 1 on any set-up or guest error (one line on
+//! stderr), 2 on bad flags.
+
+use anyhow::{bail, Context, Result};
+use clap::Parser;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+use vmm::{BootSource, CpuProfile, DiskConfig, ExitReason, SerialOutput, Vm, VmConfig};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "shoal-vmm",
+    version,
+    about = "Shoal microVM monitor: boots one KVM microVM"
+)]
+struct Args {
+    /// Report what this host offers (KVM type, userfaultfd, ...) and exit.
+    #[arg(long)]
+    check_host: bool,
+    /// With --check-host: print JSON.
+    #[arg(long, requires = "check_host")]
+    json: bool,
+    /// Whole VM configuration as a JSON file (excludes the flags below).
+    #[arg(long, conflicts_with_all = ["kernel", "cmdline", "initrd", "disk"])]
+    config: Option<PathBuf>,
+    /// Uncompressed ELF kernel (vmlinux).
+    #[arg(long)]
+    kernel: Option<PathBuf>,
+    /// Kernel command line; words after " -- " go to the guest's init.
+    #[arg(long)]
+    cmdline: Option<String>,
+    /// initrd / initramfs image.
+    #[arg(long)]
+    initrd: Option<PathBuf>,
+    /// Number of vCPUs.
+    #[arg(long, default_value_t = 1)]
+    vcpus: u8,
+    /// Guest memory in MiB.
+    #[arg(long, default_value_t = 128)]
+    memory: u32,
+    /// virtio-blk disk: PATH or PATH,ro (repeatable; /dev/vda, /dev/vdb, ...).
+    #[arg(long)]
+    disk: Vec<String>,
+    /// Serial console: stdout, null, or file:PATH.
+    #[arg(long, default_value = "stdout")]
+    serial: String,
+    /// Most bytes of console output kept.
+    #[arg(long)]
+    serial_limit: Option<u64>,
+    /// CPU profile: auto, host or pvm.
+    #[arg(long, default_value = "auto")]
+    cpu_profile: String,
+    /// Stop the guest after this many seconds (exit status 124).
+    #[arg(long)]
+    timeout: Option<f64>,
+    /// Print timing (monotonic clock) of VMM start, first guest entry and exit to stderr.
+    #[arg(long)]
+    timings: bool,
+}
+
+fn monotonic_ns() -> u128 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec to a valid local.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u128 * 1_000_000_000 + ts.tv_nsec as u128
+}
+
+fn parse_disk(s: &str) -> Result<DiskConfig> {
+    let (path, ro) = match s.rsplit_once(',') {
+        Some((p, "ro")) => (p, true),
+        Some((p, "rw")) => (p, false),
+        Some((_, o)) => bail!("--disk {s}: unknown option '{o}' (expected ro or rw)"),
+        None => (s, false),
+    };
+    if path.is_empty() {
+        bail!("--disk needs a path");
+    }
+    Ok(DiskConfig {
+        path: path.into(),
+        read_only: ro,
+    })
+}
+
+fn build_config(a: &Args) -> Result<VmConfig> {
+    if let Some(p) = &a.config {
+        return Ok(VmConfig::from_json_file(p)?);
+    }
+    let kernel = a
+        .kernel
+        .clone()
+        .context("no kernel: pass --kernel PATH or --config FILE")?;
+    let mut c = VmConfig::linux(kernel);
+    if let BootSource::Linux {
+        cmdline, initrd, ..
+    } = &mut c.boot
+    {
+        if let Some(s) = &a.cmdline {
+            cmdline.clone_from(s);
+        }
+        initrd.clone_from(&a.initrd);
+    }
+    c.vcpus = a.vcpus;
+    c.memory_mib = a.memory;
+    c.disks = a
+        .disk
+        .iter()
+        .map(|d| parse_disk(d))
+        .collect::<Result<_>>()?;
+    c.serial = match a.serial.as_str() {
+        "stdout" => SerialOutput::Stdout,
+        "null" => SerialOutput::Null,
+        s => match s.strip_prefix("file:") {
+            Some(p) if !p.is_empty() => SerialOutput::File(p.into()),
+            _ => bail!("--serial {s}: expected stdout, null or file:PATH"),
+        },
+    };
+    if let Some(l) = a.serial_limit {
+        c.serial_limit_bytes = l;
+    }
+    c.cpu_profile = match a.cpu_profile.as_str() {
+        "auto" => None,
+        p => Some(p.parse::<CpuProfile>().map_err(anyhow::Error::msg)?),
+    };
+    c.validate()?;
+    Ok(c)
+}
+
+fn run(a: &Args, start_ns: u128) -> Result<i32> {
+    if a.check_host {
+        let r = vmm::host::detect();
+        if a.json {
+            println!("{}", serde_json::to_string_pretty(&r)?);
+        } else {
+            print!("{}", r.table());
+        }
+        return Ok(0);
+    }
+    let cfg = build_config(a)?;
+    let timeout = a
+        .timeout
+        .map(|t| {
+            Duration::try_from_secs_f64(t).map_err(|_| anyhow::anyhow!("--timeout {t}: invalid"))
+        })
+        .transpose()?;
+    let vm = Vm::new(&cfg, None)?;
+    let built = Instant::now();
+    let built_ns = monotonic_ns();
+    let outcome = vm.run(timeout)?;
+    let exit_ns = monotonic_ns();
+    if a.timings {
+        let at = |i: Option<Instant>| {
+            i.map(|i| {
+                let d = i.saturating_duration_since(built).as_nanos();
+                format!("{}", built_ns + d)
+            })
+            .unwrap_or_else(|| "none".into())
+        };
+        eprintln!(
+            "SHOAL-TIMING start_ns={start_ns} built_ns={built_ns} first_run_ns={} first_console_ns={} exit_ns={exit_ns}",
+            at(outcome.first_run),
+            at(outcome.first_console_byte)
+        );
+    }
+    match &outcome.exit {
+        ExitReason::Error(e) => eprintln!("shoal-vmm: guest stopped: {e}"),
+        ExitReason::TripleFault => eprintln!("shoal-vmm: guest stopped: triple fault"),
+        ExitReason::Stopped if timeout.is_some() => {
+            eprintln!("shoal-vmm: timeout expired; guest stopped");
+            return Ok(124);
+        }
+        _ => {}
+    }
+    Ok(outcome.exit.exit_code())
+}
+
+/// One line for an error chain; causes already quoted by the message
+/// before them (our error types include their source) are left out.
+fn error_line(e: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in e.chain() {
+        let c = cause.to_string();
+        if !line.contains(&c) {
+            if !line.is_empty() {
+                line.push_str(": ");
+            }
+            line.push_str(&c);
+        }
+    }
+    line
+}
+
+fn main() {
+    let start_ns = monotonic_ns();
+    let args = Args::parse();
+    let code = match run(&args, start_ns) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("shoal-vmm: error: {}", error_line(&e));
+            1
+        }
+    };
+    std::process::exit(code);
+}
