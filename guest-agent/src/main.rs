@@ -30,6 +30,9 @@ use sys::{errno, write_all};
 
 /// Marker printed once the init is ready; one write(2).
 const READY: &[u8] = b"SHOAL-INIT-READY\n";
+/// Command word that makes init report exit 0 and reboot without running
+/// anything (boot benchmarks measure to VMM exit with it).
+const REBOOT_BUILTIN: &std::ffi::CStr = c"@reboot";
 
 const USAGE: &[u8] = b"usage: shoal-agent [COMMAND [ARG]...]\n\
 shoal-agent is the PID 1 init of Shoal guests (kernel command line: ... -- COMMAND ARG...).\n\
@@ -124,8 +127,15 @@ unsafe extern "C" fn main(
         // SAFETY: the kernel passes argc > 1 valid entries in a
         // NULL-terminated argv array that lives for the whole process.
         let cmd = unsafe { argv.add(1) };
-        // SAFETY: as above; envp is the kernel's NULL-terminated array.
-        let code = unsafe { spawn::run_command(cmd, envp) };
+        // SAFETY: argv[1] is a valid NUL-terminated string (argc > 1).
+        let first = unsafe { std::ffi::CStr::from_ptr(*cmd) };
+        let code = if first == REBOOT_BUILTIN {
+            // Boot benchmarks: ready, then reboot at once (no fork/exec).
+            0
+        } else {
+            // SAFETY: as above; envp is the kernel's NULL-terminated array.
+            unsafe { spawn::run_command(cmd, envp) }
+        };
         // Formatted on the stack: no allocation (an mmap under musl).
         let mut buf = [0u8; 32];
         let mut w = &mut buf[..];

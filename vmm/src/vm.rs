@@ -385,6 +385,27 @@ impl Vm {
     }
 }
 
+/// The kernel command-line words a guest needs for `profile` on this host
+/// (see [`cpuid::kernel_args`]), for monitors that do not shape CPUID
+/// themselves (the QEMU peer in benchmarks).
+pub fn profile_kernel_args(profile: Option<CpuProfile>) -> Result<String, VmError> {
+    let kvm = Kvm::new().map_err(VmError::KvmOpen)?;
+    let profile = profile.unwrap_or_else(|| {
+        CpuProfile::auto(crate::host::kvm_kind() != crate::host::KvmKind::Hardware)
+    });
+    let vm = kvm.create_vm().map_err(kvm_err("KVM_CREATE_VM"))?;
+    let fd = vm.create_vcpu(0).map_err(kvm_err("KVM_CREATE_VCPU"))?;
+    let mut c = kvm
+        .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
+        .map_err(kvm_err("KVM_GET_SUPPORTED_CPUID"))?;
+    cpuid::setup(&mut c, profile, 0, 1);
+    fd.set_cpuid2(&c).map_err(kvm_err("KVM_SET_CPUID2"))?;
+    let held = fd
+        .get_cpuid2(KVM_MAX_CPUID_ENTRIES)
+        .map_err(kvm_err("KVM_GET_CPUID2"))?;
+    Ok(cpuid::kernel_args(profile, &held))
+}
+
 extern "C" fn kick_handler(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {}
 
 fn install_kick_handler() {

@@ -1,0 +1,266 @@
+//! Launching one VM process (`shoal-vmm`, or QEMU as the peer) that boots
+//! a kernel with a read-only root image, and timing what it prints.
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+/// The line our init prints once its mounts are done.
+pub const INIT_MARKER: &str = "SHOAL-INIT-READY";
+/// Prefix of the line with the guest command's exit status.
+pub const EXIT_PREFIX: &str = "SHOAL-EXIT ";
+
+/// Errors launching or watching a VM process.
+#[derive(Debug, thiserror::Error)]
+pub enum LaunchError {
+    /// The monitor process could not be started.
+    #[error("cannot start {program}: {source}")]
+    Spawn {
+        /// The program.
+        program: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// Waiting for it failed.
+    #[error("waiting for the VM process failed: {0}")]
+    Wait(std::io::Error),
+    /// It did not finish in time (it was killed).
+    #[error("VM did not finish within {0:?}; killed")]
+    Timeout(Duration),
+}
+
+/// Which monitor runs the VM.
+#[derive(Debug, Clone)]
+pub enum Monitor {
+    /// Our VMM binary.
+    Shoal(PathBuf),
+    /// `qemu-system-x86_64 -M microvm` with `kernel_args` for the CPU
+    /// profile (QEMU does not hide CPU features itself).
+    QemuMicrovm {
+        /// Extra kernel words (e.g. `shoal.pvm clearcpuid=...`).
+        kernel_args: String,
+    },
+}
+
+impl Monitor {
+    /// Name used in benchmark rows.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Shoal(_) => "shoal",
+            Self::QemuMicrovm { .. } => "qemu-microvm",
+        }
+    }
+}
+
+/// What to boot.
+#[derive(Debug, Clone)]
+pub struct BootSpec {
+    /// vmlinux.
+    pub kernel: PathBuf,
+    /// Read-only erofs root image (virtio-blk /dev/vda).
+    pub root: PathBuf,
+    /// Base kernel command line.
+    pub cmdline: String,
+    /// The init's arguments (the command to run), if any.
+    pub init_args: Vec<String>,
+    /// Guest memory.
+    pub memory_mib: u32,
+    /// vCPUs.
+    pub vcpus: u8,
+}
+
+impl BootSpec {
+    fn full_cmdline(&self) -> String {
+        let mut c = format!(
+            "{} root=/dev/vda rootfstype=erofs ro init=/sbin/shoal-agent",
+            self.cmdline
+        );
+        if !self.init_args.is_empty() {
+            c.push_str(" -- ");
+            c.push_str(&self.init_args.join(" "));
+        }
+        c
+    }
+
+    fn command(&self, monitor: &Monitor) -> Command {
+        match monitor {
+            Monitor::Shoal(vmm) => {
+                let mut c = Command::new(vmm);
+                c.arg("--kernel")
+                    .arg(&self.kernel)
+                    .arg("--disk")
+                    .arg(format!("{},ro", self.root.display()))
+                    .arg("--memory")
+                    .arg(self.memory_mib.to_string())
+                    .arg("--vcpus")
+                    .arg(self.vcpus.to_string())
+                    .arg("--cmdline")
+                    .arg(self.full_cmdline())
+                    .arg("--timings");
+                c
+            }
+            Monitor::QemuMicrovm { kernel_args } => {
+                let mut c = Command::new("qemu-system-x86_64");
+                let cmdline = vmm::boot::insert_kernel_args(&self.full_cmdline(), kernel_args);
+                c.args(["-M", "microvm,acpi=off", "-enable-kvm", "-cpu", "host"])
+                    .args(["-smp", &self.vcpus.to_string()])
+                    .args(["-m", &self.memory_mib.to_string()])
+                    .args(["-nodefaults", "-no-user-config", "-display", "none"])
+                    .args(["-serial", "stdio", "-no-reboot"])
+                    .arg("-kernel")
+                    .arg(&self.kernel)
+                    .arg("-drive")
+                    .arg(format!(
+                        "file={},if=none,id=root,format=raw,readonly=on",
+                        self.root.display()
+                    ))
+                    .args(["-device", "virtio-blk-device,drive=root"])
+                    .arg("-append")
+                    .arg(cmdline);
+                c
+            }
+        }
+    }
+}
+
+/// Timings (ms since the process was spawned) and results of one boot.
+#[derive(Debug, Clone, Default)]
+pub struct BootRun {
+    /// First guest instruction (our VMM reports it; QEMU cannot).
+    pub first_instruction_ms: Option<f64>,
+    /// First console line.
+    pub first_line_ms: Option<f64>,
+    /// Init marker line.
+    pub marker_ms: Option<f64>,
+    /// Process exit.
+    pub exit_ms: f64,
+    /// The guest command's exit code (from `SHOAL-EXIT`).
+    pub guest_exit: Option<i32>,
+    /// The monitor's own memory at the marker: RSS minus guest RAM (KiB).
+    pub own_rss_kib: Option<u64>,
+    /// The monitor's exit status.
+    pub status: Option<ExitStatus>,
+}
+
+fn monotonic_ns() -> u128 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec to a valid local.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u128 * 1_000_000_000 + ts.tv_nsec as u128
+}
+
+/// Resident KiB of `pid` outside its guest-RAM mapping (the largest
+/// mapping of at least `guest_kib`).
+pub fn own_rss_kib(pid: u32, guest_kib: u64) -> Option<u64> {
+    let smaps = std::fs::read_to_string(format!("/proc/{pid}/smaps")).ok()?;
+    let (mut total, mut guest, mut size) = (0u64, 0u64, 0u64);
+    let field = |l: &str| {
+        l.split_whitespace()
+            .nth(1)
+            .and_then(|v| v.parse::<u64>().ok())
+    };
+    for l in smaps.lines() {
+        if l.starts_with("Size:") {
+            size = field(l).unwrap_or(0);
+        } else if l.starts_with("Rss:") {
+            let r = field(l).unwrap_or(0);
+            total += r;
+            if size >= guest_kib && r > guest {
+                guest = r;
+            }
+        }
+    }
+    Some(total - guest)
+}
+
+/// Boots `spec` under `monitor`, passing each console line to `on_line`.
+pub fn boot(
+    spec: &BootSpec,
+    monitor: &Monitor,
+    timeout: Duration,
+    on_line: &mut dyn FnMut(&str),
+) -> Result<BootRun, LaunchError> {
+    let mut cmd = spec.command(monitor);
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let t0 = Instant::now();
+    let t0_ns = monotonic_ns();
+    let mut child: Child = cmd.spawn().map_err(|source| LaunchError::Spawn {
+        program: format!("{:?}", cmd.get_program()),
+        source,
+    })?;
+    let pid = child.id();
+    let stdout = child.stdout.take();
+    let stderr = child.stderr.take();
+    // A watchdog kills the VM if it overstays; the reader then sees EOF.
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let timed_out = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watchdog = {
+        let (done, timed_out) = (done.clone(), timed_out.clone());
+        std::thread::spawn(move || {
+            let end = Instant::now() + timeout;
+            while Instant::now() < end {
+                if done.load(std::sync::atomic::Ordering::Acquire) {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            timed_out.store(true, std::sync::atomic::Ordering::Release);
+            // SAFETY: kill(2) with a pid we spawned and have not reaped.
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+        })
+    };
+    let err_reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        if let Some(mut e) = stderr {
+            let _ = std::io::Read::read_to_string(&mut e, &mut s);
+        }
+        s
+    });
+    let ms = |t: Instant| t.duration_since(t0).as_secs_f64() * 1e3;
+    let mut run = BootRun::default();
+    let guest_kib = u64::from(spec.memory_mib) * 1024;
+    if let Some(out) = stdout {
+        for line in BufReader::new(out).split(b'\n') {
+            let Ok(line) = line else { break };
+            let now = Instant::now();
+            let line = String::from_utf8_lossy(&line);
+            let line = line.trim_end_matches('\r');
+            run.first_line_ms.get_or_insert(ms(now));
+            if line.contains(INIT_MARKER) && run.marker_ms.is_none() {
+                run.marker_ms = Some(ms(now));
+                run.own_rss_kib = own_rss_kib(pid, guest_kib);
+            }
+            if let Some(code) = line.trim().strip_prefix(EXIT_PREFIX) {
+                run.guest_exit = code.trim().parse().ok();
+            }
+            on_line(line);
+        }
+    }
+    let status = child.wait().map_err(LaunchError::Wait)?;
+    run.exit_ms = ms(Instant::now());
+    done.store(true, std::sync::atomic::Ordering::Release);
+    let _ = watchdog.join();
+    let err = err_reader.join().unwrap_or_default();
+    if timed_out.load(std::sync::atomic::Ordering::Acquire) {
+        return Err(LaunchError::Timeout(timeout));
+    }
+    run.status = Some(status);
+    for l in err.lines() {
+        if let Some(rest) = l.strip_prefix("SHOAL-TIMING ") {
+            let first = rest
+                .split_whitespace()
+                .find_map(|kv| kv.strip_prefix("first_run_ns="))
+                .and_then(|v| v.parse::<u128>().ok());
+            run.first_instruction_ms = first.map(|f| f.saturating_sub(t0_ns) as f64 / 1e6);
+        } else if !l.trim().is_empty() {
+            on_line(l);
+        }
+    }
+    Ok(run)
+}

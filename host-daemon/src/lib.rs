@@ -1,0 +1,8 @@
+//! Host side of Shoal: locating and building guest artifacts, launching
+//! `shoal-vmm` processes, and the benchmarks. (The `shoald` daemon will live
+//! here too.)
+
+pub mod artifacts;
+pub mod bench;
+pub mod launch;
+pub mod stats;

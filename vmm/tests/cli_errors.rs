@@ -1,0 +1,144 @@
+//! Every bad configuration ends `shoal-vmm` with a one-line error and a
+//! nonzero exit status, never a panic.
+
+use std::path::Path;
+use std::process::Command;
+
+const VMM: &str = env!("CARGO_BIN_EXE_shoal-vmm");
+
+fn run(args: &[&str]) -> (i32, String) {
+    let out = Command::new(VMM).args(args).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!err.contains("panicked"), "panic for {args:?}: {err}");
+    (out.status.code().unwrap_or(-1), err)
+}
+
+fn expect_error(args: &[&str], needle: &str) {
+    let (code, err) = run(args);
+    assert_eq!(code, 1, "{args:?}: {err}");
+    let lines: Vec<_> = err.lines().collect();
+    assert_eq!(lines.len(), 1, "{args:?}: expected one line, got:\n{err}");
+    assert!(lines[0].starts_with("shoal-vmm: error: "), "{err}");
+    assert!(err.contains(needle), "{args:?}: want {needle:?} in {err}");
+}
+
+#[test]
+fn bad_configs_each_give_one_clear_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = |n: &str| dir.path().join(n).to_string_lossy().into_owned();
+    std::fs::write(d("not-elf"), b"this is not a kernel").unwrap();
+    std::fs::write(d("disk"), vec![0u8; 4096]).unwrap();
+    let big = std::fs::File::create(d("big-initrd")).unwrap();
+    big.set_len(64 << 20).unwrap();
+    std::fs::write(
+        d("bad.json"),
+        br#"{"boot":{"type":"linux","kernel":"/k"},"cpus":2}"#,
+    )
+    .unwrap();
+    std::fs::write(d("broken.json"), b"{").unwrap();
+
+    expect_error(&[], "no kernel");
+    expect_error(&["--kernel", &d("missing")], "cannot open kernel");
+    expect_error(
+        &["--kernel", &d("not-elf")],
+        "expected an uncompressed ELF vmlinux",
+    );
+    expect_error(
+        &["--kernel", &d("not-elf"), "--disk", &d("missing-disk")],
+        "cannot open disk image",
+    );
+    expect_error(
+        &[
+            "--kernel",
+            &d("not-elf"),
+            "--disk",
+            &format!("{},rx", d("disk")),
+        ],
+        "unknown option 'rx'",
+    );
+    expect_error(
+        &["--kernel", &d("not-elf"), "--vcpus", "0"],
+        "vcpus must be",
+    );
+    expect_error(
+        &["--kernel", &d("not-elf"), "--memory", "4"],
+        "memory_mib must be",
+    );
+    expect_error(
+        &["--kernel", &d("not-elf"), "--serial", "tty"],
+        "expected stdout, null or file:PATH",
+    );
+    expect_error(
+        &["--kernel", &d("not-elf"), "--cpu-profile", "vmx"],
+        "unknown CPU profile",
+    );
+    expect_error(&["--config", &d("bad.json")], "unknown field `cpus`");
+    expect_error(&["--config", &d("broken.json")], "invalid config file");
+    expect_error(&["--config", &d("missing.json")], "cannot read config file");
+    expect_error(
+        &[
+            "--kernel",
+            &d("not-elf"),
+            "--serial",
+            &format!("file:{}", d("no/such/dir/log")),
+        ],
+        "cannot create serial file",
+    );
+}
+
+#[test]
+fn boot_stage_errors_need_a_kernel() {
+    // These are checked after the kernel loads; use the real guest kernel
+    // when it is built, else a minimal ELF is not available: build it.
+    let kernel = shoal_kernel();
+    let k = kernel.to_string_lossy().into_owned();
+    let dir = tempfile::tempdir().unwrap();
+    let big = dir.path().join("big-initrd");
+    std::fs::File::create(&big)
+        .unwrap()
+        .set_len(64 << 20)
+        .unwrap();
+    expect_error(
+        &[
+            "--kernel",
+            &k,
+            "--memory",
+            "32",
+            "--initrd",
+            &big.to_string_lossy(),
+        ],
+        "does not fit in guest memory",
+    );
+    let long = "x".repeat(3000);
+    expect_error(
+        &["--kernel", &k, "--cmdline", &long],
+        "kernel command line is 3000 bytes",
+    );
+}
+
+fn shoal_kernel() -> std::path::PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    let out = Command::new("bash")
+        .arg(root.join("scripts/build-kernel.sh"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "kernel build failed");
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .last()
+        .unwrap()
+        .into()
+}
+
+#[test]
+fn check_host_reports_kvm() {
+    let out = Command::new(VMM)
+        .args(["--check-host", "--json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(["hardware", "pvm", "none"].contains(&v["kvm"].as_str().unwrap()));
+    assert!(v["checks"].as_array().unwrap().len() >= 7);
+}
