@@ -8,6 +8,13 @@
 //! the command is started with `clone(CLONE_VM | CLONE_VFORK)` (no page-table
 //! copy, no copy-on-write faults) rather than `fork`.
 //!
+//! The command is what follows ` -- ` on the kernel command line (see
+//! cmdline.rs for how it is told apart from other words the kernel passes);
+//! without ` -- ` all of argv[1..] is taken (e.g. when started by a test).
+//! The kernel splits on whitespace and groups with double quotes only (no
+//! single quotes), passes at most ~30 words to init, and stops at a second
+//! `--`.
+//!
 //! Protocol on the console (the VMM and tests parse these lines):
 //! - `SHOAL-INIT-READY` once the mounts are done;
 //! - `SHOAL-EXIT <code>` after the command given on the kernel command line
@@ -18,8 +25,11 @@
 //! from the kernel and std's runtime setup (fd probing, SIGPIPE, stack guard
 //! handlers: several syscalls) is skipped.
 
-#![no_main]
+// Unit tests use the test harness's own main.
+#![cfg_attr(not(test), no_main)]
+#![cfg_attr(test, allow(dead_code, unused_imports))]
 
+mod cmdline;
 mod spawn;
 mod sys;
 
@@ -105,6 +115,7 @@ const MOUNTS: &[Mount] = &[
 ];
 
 /// C entry point (see the module comment for why not Rust's `fn main`).
+#[cfg(not(test))]
 #[no_mangle]
 unsafe extern "C" fn main(
     argc: c_int,
@@ -123,10 +134,17 @@ unsafe extern "C" fn main(
     }
     announce_ready();
 
-    if argc > 1 && !argv.is_null() {
-        // SAFETY: the kernel passes argc > 1 valid entries in a
-        // NULL-terminated argv array that lives for the whole process.
-        let cmd = unsafe { argv.add(1) };
+    let argc = usize::try_from(argc).unwrap_or(0);
+    // Only the words after ` -- ` on the kernel command line are the command.
+    let first = if argc > 1 && !argv.is_null() {
+        cmdline::command_start(argc)
+    } else {
+        argc
+    };
+    if first < argc {
+        // SAFETY: first < argc, and the kernel passes argc valid entries in
+        // a NULL-terminated argv array that lives for the whole process.
+        let cmd = unsafe { argv.add(first) };
         // SAFETY: argv[1] is a valid NUL-terminated string (argc > 1).
         let first = unsafe { std::ffi::CStr::from_ptr(*cmd) };
         let code = if first == REBOOT_BUILTIN {
