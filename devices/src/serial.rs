@@ -138,6 +138,20 @@ impl Drop for BoundedSink {
     }
 }
 
+/// Saved UART registers (mirror of `vm_superio::SerialState`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SerialSaved {
+    /// Divisor latch low/high, IER, IIR, LCR, LSR, MCR, MSR, scratch.
+    pub regs: [u8; 9],
+    /// Pending input bytes.
+    pub in_buffer: Vec<u8>,
+}
+
+/// Why a UART could not be restored.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot restore serial device: {0}")]
+pub struct SerialRestoreError(String);
+
 /// COM1 on the port bus.
 pub struct Serial {
     inner: vm_superio::Serial<IrqLine, vm_superio::serial::NoEvents, BoundedSink>,
@@ -154,6 +168,49 @@ impl Serial {
     /// The output sink.
     pub fn sink_mut(&mut self) -> &mut BoundedSink {
         self.inner.writer_mut()
+    }
+
+    /// Captures the registers.
+    pub fn save_state(&self) -> SerialSaved {
+        let s = self.inner.state();
+        SerialSaved {
+            regs: [
+                s.baud_divisor_low,
+                s.baud_divisor_high,
+                s.interrupt_enable,
+                s.interrupt_identification,
+                s.line_control,
+                s.line_status,
+                s.modem_control,
+                s.modem_status,
+                s.scratch,
+            ],
+            in_buffer: s.in_buffer,
+        }
+    }
+
+    /// A UART with saved registers (the FIFO size is checked).
+    pub fn restore(
+        irq: IrqLine,
+        sink: BoundedSink,
+        s: &SerialSaved,
+    ) -> Result<Self, SerialRestoreError> {
+        let r = s.regs;
+        let state = vm_superio::SerialState {
+            baud_divisor_low: r[0],
+            baud_divisor_high: r[1],
+            interrupt_enable: r[2],
+            interrupt_identification: r[3],
+            line_control: r[4],
+            line_status: r[5],
+            modem_control: r[6],
+            modem_status: r[7],
+            scratch: r[8],
+            in_buffer: s.in_buffer.clone(),
+        };
+        let inner = vm_superio::Serial::from_state(&state, irq, vm_superio::serial::NoEvents, sink)
+            .map_err(|e| SerialRestoreError(format!("{e:?}")))?;
+        Ok(Self { inner })
     }
 }
 
@@ -213,6 +270,38 @@ mod tests {
         }
         assert!(s.buf.capacity() <= 2 * LINE_CAP);
         assert!(out.0.lock().unwrap().len() >= 100_000 - LINE_CAP);
+    }
+
+    #[test]
+    fn state_round_trip() {
+        let out = Shared::default();
+        let mut uart = Serial::new(
+            IrqLine::new(4).unwrap(),
+            BoundedSink::new(Box::new(out.clone()), 100),
+        );
+        uart.write(3, &[0x83]); // LCR with DLAB
+        uart.write(0, &[0x0c]); // divisor low
+        uart.write(3, &[0x03]);
+        uart.write(7, &[0x5a]); // scratch
+        let saved = uart.save_state();
+        let mut back = Serial::restore(
+            IrqLine::new(4).unwrap(),
+            BoundedSink::new(Box::new(out.clone()), 100),
+            &saved,
+        )
+        .unwrap();
+        assert_eq!(back.save_state(), saved);
+        let mut b = [0u8];
+        back.read(7, &mut b);
+        assert_eq!(b[0], 0x5a);
+        let mut bad = saved.clone();
+        bad.in_buffer = vec![0; 1 << 20];
+        assert!(Serial::restore(
+            IrqLine::new(4).unwrap(),
+            BoundedSink::new(Box::new(out), 100),
+            &bad
+        )
+        .is_err());
     }
 
     #[test]

@@ -1,15 +1,17 @@
 //! Shoal's virtual machine monitor: builds a KVM microVM (memory, vCPUs,
 //! devices, Linux boot) and runs it.
 
+pub mod api;
 pub mod boot;
 pub mod config;
 pub mod cpu;
 pub mod host;
 pub mod layout;
+pub mod persist;
 pub mod vcpu;
 pub mod vm;
 
 pub use config::{BootSource, DiskConfig, SerialOutput, VmConfig};
 pub use cpu::CpuProfile;
 pub use vcpu::ExitReason;
-pub use vm::{RunOutcome, Vm, VmError};
+pub use vm::{RunOptions, RunOutcome, Vm, VmError};

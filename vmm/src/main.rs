@@ -8,7 +8,7 @@ use anyhow::{bail, Context, Result};
 use clap::Parser;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
-use vmm::{BootSource, CpuProfile, DiskConfig, ExitReason, SerialOutput, Vm, VmConfig};
+use vmm::{BootSource, CpuProfile, DiskConfig, ExitReason, RunOptions, SerialOutput, Vm, VmConfig};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -24,8 +24,14 @@ struct Args {
     #[arg(long, requires = "check_host")]
     json: bool,
     /// Whole VM configuration as a JSON file (excludes the flags below).
-    #[arg(long, conflicts_with_all = ["kernel", "cmdline", "initrd", "disk"])]
+    #[arg(long, conflicts_with_all = ["kernel", "cmdline", "initrd", "disk", "restore"])]
     config: Option<PathBuf>,
+    /// Start from the snapshot in this directory instead of booting.
+    #[arg(long, conflicts_with_all = ["kernel", "cmdline", "initrd", "disk"])]
+    restore: Option<PathBuf>,
+    /// Serve the control protocol (pause, resume, snapshot, shutdown, stats) here.
+    #[arg(long)]
+    api_sock: Option<PathBuf>,
     /// Uncompressed ELF kernel (vmlinux).
     #[arg(long)]
     kernel: Option<PathBuf>,
@@ -87,6 +93,17 @@ fn parse_disk(s: &str) -> Result<DiskConfig> {
     })
 }
 
+fn serial_output(s: &str) -> Result<SerialOutput> {
+    Ok(match s {
+        "stdout" => SerialOutput::Stdout,
+        "null" => SerialOutput::Null,
+        s => match s.strip_prefix("file:") {
+            Some(p) if !p.is_empty() => SerialOutput::File(p.into()),
+            _ => bail!("--serial {s}: expected stdout, null or file:PATH"),
+        },
+    })
+}
+
 fn build_config(a: &Args) -> Result<VmConfig> {
     if let Some(p) = &a.config {
         return Ok(VmConfig::from_json_file(p)?);
@@ -112,14 +129,7 @@ fn build_config(a: &Args) -> Result<VmConfig> {
         .iter()
         .map(|d| parse_disk(d))
         .collect::<Result<_>>()?;
-    c.serial = match a.serial.as_str() {
-        "stdout" => SerialOutput::Stdout,
-        "null" => SerialOutput::Null,
-        s => match s.strip_prefix("file:") {
-            Some(p) if !p.is_empty() => SerialOutput::File(p.into()),
-            _ => bail!("--serial {s}: expected stdout, null or file:PATH"),
-        },
-    };
+    c.serial = serial_output(&a.serial)?;
     if let Some(l) = a.serial_limit {
         c.serial_limit_bytes = l;
     }
@@ -141,17 +151,27 @@ fn run(a: &Args, start_ns: u128) -> Result<i32> {
         }
         return Ok(0);
     }
-    let cfg = build_config(a)?;
     let timeout = a
         .timeout
         .map(|t| {
             Duration::try_from_secs_f64(t).map_err(|_| anyhow::anyhow!("--timeout {t}: invalid"))
         })
         .transpose()?;
-    let vm = Vm::new(&cfg, None)?;
+    let vm = match &a.restore {
+        Some(dir) => {
+            let serial = (a.serial != "stdout")
+                .then(|| serial_output(&a.serial))
+                .transpose()?;
+            Vm::restore(dir, None, serial)?
+        }
+        None => Vm::new(&build_config(a)?, None)?,
+    };
     let built = Instant::now();
     let built_ns = monotonic_ns();
-    let outcome = vm.run(timeout)?;
+    let outcome = vm.run_with(RunOptions {
+        timeout,
+        api_sock: a.api_sock.clone(),
+    })?;
     let exit_ns = monotonic_ns();
     if a.timings {
         let at = |i: Option<Instant>| {

@@ -1,10 +1,12 @@
 //! The vCPU run loop: one thread per vCPU, routing I/O exits to the buses
 //! and reporting how the guest stopped.
 
+use crate::persist::{StateError, VcpuRef, VcpuState};
 use devices::Bus;
 use kvm_ioctls::{VcpuExit, VcpuFd};
+use snapshot::Persist;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::Sender;
+use std::sync::mpsc::{Receiver, Sender};
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
@@ -36,6 +38,33 @@ impl ExitReason {
     }
 }
 
+/// What a vCPU thread reports to the VM's controller.
+pub enum VcpuEvent {
+    /// The guest stopped (the thread has ended).
+    Exit(u8, ExitReason),
+    /// The vCPU is parked, waiting for a [`VcpuCmd`].
+    Paused(u8),
+}
+
+/// Commands to a parked vCPU.
+pub enum VcpuCmd {
+    /// Enter the guest again.
+    Resume,
+    /// Save the vCPU's state and stay parked.
+    Save(Sender<Result<VcpuState, StateError>>),
+    /// End the thread.
+    Stop,
+}
+
+/// Flags the controller sets; the vCPU checks them whenever KVM_RUN returns.
+#[derive(Default)]
+pub struct VcpuFlags {
+    /// Park and wait for commands.
+    pub pause: AtomicBool,
+    /// End the thread.
+    pub stop: AtomicBool,
+}
+
 /// Everything one vCPU thread needs.
 pub struct VcpuCtx {
     /// Index of this vCPU.
@@ -50,10 +79,16 @@ pub struct VcpuCtx {
     pub mem: GuestMemoryMmap,
     /// Written by the i8042 on a reset request.
     pub reset_evt: EventFd,
-    /// Set by the VMM to stop the loop.
-    pub stop: Arc<AtomicBool>,
-    /// Where exits are reported.
-    pub tx: Sender<(u8, ExitReason)>,
+    /// Pause/stop requests.
+    pub flags: Arc<VcpuFlags>,
+    /// Commands while parked.
+    pub cmds: Receiver<VcpuCmd>,
+    /// MSRs to save.
+    pub msr_list: Arc<Vec<u32>>,
+    /// Whether XSAVE state is saved.
+    pub xsave: bool,
+    /// Where exits and pauses are reported.
+    pub tx: Sender<crate::vm::Event>,
     /// When the first vCPU first entered the guest.
     pub first_run: Arc<OnceLock<Instant>>,
 }
@@ -66,13 +101,46 @@ impl VcpuCtx {
     /// Runs until the guest stops or `stop` is set; reports the reason.
     pub fn run(mut self) {
         let reason = self.run_loop();
-        let _ = self.tx.send((self.id, reason));
+        let _ = self
+            .tx
+            .send(crate::vm::Event::Vcpu(VcpuEvent::Exit(self.id, reason)));
+    }
+
+    /// Parks until resumed; `false` means the thread must end.
+    fn park(&mut self) -> bool {
+        let _ = self
+            .tx
+            .send(crate::vm::Event::Vcpu(VcpuEvent::Paused(self.id)));
+        loop {
+            match self.cmds.recv() {
+                Ok(VcpuCmd::Resume) => {
+                    self.flags.pause.store(false, Ordering::Release);
+                    return true;
+                }
+                Ok(VcpuCmd::Save(reply)) => {
+                    let r = VcpuRef {
+                        fd: &self.fd,
+                        msr_list: &self.msr_list,
+                        xsave: self.xsave,
+                    }
+                    .save();
+                    let _ = reply.send(r);
+                }
+                Ok(VcpuCmd::Stop) | Err(_) => return false,
+            }
+        }
     }
 
     fn run_loop(&mut self) -> ExitReason {
         loop {
-            if self.stop.load(Ordering::Acquire) {
+            if self.flags.stop.load(Ordering::Acquire) {
                 return ExitReason::Stopped;
+            }
+            if self.flags.pause.load(Ordering::Acquire) {
+                if !self.park() {
+                    return ExitReason::Stopped;
+                }
+                continue;
             }
             self.first_run.get_or_init(Instant::now);
             match self.fd.run() {

@@ -37,17 +37,17 @@ pub mod status {
 
 /// One virtio device on the MMIO bus.
 pub struct MmioTransport {
-    device: Box<dyn VirtioDevice>,
-    mem: GuestMemoryMmap,
-    interrupt: Arc<VirtioInterrupt>,
-    queues: Vec<Queue>,
-    status: u32,
-    device_features_sel: u32,
-    driver_features_sel: u32,
-    acked_features: u64,
-    queue_sel: u32,
-    config_generation: u32,
-    activated: bool,
+    pub(super) device: Box<dyn VirtioDevice>,
+    pub(super) mem: GuestMemoryMmap,
+    pub(super) interrupt: Arc<VirtioInterrupt>,
+    pub(super) queues: Vec<Queue>,
+    pub(super) status: u32,
+    pub(super) device_features_sel: u32,
+    pub(super) driver_features_sel: u32,
+    pub(super) acked_features: u64,
+    pub(super) queue_sel: u32,
+    pub(super) config_generation: u32,
+    pub(super) activated: bool,
 }
 
 impl MmioTransport {
@@ -229,10 +229,9 @@ impl MmioTransport {
                     q.set_ready(v == 1);
                 }
             }
-            0x050
-                if self.activated && self.status & status::DEVICE_NEEDS_RESET == 0 => {
-                    self.device.queue_notify(v);
-                }
+            0x050 if self.activated && self.status & status::DEVICE_NEEDS_RESET == 0 => {
+                self.device.queue_notify(v);
+            }
             0x064 => self.interrupt.ack(v),
             0x070 => self.set_status(v),
             0x080 => self.with_queue(|q| q.set_desc_table_address(Some(v), None)),

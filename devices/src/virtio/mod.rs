@@ -2,6 +2,7 @@
 
 pub mod blk;
 pub mod mmio;
+pub mod persist;
 #[cfg(test)]
 pub(crate) mod testing;
 
@@ -46,6 +47,11 @@ impl VirtioInterrupt {
     /// Current interrupt status register value.
     pub fn status(&self) -> u32 {
         self.status.load(Ordering::SeqCst)
+    }
+
+    /// Overwrites the status (snapshot restore).
+    pub fn set_status(&self, v: u32) {
+        self.status.store(v, Ordering::SeqCst);
     }
 
     /// Clears acknowledged bits.
@@ -102,6 +108,9 @@ pub trait VirtioDevice: Send {
     fn queue_notify(&mut self, index: u32);
     /// Returns to the inactive state (driver reset).
     fn reset(&mut self);
+    /// Positions of the queues the device owns while active (for snapshots);
+    /// empty when inactive.
+    fn queue_states(&self) -> Vec<virtio_queue::QueueState>;
 }
 
 /// Copies `src[offset..]` into `data`, zero-filling past the end.

@@ -194,6 +194,10 @@ impl VirtioDevice for Block {
         self.active = None;
         self.acked = 0;
     }
+
+    fn queue_states(&self) -> Vec<virtio_queue::QueueState> {
+        self.active.iter().map(|a| a.queue.state()).collect()
+    }
 }
 
 #[cfg(test)]

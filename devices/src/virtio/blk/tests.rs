@@ -200,3 +200,68 @@ fn empty_or_tiny_file_is_refused() {
     .unwrap();
     assert!(err.to_string().contains("/nonexistent/disk.img"));
 }
+
+#[test]
+fn snapshot_round_trip_continues_the_queue() {
+    let f = disk(8);
+    let mut d = dev(f.path(), false);
+    header(&d, 0, 1);
+    d.push_chain(&[(HDR, 16, false), (BUF, 512, true), (ST, 1, true)]);
+    d.notify();
+    assert_eq!(d.take_used().len(), 1);
+    let saved = d.t.save_state();
+    assert!(saved.activated);
+    assert_eq!(saved.queues[0].next_avail, 1);
+    // A new transport over the same memory with a fresh device, restored.
+    let b = Block::new(&BlockConfig {
+        path: f.path().into(),
+        read_only: false,
+        id: "x".into(),
+    })
+    .unwrap();
+    let mut t2 = crate::virtio::mmio::MmioTransport::new(Box::new(b), d.mem.clone(), d.irq.clone());
+    t2.restore_state(&saved).unwrap();
+    assert_eq!(t2.save_state(), saved);
+    d.t = t2;
+    header(&d, 0, 2);
+    d.push_chain(&[(HDR, 16, false), (BUF, 512, true), (ST, 1, true)]);
+    d.notify();
+    assert_eq!(
+        d.take_used().len(),
+        1,
+        "restored device serves the next request"
+    );
+    assert_eq!(status_byte(&d), STATUS_OK);
+}
+
+#[test]
+fn restore_refuses_mismatched_state() {
+    let f = disk(8);
+    let d = dev(f.path(), false);
+    let mut saved = d.t.save_state();
+    let mk = || {
+        let b = Block::new(&BlockConfig {
+            path: f.path().into(),
+            read_only: false,
+            id: "x".into(),
+        })
+        .unwrap();
+        crate::virtio::mmio::MmioTransport::new(Box::new(b), d.mem.clone(), d.irq.clone())
+    };
+    saved.device_type = 19;
+    assert!(mk()
+        .restore_state(&saved)
+        .unwrap_err()
+        .to_string()
+        .contains("does not match"));
+    saved.device_type = 2;
+    saved.queues.push(saved.queues[0]);
+    assert!(mk().restore_state(&saved).is_err());
+    saved.queues.pop();
+    saved.queues[0].size = 3; // not a power of two
+    assert!(mk()
+        .restore_state(&saved)
+        .unwrap_err()
+        .to_string()
+        .contains("invalid"));
+}

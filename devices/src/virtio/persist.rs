@@ -1,0 +1,186 @@
+//! Snapshot state of a virtio-mmio transport and its device's queues.
+//!
+//! Restore rebuilds the transport's registers and, for an activated device,
+//! re-runs the device's normal activation with queues restored to their
+//! saved positions, so devices need no separate restore path.
+
+use super::mmio::MmioTransport;
+use serde::{Deserialize, Serialize};
+use virtio_queue::{Queue, QueueState};
+
+/// Serializable mirror of `virtio_queue::QueueState`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QueueSaved {
+    /// Maximum size offered.
+    pub max_size: u16,
+    /// Next available-ring index.
+    pub next_avail: u16,
+    /// Next used-ring index.
+    pub next_used: u16,
+    /// EVENT_IDX negotiated.
+    pub event_idx_enabled: bool,
+    /// Driver-selected size.
+    pub size: u16,
+    /// Ready flag.
+    pub ready: bool,
+    /// Descriptor table address.
+    pub desc_table: u64,
+    /// Available ring address.
+    pub avail_ring: u64,
+    /// Used ring address.
+    pub used_ring: u64,
+}
+
+impl From<QueueState> for QueueSaved {
+    fn from(q: QueueState) -> Self {
+        Self {
+            max_size: q.max_size,
+            next_avail: q.next_avail,
+            next_used: q.next_used,
+            event_idx_enabled: q.event_idx_enabled,
+            size: q.size,
+            ready: q.ready,
+            desc_table: q.desc_table,
+            avail_ring: q.avail_ring,
+            used_ring: q.used_ring,
+        }
+    }
+}
+
+impl QueueSaved {
+    /// A validated queue (sizes and ring addresses checked by virtio-queue).
+    pub fn to_queue(self) -> Result<Queue, virtio_queue::Error> {
+        Queue::try_from(QueueState {
+            max_size: self.max_size,
+            next_avail: self.next_avail,
+            next_used: self.next_used,
+            event_idx_enabled: self.event_idx_enabled,
+            size: self.size,
+            ready: self.ready,
+            desc_table: self.desc_table,
+            avail_ring: self.avail_ring,
+            used_ring: self.used_ring,
+        })
+    }
+}
+
+/// Saved transport registers and queues.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MmioState {
+    /// Virtio device type (checked on restore).
+    pub device_type: u32,
+    /// Device status register.
+    pub status: u32,
+    /// DeviceFeaturesSel.
+    pub device_features_sel: u32,
+    /// DriverFeaturesSel.
+    pub driver_features_sel: u32,
+    /// Features the driver accepted.
+    pub acked_features: u64,
+    /// QueueSel.
+    pub queue_sel: u32,
+    /// ConfigGeneration.
+    pub config_generation: u32,
+    /// Whether the device was activated.
+    pub activated: bool,
+    /// Interrupt status register.
+    pub interrupt_status: u32,
+    /// Queue states: the transport's (before activation) or the device's.
+    pub queues: Vec<QueueSaved>,
+}
+
+/// Why a transport could not be restored.
+#[derive(Debug, thiserror::Error)]
+pub enum MmioRestoreError {
+    /// The snapshot's device differs from the one configured.
+    #[error("saved virtio device type {saved} does not match configured type {configured}")]
+    DeviceType {
+        /// Type in the snapshot.
+        saved: u32,
+        /// Type configured now.
+        configured: u32,
+    },
+    /// Queue count differs.
+    #[error("saved device has {saved} queues, device has {configured}")]
+    QueueCount {
+        /// In the snapshot.
+        saved: usize,
+        /// Now.
+        configured: usize,
+    },
+    /// A saved queue is invalid.
+    #[error("saved queue {index} is invalid: {source:?}")]
+    Queue {
+        /// Queue index.
+        index: usize,
+        /// virtio-queue's error.
+        source: virtio_queue::Error,
+    },
+    /// The device refused re-activation.
+    #[error("re-activating restored device: {0}")]
+    Activate(#[from] super::ActivateError),
+}
+
+impl MmioTransport {
+    /// Captures the transport and its queues.
+    pub fn save_state(&self) -> MmioState {
+        let queues = if self.activated {
+            self.device.queue_states()
+        } else {
+            self.queues.iter().map(|q| q.state()).collect()
+        };
+        MmioState {
+            device_type: self.device.device_type(),
+            status: self.status,
+            device_features_sel: self.device_features_sel,
+            driver_features_sel: self.driver_features_sel,
+            acked_features: self.acked_features,
+            queue_sel: self.queue_sel,
+            config_generation: self.config_generation,
+            activated: self.activated,
+            interrupt_status: self.interrupt.status(),
+            queues: queues.into_iter().map(QueueSaved::from).collect(),
+        }
+    }
+
+    /// Applies `s` to a freshly built transport (same device kind).
+    pub fn restore_state(&mut self, s: &MmioState) -> Result<(), MmioRestoreError> {
+        let configured = self.device.device_type();
+        if s.device_type != configured {
+            return Err(MmioRestoreError::DeviceType {
+                saved: s.device_type,
+                configured,
+            });
+        }
+        let n = self.device.queue_max_sizes().len();
+        if s.queues.len() != n {
+            return Err(MmioRestoreError::QueueCount {
+                saved: s.queues.len(),
+                configured: n,
+            });
+        }
+        let mut queues = Vec::with_capacity(n);
+        for (index, q) in s.queues.iter().enumerate() {
+            queues.push(
+                q.to_queue()
+                    .map_err(|source| MmioRestoreError::Queue { index, source })?,
+            );
+        }
+        self.status = s.status;
+        self.device_features_sel = s.device_features_sel;
+        self.driver_features_sel = s.driver_features_sel;
+        self.acked_features = s.acked_features;
+        self.queue_sel = s.queue_sel;
+        self.config_generation = s.config_generation;
+        self.interrupt.set_status(s.interrupt_status);
+        if s.activated {
+            self.device.set_acked_features(s.acked_features);
+            self.device
+                .activate(self.mem.clone(), self.interrupt.clone(), queues)?;
+            self.activated = true;
+        } else {
+            self.queues = queues;
+        }
+        Ok(())
+    }
+}

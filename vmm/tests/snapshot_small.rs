@@ -1,0 +1,278 @@
+//! Snapshot and restore of small hand-made guests on /dev/kvm: a guest
+//! snapshotted mid-computation continues in every clone; bad snapshots are
+//! refused with clear errors.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use vmm::api::{call, Request};
+use vmm::persist::SnapshotState;
+use vmm::{BootSource, ExitReason, RunOptions, SerialOutput, Vm, VmConfig};
+
+fn require_kvm() {
+    if let Err(e) = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/kvm")
+    {
+        panic!("these tests need /dev/kvm (read-write): {e}");
+    }
+}
+
+#[derive(Clone, Default)]
+struct Capture(Arc<Mutex<Vec<u8>>>);
+impl Write for Capture {
+    fn write(&mut self, d: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(d);
+        Ok(d.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+const ITERS: u32 = 1 << 18;
+const DOT_EVERY: u32 = 1 << 12;
+
+/// Real-mode guest: for ecx = ITERS..1 { ebx = ebx*31 + ecx; in al,0x80;
+/// print '.' every DOT_EVERY }, then print ebx (4 bytes LE) and '\n', reset.
+fn program() -> Vec<u8> {
+    let mut c = vec![0xba, 0xf8, 0x03, 0x66, 0x31, 0xdb, 0x66, 0xb9];
+    c.extend_from_slice(&ITERS.to_le_bytes());
+    c.extend_from_slice(&[
+        0x66, 0x6b, 0xdb, 0x1f, // imul ebx,ebx,31
+        0x66, 0x01, 0xcb, // add ebx,ecx
+        0xe4, 0x80, // in al,0x80 (an exit per iteration)
+        0xf7, 0xc1, 0xff, 0x0f, // test cx,0x0fff
+        0x75, 0x03, // jnz +3
+        0xb0, 0x2e, 0xee, // mov al,'.'; out dx,al
+        0x66, 0x49, // dec ecx
+        0x75, 0xea, // jnz loop
+    ]);
+    for _ in 0..4 {
+        c.extend_from_slice(&[0x88, 0xd8, 0xee, 0x66, 0xc1, 0xeb, 0x08]);
+    }
+    c.extend_from_slice(&[0xb0, 0x0a, 0xee, 0xb0, 0xfe, 0xe6, 0x64, 0xf4, 0xeb, 0xfd]);
+    c
+}
+
+fn expected() -> Vec<u8> {
+    let mut ebx: u32 = 0;
+    for ecx in (1..=ITERS).rev() {
+        ebx = ebx.wrapping_mul(31).wrapping_add(ecx);
+    }
+    let mut v = ebx.to_le_bytes().to_vec();
+    v.push(b'\n');
+    v
+}
+
+fn config() -> VmConfig {
+    VmConfig {
+        boot: BootSource::RealMode {
+            code: program(),
+            addr: 0x1000,
+        },
+        vcpus: 1,
+        memory_mib: 16,
+        disks: vec![],
+        serial: SerialOutput::Null,
+        serial_limit_bytes: 1 << 20,
+        cpu_profile: None,
+    }
+}
+
+fn split(out: &[u8]) -> (usize, Vec<u8>) {
+    let dots = out.iter().take_while(|&&b| b == b'.').count();
+    (dots, out[dots..].to_vec())
+}
+
+/// Runs the guest with a control socket, snapshots it after a few dots,
+/// shuts it down. Returns (dots before the snapshot, snapshot dir).
+fn snapshot_mid_run(dir: &Path) -> usize {
+    let sock = dir.join("api.sock");
+    let snap = dir.join("snap");
+    let vm = Vm::new(&config(), Some(Box::new(Capture::default()))).unwrap();
+    let s2 = sock.clone();
+    let runner = std::thread::spawn(move || {
+        vm.run_with(RunOptions {
+            timeout: Some(Duration::from_secs(120)),
+            api_sock: Some(s2),
+        })
+        .unwrap()
+    });
+    let t = Duration::from_secs(10);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let before;
+    loop {
+        if let Ok(r) = call(&sock, &Request::Stats, t) {
+            let st = r.stats.unwrap();
+            if st.serial_bytes >= 3 {
+                let r = call(&sock, &Request::Snapshot { dir: snap.clone() }, t).unwrap();
+                let info = r.snapshot.unwrap();
+                assert!(info.memory_bytes == 16 << 20 && info.state_bytes > 0);
+                let st = call(&sock, &Request::Stats, t).unwrap().stats.unwrap();
+                assert_eq!(st.state, "paused");
+                before = st.serial_bytes as usize;
+                call(&sock, &Request::Shutdown, t).unwrap();
+                break;
+            }
+        }
+        assert!(Instant::now() < deadline, "guest made no progress");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let out = runner.join().unwrap();
+    assert_eq!(out.exit, ExitReason::Stopped);
+    assert!(
+        before < (ITERS / DOT_EVERY) as usize,
+        "snapshot was not mid-run"
+    );
+    before
+}
+
+#[test]
+fn clones_continue_a_computation_from_the_snapshot() {
+    require_kvm();
+    let dir = tempfile::tempdir().unwrap();
+    let before = snapshot_mid_run(dir.path());
+    let snap = dir.path().join("snap");
+    let total = (ITERS / DOT_EVERY) as usize;
+    for i in 0..10 {
+        let cap = Capture::default();
+        let vm = Vm::restore(&snap, Some(Box::new(cap.clone())), None).unwrap();
+        let out = vm.run(Some(Duration::from_secs(120))).unwrap();
+        assert_eq!(out.exit, ExitReason::Reset, "clone {i}");
+        let (dots, tail) = split(&cap.0.lock().unwrap());
+        assert_eq!(
+            before + dots,
+            total,
+            "clone {i} resumed at the snapshot point"
+        );
+        assert_eq!(tail, expected(), "clone {i} computed the right result");
+    }
+}
+
+fn take_snapshot(dir: &Path) -> PathBuf {
+    snapshot_mid_run(dir);
+    dir.join("snap")
+}
+
+fn restore_err(snap: &Path) -> String {
+    match Vm::restore(snap, Some(Box::new(Capture::default())), None) {
+        Ok(_) => panic!("restore of a bad snapshot succeeded"),
+        Err(e) => e.to_string(),
+    }
+}
+
+fn edit_state(snap: &Path, f: impl FnOnce(&mut SnapshotState)) {
+    let mut st: SnapshotState = snapshot::load(&snap.join("state")).unwrap();
+    f(&mut st);
+    snapshot::save(&snap.join("state"), &st).unwrap();
+}
+
+#[test]
+fn bad_snapshots_are_refused_clearly() {
+    require_kvm();
+    let dir = tempfile::tempdir().unwrap();
+    let snap = take_snapshot(dir.path());
+    let state = std::fs::read(snap.join("state")).unwrap();
+    let copy = |name: &str| {
+        let d = dir.path().join(name);
+        std::fs::create_dir_all(&d).unwrap();
+        for f in ["state", "memory"] {
+            std::fs::copy(snap.join(f), d.join(f)).unwrap();
+        }
+        d
+    };
+
+    let d = copy("corrupt");
+    let mut b = state.clone();
+    let n = b.len() - 10;
+    b[n] ^= 0x55;
+    std::fs::write(d.join("state"), &b).unwrap();
+    assert!(restore_err(&d).contains("checksum"), "{}", restore_err(&d));
+
+    let d = copy("truncated");
+    std::fs::write(d.join("state"), &state[..state.len() / 2]).unwrap();
+    assert!(restore_err(&d).contains("truncated"));
+
+    let d = copy("version");
+    let mut b = state.clone();
+    b[8..12].copy_from_slice(&999u32.to_le_bytes());
+    std::fs::write(d.join("state"), &b).unwrap();
+    assert!(restore_err(&d).contains("version 999"));
+
+    let d = copy("short-memory");
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(d.join("memory"))
+        .unwrap();
+    f.set_len(1 << 20).unwrap();
+    assert!(restore_err(&d).contains("memory file is"));
+
+    let d = copy("other-host");
+    edit_state(&d, |s| {
+        s.meta.host_kvm = if s.meta.host_kvm == "pvm" {
+            "hardware"
+        } else {
+            "pvm"
+        }
+        .into()
+    });
+    assert!(restore_err(&d).contains("KVM host"));
+
+    let d = copy("other-memory-size");
+    edit_state(&d, |s| s.meta.memory_bytes *= 2);
+    assert!(restore_err(&d).contains("memory layout"));
+
+    let d = copy("other-devices");
+    edit_state(&d, |s| {
+        let mut c: VmConfig = serde_json::from_str(&s.config_json).unwrap();
+        c.disks.push(vmm::DiskConfig {
+            path: "/dev/null".into(),
+            read_only: true,
+        });
+        s.config_json = serde_json::to_string(&c).unwrap();
+    });
+    assert!(restore_err(&d).contains("virtio devices"));
+
+    let d = copy("no-memory");
+    std::fs::remove_file(d.join("memory")).unwrap();
+    assert!(restore_err(&d).contains("memory"));
+
+    // The original still restores.
+    assert!(Vm::restore(&snap, Some(Box::new(Capture::default())), None).is_ok());
+}
+
+#[test]
+fn pause_resume_and_stats() {
+    require_kvm();
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("api.sock");
+    let vm = Vm::new(&config(), Some(Box::new(Capture::default()))).unwrap();
+    let s2 = sock.clone();
+    let runner = std::thread::spawn(move || {
+        vm.run_with(RunOptions {
+            timeout: Some(Duration::from_secs(120)),
+            api_sock: Some(s2),
+        })
+        .unwrap()
+    });
+    let t = Duration::from_secs(10);
+    while call(&sock, &Request::Stats, t).is_err() {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    call(&sock, &Request::Pause, t).unwrap();
+    let a = call(&sock, &Request::Stats, t).unwrap().stats.unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let b = call(&sock, &Request::Stats, t).unwrap().stats.unwrap();
+    assert_eq!(a.state, "paused");
+    assert_eq!(a.serial_bytes, b.serial_bytes, "no progress while paused");
+    call(&sock, &Request::Resume, t).unwrap();
+    let out = runner.join().unwrap();
+    assert_eq!(
+        out.exit,
+        ExitReason::Reset,
+        "resumed guest ran to completion"
+    );
+}
