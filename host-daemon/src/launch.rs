@@ -83,7 +83,8 @@ impl BootSpec {
         c
     }
 
-    fn command(&self, monitor: &Monitor) -> Command {
+    /// The monitor command line that boots this spec.
+    pub fn command(&self, monitor: &Monitor) -> Command {
         match monitor {
             Monitor::Shoal(vmm) => {
                 let mut c = Command::new(vmm);
@@ -102,22 +103,34 @@ impl BootSpec {
             }
             Monitor::QemuMicrovm { kernel_args } => {
                 let mut c = Command::new("qemu-system-x86_64");
-                let cmdline = vmm::boot::insert_kernel_args(&self.full_cmdline(), kernel_args);
-                c.args(["-M", "microvm,acpi=off", "-enable-kvm", "-cpu", "host"])
-                    .args(["-smp", &self.vcpus.to_string()])
-                    .args(["-m", &self.memory_mib.to_string()])
-                    .args(["-nodefaults", "-no-user-config", "-display", "none"])
-                    .args(["-serial", "stdio", "-no-reboot"])
-                    .arg("-kernel")
-                    .arg(&self.kernel)
-                    .arg("-drive")
-                    .arg(format!(
-                        "file={},if=none,id=root,format=raw,readonly=on",
-                        self.root.display()
-                    ))
-                    .args(["-device", "virtio-blk-device,drive=root"])
-                    .arg("-append")
-                    .arg(cmdline);
+                // QEMU appends its own virtio_mmio.device= words after the
+                // init's " -- " unless told not to, so name the one device
+                // ourselves (the transport QEMU attaches the first device
+                // to); it also ignores reboot=k on microvm, so reboot by
+                // triple fault, which -no-reboot turns into an exit.
+                let extra = format!("{kernel_args} virtio_mmio.device=512@0xfeb00e00:12 reboot=t");
+                let cmdline = vmm::boot::insert_kernel_args(&self.full_cmdline(), extra.trim());
+                c.args([
+                    "-M",
+                    "microvm,acpi=off,auto-kernel-cmdline=off",
+                    "-enable-kvm",
+                ])
+                // This host's KVM refuses the arch-capabilities MSR.
+                .args(["-cpu", "host,-arch-capabilities"])
+                .args(["-smp", &self.vcpus.to_string()])
+                .args(["-m", &self.memory_mib.to_string()])
+                .args(["-nodefaults", "-no-user-config", "-display", "none"])
+                .args(["-serial", "stdio", "-no-reboot"])
+                .arg("-kernel")
+                .arg(&self.kernel)
+                .arg("-drive")
+                .arg(format!(
+                    "file={},if=none,id=root,format=raw,readonly=on",
+                    self.root.display()
+                ))
+                .args(["-device", "virtio-blk-device,drive=root"])
+                .arg("-append")
+                .arg(cmdline);
                 c
             }
         }
@@ -143,7 +156,8 @@ pub struct BootRun {
     pub status: Option<ExitStatus>,
 }
 
-fn monotonic_ns() -> u128 {
+/// CLOCK_MONOTONIC in nanoseconds (the clock `shoal-vmm --timings` uses).
+pub fn monotonic_ns() -> u128 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,

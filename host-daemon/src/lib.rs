@@ -6,3 +6,4 @@ pub mod artifacts;
 pub mod bench;
 pub mod launch;
 pub mod stats;
+pub mod template;

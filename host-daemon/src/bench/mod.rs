@@ -3,6 +3,7 @@
 //! a peer measured in the same run.
 
 pub mod boot;
+pub mod restore;
 
 use serde::Serialize;
 

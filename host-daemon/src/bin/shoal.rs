@@ -60,6 +60,55 @@ enum Cmd {
         #[command(subcommand)]
         which: BenchCmd,
     },
+    /// Snapshot a running VM (through its control socket) into DIR; the VM stays paused.
+    Snapshot {
+        /// The VMM's control socket (shoal-vmm --api-sock).
+        #[arg(long)]
+        sock: PathBuf,
+        /// Target directory.
+        dir: PathBuf,
+    },
+    /// Start a VM from a snapshot directory (runs in the foreground).
+    Restore {
+        /// Snapshot directory.
+        dir: PathBuf,
+        /// Serve the control socket here.
+        #[arg(long)]
+        sock: Option<PathBuf>,
+    },
+    /// Control a running VM.
+    Vm {
+        #[command(subcommand)]
+        op: VmCmd,
+    },
+}
+
+#[derive(Subcommand)]
+enum VmCmd {
+    /// Stop the VM's vCPUs.
+    Pause {
+        /// The VMM's control socket.
+        #[arg(long)]
+        sock: PathBuf,
+    },
+    /// Continue a paused VM.
+    Resume {
+        /// The VMM's control socket.
+        #[arg(long)]
+        sock: PathBuf,
+    },
+    /// Counters (JSON).
+    Stats {
+        /// The VMM's control socket.
+        #[arg(long)]
+        sock: PathBuf,
+    },
+    /// End the VM.
+    Stop {
+        /// The VMM's control socket.
+        #[arg(long)]
+        sock: PathBuf,
+    },
 }
 
 #[derive(Subcommand)]
@@ -82,6 +131,76 @@ enum BenchCmd {
         #[arg(long, default_value = "bench-boot.json")]
         json: PathBuf,
     },
+    /// Snapshot size/time, restore latency, restore rate and PSS per restored VM.
+    Restore {
+        /// Sequential restores timed.
+        #[arg(long, default_value_t = 100)]
+        restores: usize,
+        /// Concurrency levels for the rate test (comma-separated).
+        #[arg(long, default_value = "1,2,4,8")]
+        concurrency: String,
+        /// Restores per concurrency level.
+        #[arg(long, default_value_t = 200)]
+        rate_restores: usize,
+        /// Idle VMs kept alive for the PSS measurement.
+        #[arg(long, default_value_t = 50)]
+        pss_vms: usize,
+        /// Guest memory in MiB.
+        #[arg(long, default_value_t = 128)]
+        memory: u32,
+        /// Where to write the JSON report.
+        #[arg(long, default_value = "bench-restore.json")]
+        json: PathBuf,
+    },
+}
+
+fn vm_call(sock: &std::path::Path, req: vmm::api::Request) -> Result<i32> {
+    let r = vmm::api::call(sock, &req, Duration::from_secs(120))?;
+    println!("{}", serde_json::to_string_pretty(&r)?);
+    Ok(0)
+}
+
+fn bench_restore(
+    restores: usize,
+    concurrency: &str,
+    rate_restores: usize,
+    pss_vms: usize,
+    memory: u32,
+    json: &PathBuf,
+) -> Result<()> {
+    let concurrency = concurrency
+        .split(',')
+        .map(|k| {
+            k.trim()
+                .parse::<usize>()
+                .with_context(|| format!("bad concurrency {k:?}"))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let work = std::env::temp_dir().join(format!("shoal-bench-restore-{}", std::process::id()));
+    let opts = shoal_host::bench::restore::RestoreBenchOpts {
+        spec: BootSpec {
+            kernel: artifacts::kernel()?,
+            root: image_path("tiny")?,
+            cmdline: artifacts::base_cmdline(),
+            init_args: vec![],
+            memory_mib: memory,
+            vcpus: 1,
+        },
+        vmm: artifacts::vmm_binary()?,
+        workdir: work.clone(),
+        restores,
+        concurrency,
+        rate_restores,
+        pss_vms,
+    };
+    let report = shoal_host::bench::restore::run(&opts, &mut |l| eprintln!("{l}"));
+    let _ = std::fs::remove_dir_all(&work);
+    let report = report?;
+    print!("{}", report.render());
+    std::fs::write(json, serde_json::to_string_pretty(&report)?)
+        .with_context(|| format!("cannot write {}", json.display()))?;
+    eprintln!("wrote {}", json.display());
+    Ok(())
 }
 
 fn image_path(name: &str) -> Result<PathBuf> {
@@ -239,6 +358,42 @@ fn main() {
                     json,
                 },
         } => bench_boot(runs, &image, memory, no_qemu, &json).map(|_| 0),
+        Cmd::Bench {
+            which:
+                BenchCmd::Restore {
+                    restores,
+                    concurrency,
+                    rate_restores,
+                    pss_vms,
+                    memory,
+                    json,
+                },
+        } => bench_restore(
+            restores,
+            &concurrency,
+            rate_restores,
+            pss_vms,
+            memory,
+            &json,
+        )
+        .map(|_| 0),
+        Cmd::Snapshot { sock, dir } => vm_call(&sock, vmm::api::Request::Snapshot { dir }),
+        Cmd::Restore { dir, sock } => (|| {
+            let vmm = artifacts::vmm_binary()?;
+            let mut c = std::process::Command::new(vmm);
+            c.arg("--restore").arg(&dir);
+            if let Some(s) = sock {
+                c.arg("--api-sock").arg(s);
+            }
+            let st = c.status().context("cannot start shoal-vmm")?;
+            Ok(st.code().unwrap_or(1))
+        })(),
+        Cmd::Vm { op } => match op {
+            VmCmd::Pause { sock } => vm_call(&sock, vmm::api::Request::Pause),
+            VmCmd::Resume { sock } => vm_call(&sock, vmm::api::Request::Resume),
+            VmCmd::Stats { sock } => vm_call(&sock, vmm::api::Request::Stats),
+            VmCmd::Stop { sock } => vm_call(&sock, vmm::api::Request::Shutdown),
+        },
     };
     match res {
         Ok(code) => std::process::exit(code),

@@ -1,0 +1,156 @@
+//! Templates: boot a guest once, snapshot it when it is ready, and restore
+//! copies from the snapshot.
+
+use crate::launch::{BootSpec, Monitor};
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use vmm::api::{self, Request, SnapshotInfo};
+
+/// Errors making or restoring templates.
+#[derive(Debug, thiserror::Error)]
+pub enum TemplateError {
+    /// The VMM could not be started.
+    #[error("cannot start shoal-vmm: {0}")]
+    Spawn(std::io::Error),
+    /// The guest never printed the ready line.
+    #[error("the template guest did not print {0:?} before it stopped or timed out")]
+    NotReady(String),
+    /// A control request failed.
+    #[error(transparent)]
+    Api(#[from] api::ApiError),
+    /// The control socket never came up.
+    #[error("VMM control socket {0} did not come up")]
+    NoSocket(PathBuf),
+    /// File system.
+    #[error("{0}: {1}")]
+    Io(PathBuf, std::io::Error),
+}
+
+/// Boots `spec` with our VMM, waits for a console line containing `ready`,
+/// snapshots into `dir` and shuts the VM down.
+pub fn make(
+    spec: &BootSpec,
+    vmm: &Path,
+    dir: &Path,
+    ready: &str,
+    timeout: Duration,
+) -> Result<SnapshotInfo, TemplateError> {
+    std::fs::create_dir_all(dir).map_err(|e| TemplateError::Io(dir.into(), e))?;
+    let sock = dir.join("template-boot.sock");
+    let mut cmd = spec.command(&Monitor::Shoal(vmm.into()));
+    cmd.arg("--api-sock")
+        .arg(&sock)
+        .arg("--timeout")
+        .arg(timeout.as_secs().to_string())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    let mut child = cmd.spawn().map_err(TemplateError::Spawn)?;
+    let mut seen = false;
+    if let Some(out) = child.stdout.take() {
+        for line in BufReader::new(out).split(b'\n') {
+            let Ok(line) = line else { break };
+            if String::from_utf8_lossy(&line).contains(ready) {
+                seen = true;
+                break;
+            }
+        }
+    }
+    if !seen {
+        let _ = child.kill();
+        let _ = child.wait();
+        return Err(TemplateError::NotReady(ready.into()));
+    }
+    let t = Duration::from_secs(60);
+    let info = api::call(&sock, &Request::Snapshot { dir: dir.into() }, t);
+    let _ = api::call(&sock, &Request::Shutdown, t);
+    let _ = child.wait();
+    let _ = std::fs::remove_file(&sock);
+    Ok(info?.snapshot.unwrap_or_else(|| SnapshotInfo {
+        dir: dir.into(),
+        state_bytes: 0,
+        memory_bytes: 0,
+        pause_ms: 0.0,
+        save_ms: 0.0,
+    }))
+}
+
+/// A VMM process restored from a template, with a control socket.
+pub struct Restored {
+    /// The process.
+    pub child: Child,
+    /// Its control socket.
+    pub sock: PathBuf,
+    /// When it was spawned.
+    pub spawned: Instant,
+}
+
+/// Starts `shoal-vmm --restore dir` with its control socket at `sock`.
+/// `stdout` receives the guest console.
+pub fn spawn_restore(
+    vmm: &Path,
+    dir: &Path,
+    sock: &Path,
+    stdout: Stdio,
+    extra: &[&str],
+) -> Result<Restored, TemplateError> {
+    let spawned = Instant::now();
+    let child = Command::new(vmm)
+        .arg("--restore")
+        .arg(dir)
+        .arg("--api-sock")
+        .arg(sock)
+        .args(extra)
+        .stdin(Stdio::null())
+        .stdout(stdout)
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(TemplateError::Spawn)?;
+    Ok(Restored {
+        child,
+        sock: sock.into(),
+        spawned,
+    })
+}
+
+impl Restored {
+    /// Waits until the control socket answers (the vCPUs are started right
+    /// after it is bound).
+    pub fn wait_ready(&self, timeout: Duration) -> Result<(), TemplateError> {
+        let end = Instant::now() + timeout;
+        loop {
+            if api::call(&self.sock, &Request::Stats, Duration::from_secs(5)).is_ok() {
+                return Ok(());
+            }
+            if Instant::now() > end {
+                return Err(TemplateError::NoSocket(self.sock.clone()));
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+
+    /// Shuts the VM down and reaps the process; returns its stderr.
+    pub fn shutdown(mut self) -> String {
+        let _ = api::call(&self.sock, &Request::Shutdown, Duration::from_secs(10));
+        let mut err = String::new();
+        if let Some(mut e) = self.child.stderr.take() {
+            let _ = std::io::Read::read_to_string(&mut e, &mut err);
+        }
+        let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.sock);
+        err
+    }
+}
+
+/// The `first_run_ns` value from a `SHOAL-TIMING` line.
+pub fn first_run_ns(stderr: &str) -> Option<u128> {
+    stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("SHOAL-TIMING "))?
+        .split_whitespace()
+        .find_map(|kv| kv.strip_prefix("first_run_ns="))?
+        .parse()
+        .ok()
+}
