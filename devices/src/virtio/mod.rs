@@ -5,6 +5,7 @@ pub mod mmio;
 pub mod persist;
 #[cfg(test)]
 pub(crate) mod testing;
+pub mod vsock;
 
 use crate::irq::IrqLine;
 use std::sync::atomic::{AtomicU32, Ordering};

@@ -1,0 +1,392 @@
+//! The virtio side: features, config space, and serving the rx, tx and
+//! event queues. Runs on vCPU threads (queue notifications) and on the
+//! event thread (host readiness), always under the shared lock.
+
+use super::events::VsockEvents;
+use super::muxer::{Counters, Muxer};
+use super::packet::{self, RxPacket};
+use super::persist::VsockState;
+use super::{EVQ, MAX_PKT_DATA, QUEUE_SIZE, RXQ, TXQ, TYPE_VSOCK};
+use crate::virtio::persist::QueueSaved;
+use crate::virtio::{
+    ActivateError, VirtioDevice, VirtioInterrupt, INT_USED_RING, VIRTIO_F_VERSION_1,
+};
+use std::os::unix::net::UnixListener;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use virtio_queue::{Queue, QueueOwnedT, QueueT};
+use virtio_vsock::packet::VsockPacket;
+use vm_memory::{Bytes, GuestMemoryMmap};
+use vmm_sys_util::eventfd::EventFd;
+
+/// Event id of VIRTIO_VSOCK_EVENT_TRANSPORT_RESET.
+const EVENT_TRANSPORT_RESET: u32 = 0;
+
+/// Set-up errors of a vsock device.
+#[derive(Debug, thiserror::Error)]
+pub enum VsockError {
+    /// The cid is reserved (0, 1, 2), or not a valid 32-bit guest cid.
+    #[error("guest cid {0} is invalid: it must be in 3..=4294967294")]
+    Cid(u64),
+    /// The host socket could not be created.
+    #[error("cannot listen on {path}: {source}")]
+    Bind {
+        /// The socket path.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The wake-up eventfd could not be created.
+    #[error("cannot create eventfd: {0}")]
+    EventFd(std::io::Error),
+}
+
+struct Active {
+    mem: GuestMemoryMmap,
+    irq: Arc<VirtioInterrupt>,
+    rx: Queue,
+    tx: Queue,
+    ev: Queue,
+}
+
+/// State shared by [`Vsock`], [`VsockEvents`] and [`VsockHandle`].
+pub(super) struct Inner {
+    pub muxer: Muxer,
+    acked: u64,
+    active: Option<Active>,
+    reset_pending: bool,
+}
+
+pub(super) type Shared = Arc<Mutex<Inner>>;
+
+/// Locks the shared state. Nothing panics while holding it, but a poisoned
+/// lock is still usable: every step leaves the state consistent.
+pub(super) fn lock(m: &Mutex<Inner>) -> MutexGuard<'_, Inner> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Inner {
+    /// Serves rx and tx until neither makes progress, then interrupts the
+    /// guest if it wants to hear about it.
+    pub fn process(&mut self) {
+        let Some(a) = self.active.as_mut() else {
+            return;
+        };
+        let (mut rx_used, mut tx_used) = (false, false);
+        loop {
+            rx_used |= process_rx(a, &mut self.muxer);
+            let tx = process_tx(a, &mut self.muxer);
+            tx_used |= tx;
+            if !tx {
+                break;
+            }
+        }
+        let notify = (rx_used && a.rx.needs_notification(&a.mem).unwrap_or(true))
+            || (tx_used && a.tx.needs_notification(&a.mem).unwrap_or(true));
+        if notify {
+            let _ = a.irq.signal(INT_USED_RING);
+        }
+    }
+
+    /// Delivers a pending TRANSPORT_RESET if the guest gave an event buffer.
+    fn process_events(&mut self) {
+        let Some(a) = self.active.as_mut() else {
+            return;
+        };
+        let mut used = false;
+        while self.reset_pending {
+            let Some(chain) = a.ev.pop_descriptor_chain(&a.mem) else {
+                break;
+            };
+            let head = chain.head_index();
+            let mut len = 0;
+            let desc = chain
+                .take(usize::from(QUEUE_SIZE))
+                .find(|d| d.is_write_only() && d.len() >= 4);
+            if let Some(d) = desc {
+                let id = EVENT_TRANSPORT_RESET.to_le_bytes();
+                if a.mem.write_slice(&id, d.addr()).is_ok() {
+                    len = 4;
+                    self.reset_pending = false;
+                }
+            }
+            if a.ev.add_used(&a.mem, head, len).is_err() {
+                break;
+            }
+            used = true;
+        }
+        if used && a.ev.needs_notification(&a.mem).unwrap_or(true) {
+            let _ = a.irq.signal(INT_USED_RING);
+        }
+    }
+
+    fn transport_reset(&mut self) {
+        self.muxer.kill_all();
+        self.reset_pending = true;
+        self.process_events();
+    }
+
+    fn save(&self) -> VsockState {
+        VsockState {
+            cid: self.muxer.cid(),
+            acked_features: self.acked,
+            queues: self
+                .active
+                .iter()
+                .flat_map(|a| [&a.rx, &a.tx, &a.ev])
+                .map(|q| QueueSaved::from(q.state()))
+                .collect(),
+        }
+    }
+}
+
+/// Fills guest RX buffers with what the muxer owes the guest.
+fn process_rx(a: &mut Active, muxer: &mut Muxer) -> bool {
+    let mut used = false;
+    while muxer.has_rx() {
+        let Some(mut chain) = a.rx.pop_descriptor_chain(&a.mem) else {
+            break;
+        };
+        let head = chain.head_index();
+        let len = match VsockPacket::from_rx_virtq_chain(&a.mem, &mut chain, MAX_PKT_DATA) {
+            Ok(mut pkt) => {
+                let pkt: &mut RxPacket<'_> = &mut pkt;
+                match muxer.fill_rx(pkt) {
+                    Some(n) => n,
+                    None => {
+                        // Nothing owed after all: leave the buffer to the guest.
+                        a.rx.go_to_previous_position();
+                        break;
+                    }
+                }
+            }
+            // An unusable buffer goes back empty.
+            Err(_) => 0,
+        };
+        if a.rx.add_used(&a.mem, head, len).is_err() {
+            break;
+        }
+        used = true;
+    }
+    used
+}
+
+/// Takes guest TX packets and hands the valid ones to the muxer.
+fn process_tx(a: &mut Active, muxer: &mut Muxer) -> bool {
+    let mut used = false;
+    while !muxer.tx_paused() {
+        // The chain iterator follows at most queue-size links and rejects
+        // loops, so a hostile ring cannot spin us.
+        let Some(mut chain) = a.tx.pop_descriptor_chain(&a.mem) else {
+            break;
+        };
+        let head = chain.head_index();
+        match packet::parse_tx(&a.mem, &mut chain, muxer.cid()) {
+            Ok(pkt) => muxer.on_guest_pkt(&pkt),
+            Err(_) => muxer.counters.tx_dropped += 1,
+        }
+        if a.tx.add_used(&a.mem, head, 0).is_err() {
+            break;
+        }
+        used = true;
+    }
+    used
+}
+
+/// A virtio-vsock device (the part the MMIO transport owns).
+pub struct Vsock {
+    shared: Shared,
+    wake: Arc<EventFd>,
+    config: [u8; 8],
+}
+
+/// A cloneable handle on a vsock device for the VMM: transport reset,
+/// snapshot state and counters, usable after the device moved into its
+/// transport.
+#[derive(Clone)]
+pub struct VsockHandle {
+    shared: Shared,
+    wake: Arc<EventFd>,
+}
+
+impl Vsock {
+    /// A device for guest `cid` whose host side listens on `uds_path` (which
+    /// must not exist; it is removed when the [`VsockEvents`] half is
+    /// dropped). Register the [`VsockEvents`] half with the VMM's
+    /// `EventManager`; put the [`Vsock`] half behind an MMIO transport.
+    pub fn new(cid: u64, uds_path: &Path) -> Result<(Vsock, VsockEvents), VsockError> {
+        if !(3..u64::from(u32::MAX)).contains(&cid) {
+            return Err(VsockError::Cid(cid));
+        }
+        let listener = UnixListener::bind(uds_path).map_err(|source| VsockError::Bind {
+            path: uds_path.to_owned(),
+            source,
+        })?;
+        let listener = match listener.set_nonblocking(true) {
+            Ok(()) => listener,
+            Err(source) => {
+                let _ = std::fs::remove_file(uds_path);
+                return Err(VsockError::Bind {
+                    path: uds_path.to_owned(),
+                    source,
+                });
+            }
+        };
+        let wake = match EventFd::new(libc::EFD_NONBLOCK) {
+            Ok(w) => Arc::new(w),
+            Err(e) => {
+                let _ = std::fs::remove_file(uds_path);
+                return Err(VsockError::EventFd(e));
+            }
+        };
+        let shared = Arc::new(Mutex::new(Inner {
+            muxer: Muxer::new(cid, uds_path),
+            acked: 0,
+            active: None,
+            reset_pending: false,
+        }));
+        let events = VsockEvents::new(shared.clone(), listener, wake.clone(), uds_path);
+        Ok((
+            Vsock {
+                shared,
+                wake,
+                config: cid.to_le_bytes(),
+            },
+            events,
+        ))
+    }
+
+    /// A handle for the VMM.
+    pub fn handle(&self) -> VsockHandle {
+        VsockHandle {
+            shared: self.shared.clone(),
+            wake: self.wake.clone(),
+        }
+    }
+
+    /// Snapshot state (see [`VsockState`]).
+    pub fn save(&self) -> VsockState {
+        lock(&self.shared).save()
+    }
+
+    /// Wakes the event thread if it has sockets to (un)watch.
+    fn kick(&self, inner: &Inner) {
+        kick(&self.wake, inner);
+    }
+}
+
+fn kick(wake: &EventFd, inner: &Inner) {
+    if inner.muxer.needs_reconcile() {
+        // EAGAIN means a wake-up is already pending, which is enough.
+        let _ = wake.write(1);
+    }
+}
+
+impl VsockHandle {
+    /// Drops every connection and tells the guest with
+    /// VIRTIO_VSOCK_EVENT_TRANSPORT_RESET (now, or as soon as the device is
+    /// active and the guest has an event buffer). Use after a restore.
+    pub fn send_transport_reset(&self) {
+        let mut inner = lock(&self.shared);
+        inner.transport_reset();
+        kick(&self.wake, &inner);
+    }
+
+    /// Snapshot state (see [`VsockState`]).
+    pub fn save(&self) -> VsockState {
+        lock(&self.shared).save()
+    }
+
+    /// Live connections.
+    pub fn connection_count(&self) -> usize {
+        lock(&self.shared).muxer.conn_count()
+    }
+
+    /// Guest->host bytes held in VMM memory for slow host readers (at most
+    /// [`super::CONN_TX_BUF_SIZE`] per connection).
+    pub fn buffered_bytes(&self) -> usize {
+        lock(&self.shared).muxer.buffered_bytes()
+    }
+
+    /// Packets dropped, RSTs sent, connections opened/closed/refused.
+    pub fn counters(&self) -> Counters {
+        lock(&self.shared).muxer.counters
+    }
+}
+
+impl VirtioDevice for Vsock {
+    fn device_type(&self) -> u32 {
+        TYPE_VSOCK
+    }
+
+    fn queue_max_sizes(&self) -> &[u16] {
+        &[QUEUE_SIZE; 3]
+    }
+
+    fn avail_features(&self) -> u64 {
+        1u64 << VIRTIO_F_VERSION_1
+    }
+
+    fn set_acked_features(&mut self, features: u64) {
+        lock(&self.shared).acked = features;
+    }
+
+    fn read_config(&self, offset: u64, data: &mut [u8]) {
+        crate::virtio::read_config_bytes(&self.config, offset, data);
+    }
+
+    fn write_config(&mut self, _offset: u64, _data: &[u8]) {}
+
+    fn activate(
+        &mut self,
+        mem: GuestMemoryMmap,
+        irq: Arc<VirtioInterrupt>,
+        queues: Vec<Queue>,
+    ) -> Result<(), ActivateError> {
+        let [rx, tx, ev] =
+            <[Queue; 3]>::try_from(queues).map_err(|q| ActivateError::QueueCount {
+                expected: 3,
+                got: q.len(),
+            })?;
+        let mut inner = lock(&self.shared);
+        inner.active = Some(Active {
+            mem,
+            irq,
+            rx,
+            tx,
+            ev,
+        });
+        // Host connections may have queued REQUESTs before the driver came.
+        inner.process();
+        inner.process_events();
+        self.kick(&inner);
+        Ok(())
+    }
+
+    fn queue_notify(&mut self, index: u32) {
+        let mut inner = lock(&self.shared);
+        match index as usize {
+            RXQ | TXQ => inner.process(),
+            EVQ => inner.process_events(),
+            _ => return,
+        }
+        self.kick(&inner);
+    }
+
+    fn reset(&mut self) {
+        let mut inner = lock(&self.shared);
+        inner.muxer.kill_all();
+        inner.active = None;
+        inner.acked = 0;
+        self.kick(&inner);
+    }
+
+    fn queue_states(&self) -> Vec<virtio_queue::QueueState> {
+        let inner = lock(&self.shared);
+        inner
+            .active
+            .iter()
+            .flat_map(|a| [a.rx.state(), a.tx.state(), a.ev.state()])
+            .collect()
+    }
+}
