@@ -15,8 +15,15 @@
 //! single quotes), passes at most ~30 words to init, and stops at a second
 //! `--`.
 //!
+//! With no command after ` -- ` (or no argv at all) the agent serves the
+//! request protocol of `guest_agent::proto` on vsock port 5000 instead
+//! (see server/mod.rs and PROTOCOL.md), reaping orphans as PID 1 must.
+//! Started as an ordinary process with `--listen unix:PATH` (or
+//! `vsock:PORT`) it serves the same protocol there: no mounts, no cgroups.
+//!
 //! Protocol on the console (the VMM and tests parse these lines):
-//! - `SHOAL-INIT-READY` once the mounts are done;
+//! - `SHOAL-INIT-READY` once the mounts are done (and, in server mode, the
+//!   vsock listener is accepting);
 //! - `SHOAL-EXIT <code>` after the command given on the kernel command line
 //!   (after ` -- `) has exited; then the guest syncs and reboots, which the
 //!   VMM (`reboot=k`) treats as a clean exit.
@@ -30,6 +37,7 @@
 #![cfg_attr(test, allow(dead_code, unused_imports))]
 
 mod cmdline;
+mod server;
 mod spawn;
 mod sys;
 
@@ -44,9 +52,11 @@ const READY: &[u8] = b"SHOAL-INIT-READY\n";
 /// anything (boot benchmarks measure to VMM exit with it).
 const REBOOT_BUILTIN: &std::ffi::CStr = c"@reboot";
 
-const USAGE: &[u8] = b"usage: shoal-agent [COMMAND [ARG]...]\n\
-shoal-agent is the PID 1 init of Shoal guests (kernel command line: ... -- COMMAND ARG...).\n\
-It only runs as PID 1; nothing was done.\n";
+const USAGE: &[u8] = b"usage: shoal-agent [COMMAND [ARG]...]   (as PID 1)\n\
+       shoal-agent --listen unix:PATH|vsock:PORT\n\
+shoal-agent is the PID 1 init of Shoal guests (kernel command line: ... -- COMMAND ARG...;\n\
+with no command it serves the agent protocol on vsock port 5000). As an ordinary\n\
+process it only serves the protocol, with --listen.\n";
 
 /// One filesystem to mount at boot.
 struct Mount {
@@ -122,26 +132,32 @@ unsafe extern "C" fn main(
     argv: *const *const c_char,
     envp: *const *const c_char,
 ) -> c_int {
+    let argc = usize::try_from(argc).unwrap_or(0);
     // SAFETY: getpid has no preconditions.
     if unsafe { libc::getpid() } != 1 {
-        write_all(2, USAGE);
-        return 2;
+        // SAFETY: argv/envp are the C runtime's arrays (argc entries).
+        return unsafe { host_main(argc, argv, envp) };
     }
     mount_all();
     // SAFETY: the pointer and length describe a valid static byte string.
     if unsafe { libc::sethostname(c"shoal".as_ptr(), 5) } != 0 {
         sys::report("sethostname", errno());
     }
-    announce_ready();
 
-    let argc = usize::try_from(argc).unwrap_or(0);
     // Only the words after ` -- ` on the kernel command line are the command.
     let first = if argc > 1 && !argv.is_null() {
         cmdline::command_start(argc)
     } else {
         argc
     };
-    if first < argc {
+    if first >= argc {
+        // No command: serve the agent protocol on vsock.
+        // SAFETY: envp is the kernel's NULL-terminated array.
+        let env = unsafe { guest_env(envp) };
+        serve_guest(env)
+    }
+    announce_ready();
+    {
         // SAFETY: first < argc, and the kernel passes argc valid entries in
         // a NULL-terminated argv array that lives for the whole process.
         let cmd = unsafe { argv.add(first) };
@@ -169,6 +185,102 @@ unsafe extern "C" fn main(
         sys::report("reboot", errno());
     }
     spawn::reap_forever()
+}
+
+/// Collects a NULL-terminated C string array.
+///
+/// # Safety
+/// `p` must be NULL or a valid NULL-terminated array of C strings.
+unsafe fn c_strings(mut p: *const *const c_char) -> Vec<Vec<u8>> {
+    let mut out = Vec::new();
+    while !p.is_null() {
+        // SAFETY: p points into the caller's NULL-terminated array.
+        let entry = unsafe { *p };
+        if entry.is_null() {
+            break;
+        }
+        // SAFETY: each entry is a valid C string.
+        out.push(unsafe { CStr::from_ptr(entry) }.to_bytes().to_vec());
+        // SAFETY: the entry was non-NULL, so the array continues.
+        p = unsafe { p.add(1) };
+    }
+    out
+}
+
+/// The environment of guest commands: our defaults (PATH, HOME, TERM) over
+/// the kernel's entries.
+///
+/// # Safety
+/// `envp` must be NULL or a valid NULL-terminated array of C strings.
+unsafe fn guest_env(envp: *const *const c_char) -> Vec<(Vec<u8>, Vec<u8>)> {
+    let defaults = spawn::DEFAULT_ENV.iter().map(|e| e.to_bytes().to_vec());
+    // SAFETY: forwarded from the caller.
+    let kernel = unsafe { c_strings(envp) };
+    server::split_env(defaults.chain(kernel))
+}
+
+/// PID 1 without a command: user cgroup, vsock listener, ready marker, then
+/// the request server forever.
+fn serve_guest(env: Vec<(Vec<u8>, Vec<u8>)>) -> ! {
+    let guest = server::guest::setup();
+    let addr = server::listen::ListenAddr::Vsock(guest_agent::proto::VSOCK_PORT);
+    let listener = match addr.bind() {
+        Ok(l) => l,
+        Err(e) => {
+            sys::report("vsock listen on port 5000", e.0);
+            announce_ready();
+            spawn::reap_forever()
+        }
+    };
+    announce_ready();
+    let mode = guest_agent::proto::AgentMode::Guest;
+    match server::Server::new(listener, false, mode, env, guest) {
+        Ok(s) => s.run(),
+        Err((what, e)) => {
+            sys::report(what, e.0);
+            spawn::reap_forever()
+        }
+    }
+}
+
+/// Not PID 1: `--listen ADDR` serves the protocol as an ordinary process.
+///
+/// # Safety
+/// `argv` must hold `argc` valid C strings; `envp` must be NULL or a valid
+/// NULL-terminated array of C strings.
+unsafe fn host_main(argc: usize, argv: *const *const c_char, envp: *const *const c_char) -> c_int {
+    let args = if argv.is_null() || argc == 0 {
+        Vec::new()
+    } else {
+        // SAFETY: argv is the C runtime's NULL-terminated array.
+        unsafe { c_strings(argv) }
+    };
+    let addr = match args.get(1..) {
+        Some([flag, addr]) if flag == b"--listen" => server::listen::ListenAddr::parse(addr),
+        _ => None,
+    };
+    let Some(addr) = addr else {
+        write_all(2, USAGE);
+        return 2;
+    };
+    let listener = match addr.bind() {
+        Ok(l) => l,
+        Err(e) => {
+            sys::report("listen", e.0);
+            return 1;
+        }
+    };
+    // SAFETY: forwarded from the caller.
+    let env = server::split_env(unsafe { c_strings(envp) });
+    let mode = guest_agent::proto::AgentMode::Host;
+    let guest = server::guest::Guest::default();
+    match server::Server::new(listener, addr.is_unix(), mode, env, guest) {
+        Ok(s) => s.run(),
+        Err((what, e)) => {
+            sys::report(what, e.0);
+            1
+        }
+    }
 }
 
 /// Mounts everything in `MOUNTS`; never fails, only reports.

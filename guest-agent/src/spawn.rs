@@ -24,7 +24,7 @@ const PATH_DIRS: &[&str] = &[
 
 /// Environment given to the command before the kernel's envp. These win over
 /// kernel entries of the same name (the kernel always passes HOME=/).
-const DEFAULT_ENV: &[&CStr] = &[
+pub(crate) const DEFAULT_ENV: &[&CStr] = &[
     c"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
     c"HOME=/root",
     c"TERM=linux",

@@ -1,0 +1,173 @@
+//! Guest-only duties of the agent: the user cgroup, its own OOM immunity,
+//! reseeding and clock stepping after a snapshot restore, power-off.
+
+use std::ffi::{c_int, CStr, CString};
+
+use super::os::{self, Errno};
+use crate::sys::report;
+use guest_agent::proto::{AgentMode, PostRestore, PostRestoreReply, PowerAction};
+
+/// Parent cgroup of every user command (one child cgroup per exec).
+const USER_CGROUP: &CStr = c"/sys/fs/cgroup/shoal-user";
+/// Memory kept out of the user cgroup's reach for the kernel and the agent.
+const RESERVED_MEMORY: u64 = 24 << 20;
+/// pids.max of the user cgroup.
+const USER_PIDS_MAX: &[u8] = b"4096";
+
+/// What guest set-up produced.
+#[derive(Debug, Default)]
+pub struct Guest {
+    /// cgroup v2 is usable: each exec gets `shoal-user/e<id>`.
+    pub cgroups: bool,
+}
+
+impl Guest {
+    /// The cgroup directory and its cgroup.procs for exec `id`.
+    pub fn exec_cgroup(&self, id: u64) -> Option<(CString, CString)> {
+        if !self.cgroups {
+            return None;
+        }
+        let dir = format!("{}/e{id}", USER_CGROUP.to_string_lossy());
+        let procs = format!("{dir}/cgroup.procs");
+        Some((CString::new(dir).ok()?, CString::new(procs).ok()?))
+    }
+}
+
+/// Sets oom_score_adj to -1000 and creates the user cgroup with memory.max
+/// below the guest's memory and a pids.max. Failures are reported on the
+/// console and leave the feature off.
+pub fn setup() -> Guest {
+    if let Err(e) = os::write_file(c"/proc/self/oom_score_adj", b"-1000") {
+        report("oom_score_adj", e.0);
+    }
+    let mut g = Guest::default();
+    // Enabling the controllers fails if the kernel lacks one; try both, then
+    // each alone.
+    let ctl = c"/sys/fs/cgroup/cgroup.subtree_control";
+    match os::write_file(ctl, b"+memory +pids") {
+        Ok(()) => {}
+        Err(Errno(libc::ENOENT)) => return g, // no cgroup2 mounted
+        Err(_) => {
+            for c in [&b"+memory"[..], b"+pids"] {
+                if let Err(e) = os::write_file(ctl, c) {
+                    report(&format!("cgroup {}", String::from_utf8_lossy(c)), e.0);
+                }
+            }
+        }
+    }
+    match os::mkdir(USER_CGROUP, 0o755) {
+        Ok(()) | Err(Errno(libc::EEXIST)) => {}
+        Err(e) => {
+            report("mkdir /sys/fs/cgroup/shoal-user", e.0);
+            return g;
+        }
+    }
+    g.cgroups = true;
+    if let Some(total) = total_memory() {
+        let limit = total.saturating_sub(RESERVED_MEMORY).max(total / 2);
+        let path = c"/sys/fs/cgroup/shoal-user/memory.max";
+        if let Err(e) = os::write_file(path, limit.to_string().as_bytes()) {
+            report("memory.max", e.0);
+        }
+    }
+    if let Err(e) = os::write_file(c"/sys/fs/cgroup/shoal-user/pids.max", USER_PIDS_MAX) {
+        report("pids.max", e.0);
+    }
+    g
+}
+
+/// Total RAM from sysinfo(2).
+fn total_memory() -> Option<u64> {
+    // SAFETY: sysinfo is plain data; all-zero is valid.
+    let mut si: libc::sysinfo = unsafe { std::mem::zeroed() };
+    // SAFETY: si is a valid out pointer.
+    if unsafe { libc::sysinfo(&mut si) } != 0 {
+        return None;
+    }
+    si.totalram.checked_mul(u64::from(si.mem_unit.max(1)))
+}
+
+/// Kills everything in an exec's cgroup (cgroup.kill, Linux 5.14+).
+pub fn kill_cgroup(dir: &CStr) {
+    let mut p = dir.to_bytes().to_vec();
+    p.extend_from_slice(b"/cgroup.kill");
+    if let Ok(path) = CString::new(p) {
+        let _ = os::write_file(&path, b"1");
+    }
+}
+
+/// RNDADDENTROPY = _IOW('R', 0x03, int[2]).
+const RNDADDENTROPY: libc::c_ulong = 0x4008_5203;
+
+/// `struct rand_pool_info` with room for 64 bytes.
+#[repr(C)]
+struct RandPoolInfo {
+    entropy_count: c_int,
+    buf_size: c_int,
+    buf: [u8; 64],
+}
+
+/// Reseeds the RNG and (in the guest) steps the clock.
+pub fn post_restore(mode: AgentMode, req: &PostRestore) -> Result<PostRestoreReply, Errno> {
+    let fd = os::open(c"/dev/urandom", libc::O_WRONLY, 0)?;
+    let mut credited = false;
+    if mode == AgentMode::Guest {
+        let info = RandPoolInfo {
+            entropy_count: 512,
+            buf_size: 64,
+            buf: req.entropy,
+        };
+        // SAFETY: info is a valid rand_pool_info of the size announced in
+        // buf_size; the ioctl only reads it.
+        let r = unsafe {
+            libc::ioctl(
+                std::os::fd::AsRawFd::as_raw_fd(&fd),
+                RNDADDENTROPY as _,
+                &info,
+            )
+        };
+        credited = r == 0;
+    }
+    if !credited {
+        // Mixed in without credit (host mode: never claim entropy there).
+        os::write_all(os::fd_ref(&fd), &req.entropy)?;
+    }
+    let mut clock_set = false;
+    if mode == AgentMode::Guest && req.unix_time_ns != 0 {
+        // SAFETY: timespec is plain data; zero is valid.
+        let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
+        ts.tv_sec = (req.unix_time_ns / 1_000_000_000)
+            .try_into()
+            .map_err(|_| Errno(libc::EINVAL))?;
+        ts.tv_nsec = (req.unix_time_ns % 1_000_000_000).try_into().unwrap_or(0);
+        // SAFETY: ts is a valid timespec.
+        if unsafe { libc::clock_settime(libc::CLOCK_REALTIME, &ts) } != 0 {
+            return Err(Errno::last());
+        }
+        clock_set = true;
+    }
+    Ok(PostRestoreReply {
+        entropy_credited: credited,
+        clock_set,
+    })
+}
+
+/// Powers off or reboots (guest), or exits (host). Never returns.
+pub fn power(mode: AgentMode, action: PowerAction) -> ! {
+    if mode == AgentMode::Guest {
+        let cmd = match action {
+            PowerAction::Poweroff => libc::RB_POWER_OFF,
+            PowerAction::Reboot => libc::RB_AUTOBOOT,
+        };
+        // SAFETY: sync and reboot have no memory-safety preconditions.
+        unsafe {
+            libc::sync();
+            libc::reboot(cmd);
+        }
+        report("reboot", crate::sys::errno());
+        // PID 1 must not exit; stay alive reaping.
+        crate::spawn::reap_forever()
+    }
+    // SAFETY: _exit ends the process without running anything else.
+    unsafe { libc::_exit(0) }
+}

@@ -1,0 +1,169 @@
+//! Transports: where the agent listens. Everything above this file only
+//! sees accepted stream sockets (fds), so the protocol is the same on a Unix
+//! socket (host tests) and on vsock (the guest).
+
+use std::ffi::c_int;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::PathBuf;
+
+use super::os::{Errno, SysResult};
+
+/// A listening address.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ListenAddr {
+    /// A Unix stream socket at this path (replaced if it exists).
+    Unix(PathBuf),
+    /// AF_VSOCK, any CID, this port.
+    Vsock(u32),
+}
+
+impl ListenAddr {
+    /// Parses `unix:PATH` or `vsock:PORT`.
+    pub fn parse(s: &[u8]) -> Option<ListenAddr> {
+        if let Some(p) = s.strip_prefix(b"unix:") {
+            if p.is_empty() {
+                return None;
+            }
+            return Some(ListenAddr::Unix(PathBuf::from(
+                std::ffi::OsStr::from_bytes(p),
+            )));
+        }
+        let port = s.strip_prefix(b"vsock:")?;
+        std::str::from_utf8(port)
+            .ok()?
+            .parse()
+            .ok()
+            .map(ListenAddr::Vsock)
+    }
+
+    /// Creates the listening socket.
+    pub fn bind(&self) -> SysResult<OwnedFd> {
+        match self {
+            ListenAddr::Unix(path) => bind_unix(path),
+            ListenAddr::Vsock(port) => bind_vsock(*port),
+        }
+    }
+
+    /// Whether accepted sockets are AF_UNIX (their send buffer is raised
+    /// per connection; vsock sockets inherit the listener's buffer size).
+    pub fn is_unix(&self) -> bool {
+        matches!(self, ListenAddr::Unix(_))
+    }
+}
+
+fn socket(domain: c_int) -> SysResult<OwnedFd> {
+    // SAFETY: no pointers.
+    let fd = unsafe { libc::socket(domain, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(Errno::last());
+    }
+    // SAFETY: a new fd we own.
+    Ok(unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) })
+}
+
+fn listen(fd: &OwnedFd) -> SysResult<()> {
+    // SAFETY: plain syscall.
+    if unsafe { libc::listen(fd.as_raw_fd(), 128) } != 0 {
+        return Err(Errno::last());
+    }
+    Ok(())
+}
+
+fn bind_unix(path: &std::path::Path) -> SysResult<OwnedFd> {
+    let bytes = path.as_os_str().as_bytes();
+    // SAFETY: sockaddr_un is plain data; zero is valid.
+    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    if bytes.len() >= addr.sun_path.len() || bytes.contains(&0) {
+        return Err(Errno(libc::ENAMETOOLONG));
+    }
+    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    for (d, s) in addr.sun_path.iter_mut().zip(bytes) {
+        *d = *s as libc::c_char;
+    }
+    let fd = socket(libc::AF_UNIX)?;
+    let _ = std::fs::remove_file(path);
+    let len = std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t;
+    // SAFETY: addr is a valid sockaddr_un of `len` bytes.
+    let r = unsafe { libc::bind(fd.as_raw_fd(), std::ptr::addr_of!(addr).cast(), len) };
+    if r != 0 {
+        return Err(Errno::last());
+    }
+    listen(&fd)?;
+    Ok(fd)
+}
+
+/// SO_VM_SOCKETS_BUFFER_SIZE and _MAX_SIZE (linux/vm_sockets.h).
+const SO_VM_SOCKETS_BUFFER_SIZE: c_int = 0;
+const SO_VM_SOCKETS_BUFFER_MAX_SIZE: c_int = 2;
+/// Receive buffer for vsock connections (the kernel default is 256 KiB):
+/// lets the host push a whole 1 MiB frame before the agent reads.
+const VSOCK_BUFFER: u64 = 4 << 20;
+
+fn bind_vsock(port: u32) -> SysResult<OwnedFd> {
+    let fd = socket(libc::AF_VSOCK)?;
+    let size: u64 = VSOCK_BUFFER;
+    for opt in [SO_VM_SOCKETS_BUFFER_MAX_SIZE, SO_VM_SOCKETS_BUFFER_SIZE] {
+        // SAFETY: the option value is a u64 of the given size. Failure only
+        // leaves the default buffer size.
+        unsafe {
+            libc::setsockopt(
+                fd.as_raw_fd(),
+                libc::AF_VSOCK,
+                opt,
+                std::ptr::addr_of!(size).cast(),
+                std::mem::size_of::<u64>() as libc::socklen_t,
+            )
+        };
+    }
+    // SAFETY: sockaddr_vm is plain data; zero is valid.
+    let mut addr: libc::sockaddr_vm = unsafe { std::mem::zeroed() };
+    addr.svm_family = libc::AF_VSOCK as libc::sa_family_t;
+    addr.svm_port = port;
+    addr.svm_cid = libc::VMADDR_CID_ANY;
+    let len = std::mem::size_of::<libc::sockaddr_vm>() as libc::socklen_t;
+    // SAFETY: addr is a valid sockaddr_vm of `len` bytes.
+    let r = unsafe { libc::bind(fd.as_raw_fd(), std::ptr::addr_of!(addr).cast(), len) };
+    if r != 0 {
+        return Err(Errno::last());
+    }
+    listen(&fd)?;
+    Ok(fd)
+}
+
+/// Send buffer asked for on accepted Unix sockets: a 1 MiB frame and more
+/// fits in one non-blocking send.
+const UNIX_SNDBUF: c_int = 4 << 20;
+
+/// accept4(SOCK_CLOEXEC); raises the send buffer of Unix sockets (one
+/// setsockopt: SO_SNDBUFFORCE works for root, else nothing is changed).
+pub fn accept(listener: &OwnedFd, unix: bool) -> SysResult<OwnedFd> {
+    // SAFETY: NULL address pointers are allowed.
+    let fd = unsafe {
+        libc::accept4(
+            listener.as_raw_fd(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            libc::SOCK_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return Err(Errno::last());
+    }
+    // SAFETY: a new fd we own.
+    let fd: OwnedFd = unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) };
+    if unix {
+        let size: c_int = UNIX_SNDBUF;
+        // SAFETY: the value is an int of the given size; failure is fine.
+        unsafe {
+            libc::setsockopt(
+                fd.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_SNDBUFFORCE,
+                std::ptr::addr_of!(size).cast(),
+                std::mem::size_of::<c_int>() as libc::socklen_t,
+            )
+        };
+    }
+    Ok(fd)
+}

@@ -1,0 +1,177 @@
+//! Shared test helpers: an agent running as a host process on a Unix
+//! socket in a private temporary directory.
+
+#![allow(dead_code)]
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use guest_agent::client::Client;
+
+static COUNTER: AtomicU32 = AtomicU32::new(0);
+
+/// A fresh directory under the system temp dir, removed on drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> TempDir {
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+        let p = std::env::temp_dir().join(format!("shoal-agent-{tag}-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).unwrap();
+        TempDir(p)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A `shoal-agent --listen unix:...` process.
+pub struct Agent {
+    pub child: Child,
+    pub sock: PathBuf,
+    pub dir: TempDir,
+}
+
+impl Agent {
+    pub fn start() -> Agent {
+        Self::start_with(|c| c)
+    }
+
+    /// Starts the agent with `wrap` given the command line (e.g. strace).
+    pub fn start_with(wrap: impl FnOnce(Vec<String>) -> Vec<String>) -> Agent {
+        let dir = TempDir::new("t");
+        let sock = dir.path().join("agent.sock");
+        let argv = wrap(vec![
+            env!("CARGO_BIN_EXE_shoal-agent").to_string(),
+            "--listen".to_string(),
+            format!("unix:{}", sock.display()),
+        ]);
+        let child = Command::new(&argv[0])
+            .args(&argv[1..])
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("start shoal-agent");
+        let agent = Agent { child, sock, dir };
+        let t0 = Instant::now();
+        while std::os::unix::net::UnixStream::connect(&agent.sock).is_err() {
+            assert!(
+                t0.elapsed() < Duration::from_secs(20),
+                "agent did not start"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        agent
+    }
+
+    pub fn client(&self) -> Client {
+        Client::connect_unix(&self.sock).expect("connect to agent")
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Open fds of the agent process.
+    pub fn fd_count(&self) -> usize {
+        std::fs::read_dir(format!("/proc/{}/fd", self.pid()))
+            .unwrap()
+            .count()
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Deterministic pseudo-random bytes (xorshift64*), as a reader.
+pub struct PseudoRandom {
+    state: u64,
+    left: u64,
+}
+
+impl PseudoRandom {
+    pub fn new(seed: u64, len: u64) -> Self {
+        PseudoRandom {
+            state: seed | 1,
+            left: len,
+        }
+    }
+}
+
+impl Read for PseudoRandom {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = buf.len().min(self.left as usize) & !7;
+        let n = if n == 0 {
+            buf.len().min(self.left as usize)
+        } else {
+            n
+        };
+        for chunk in buf[..n].chunks_mut(8) {
+            self.state ^= self.state >> 12;
+            self.state ^= self.state << 25;
+            self.state ^= self.state >> 27;
+            let v = self.state.wrapping_mul(0x2545_F491_4F6C_DD1D).to_le_bytes();
+            chunk.copy_from_slice(&v[..chunk.len()]);
+        }
+        self.left -= n as u64;
+        Ok(n)
+    }
+}
+
+/// A writer that only hashes and counts.
+#[derive(Default)]
+pub struct HashWriter {
+    pub hasher: sha2::Sha256,
+    pub bytes: u64,
+}
+
+impl Write for HashWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        use sha2::Digest;
+        self.hasher.update(buf);
+        self.bytes += buf.len() as u64;
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl HashWriter {
+    pub fn hex(self) -> String {
+        use sha2::Digest;
+        self.hasher
+            .finalize()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    }
+}
+
+/// Whether a process is gone (or a zombie nobody reaped yet).
+pub fn process_dead(pid: i32) -> bool {
+    // SAFETY: kill with signal 0 only checks for existence.
+    if unsafe { libc::kill(pid, 0) } != 0 {
+        return true;
+    }
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(s) => s
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
+        Err(_) => true,
+    }
+}
