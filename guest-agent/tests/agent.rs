@@ -751,3 +751,21 @@ fn no_fd_leaks() {
     let after = agent.fd_count();
     assert_eq!(before, after, "agent fds: {before} before, {after} after");
 }
+
+#[test]
+fn slow_reader_loses_nothing() {
+    // The command finishes while its output waits for a slow client (pipes
+    // paused by backpressure): everything still arrives.
+    let agent = Agent::start();
+    let c = agent.client();
+    let mut h = c
+        .exec(&sh("head -c 20000000 /dev/zero; echo end >&2"))
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    let mut out = HashWriter::default();
+    let mut err = Vec::new();
+    let r = h.wait_with(&mut out, &mut err).unwrap();
+    assert!(r.success());
+    assert_eq!(out.bytes, 20_000_000);
+    assert_eq!(err, b"end\n");
+}

@@ -5,30 +5,30 @@
 //! data (no allocation, no locks) and reports a failure through shared
 //! memory.
 
-use std::ffi::{c_char, c_int, c_void, CString};
+use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::mem::MaybeUninit;
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicI32, Ordering};
 
 use super::os::Errno;
 
-/// What the child does before exec.
-pub struct SpawnSpec {
+/// What the child does before exec (all borrowed: nothing is copied per
+/// exec, which matters because musl's malloc maps and unmaps larger blocks).
+pub struct SpawnSpec<'a> {
     /// Paths to try for the program, in order.
-    pub paths: Vec<CString>,
+    pub paths: &'a [CString],
     /// argv (argv\[0\] as given).
-    pub argv: Vec<CString>,
-    /// `NAME=value` entries.
-    pub envp: Vec<CString>,
+    pub argv: &'a [CString],
+    /// NULL-terminated `NAME=value` pointers.
+    pub envp: &'a [*const c_char],
     /// Directory to chdir into.
-    pub cwd: Option<CString>,
+    pub cwd: Option<&'a CStr>,
     /// (uid, gid) to switch to.
     pub user: Option<(u32, u32)>,
     /// fds to install as 0, 1 and 2.
     pub stdio: [RawFd; 3],
-    /// cgroup directory to create and join (`.../cgroup.procs` is the
-    /// second string).
-    pub cgroup: Option<(CString, CString)>,
+    /// cgroup directory to create and join, and its cgroup.procs.
+    pub cgroup: Option<&'a (CString, CString)>,
     /// Write 0 to /proc/self/oom_score_adj (the agent runs at -1000).
     pub reset_oom: bool,
 }
@@ -74,7 +74,7 @@ impl Stage {
 struct ChildArgs {
     paths: Vec<*const c_char>,
     argv: Vec<*const c_char>,
-    envp: Vec<*const c_char>,
+    envp: *const *const c_char,
     cwd: *const c_char,
     user: Option<(u32, u32)>,
     stdio: [RawFd; 3],
@@ -102,32 +102,24 @@ pub struct Spawned {
 }
 
 /// Starts the command; returns when it has exec'd (or failed to).
-pub fn spawn(spec: &SpawnSpec) -> Result<Spawned, (Stage, Errno)> {
-    let nul_terminated = |v: &[CString]| -> Vec<*const c_char> {
-        v.iter()
-            .map(|s| s.as_ptr())
-            .chain(std::iter::once(std::ptr::null()))
-            .collect()
-    };
+pub fn spawn(spec: &SpawnSpec<'_>) -> Result<Spawned, (Stage, Errno)> {
+    if spec.envp.last().is_some_and(|p| !p.is_null()) || spec.envp.is_empty() {
+        return Err((Stage::Exec, Errno(libc::EINVAL)));
+    }
+    let nul_terminated = pointers;
     // SAFETY: sigset_t is plain data; sigemptyset initialises it.
     let mut empty_mask: libc::sigset_t = unsafe { std::mem::zeroed() };
     // SAFETY: empty_mask is a valid sigset_t.
     unsafe { libc::sigemptyset(&mut empty_mask) };
     let args = ChildArgs {
         paths: spec.paths.iter().map(|p| p.as_ptr()).collect(),
-        argv: nul_terminated(&spec.argv),
-        envp: nul_terminated(&spec.envp),
-        cwd: spec.cwd.as_ref().map_or(std::ptr::null(), |c| c.as_ptr()),
+        argv: nul_terminated(spec.argv),
+        envp: spec.envp.as_ptr(),
+        cwd: spec.cwd.map_or(std::ptr::null(), CStr::as_ptr),
         user: spec.user,
         stdio: spec.stdio,
-        cg_dir: spec
-            .cgroup
-            .as_ref()
-            .map_or(std::ptr::null(), |c| c.0.as_ptr()),
-        cg_procs: spec
-            .cgroup
-            .as_ref()
-            .map_or(std::ptr::null(), |c| c.1.as_ptr()),
+        cg_dir: spec.cgroup.map_or(std::ptr::null(), |c| c.0.as_ptr()),
+        cg_procs: spec.cgroup.map_or(std::ptr::null(), |c| c.1.as_ptr()),
         reset_oom: spec.reset_oom,
         empty_mask,
         err: AtomicI32::new(0),
@@ -177,6 +169,24 @@ fn fail(args: &ChildArgs, stage: i32, err: c_int) -> ! {
     unsafe { libc::_exit(127) }
 }
 
+/// openat(AT_FDCWD, path, O_WRONLY | O_CLOEXEC) as a raw system call
+/// (musl's open adds an fcntl for O_CLOEXEC).
+///
+/// # Safety
+/// `path` must be a NUL-terminated string.
+unsafe fn open_raw(path: *const c_char) -> c_int {
+    // SAFETY: the caller passes a NUL-terminated path.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_openat,
+            libc::AT_FDCWD,
+            path,
+            libc::O_WRONLY | libc::O_CLOEXEC,
+        )
+    };
+    c_int::try_from(r).unwrap_or(-1)
+}
+
 /// The cloned child.
 extern "C" fn child_main(arg: *mut c_void) -> c_int {
     // SAFETY: `arg` points at the parent's ChildArgs, alive and unmodified
@@ -191,16 +201,13 @@ extern "C" fn child_main(arg: *mut c_void) -> c_int {
         libc::setsid();
         if !a.cg_dir.is_null() {
             libc::mkdir(a.cg_dir, 0o755);
-            let fd = libc::open(a.cg_procs, libc::O_WRONLY | libc::O_CLOEXEC);
+            let fd = open_raw(a.cg_procs);
             if fd >= 0 && libc::write(fd, c"0".as_ptr().cast(), 1) == 1 {
                 a.joined.store(1, Ordering::Release);
             }
         }
         if a.reset_oom {
-            let fd = libc::open(
-                c"/proc/self/oom_score_adj".as_ptr(),
-                libc::O_WRONLY | libc::O_CLOEXEC,
-            );
+            let fd = open_raw(c"/proc/self/oom_score_adj".as_ptr());
             if fd >= 0 {
                 libc::write(fd, c"0".as_ptr().cast(), 1);
             }
@@ -231,7 +238,7 @@ extern "C" fn child_main(arg: *mut c_void) -> c_int {
         let mut last = libc::ENOENT;
         let mut saw_eacces = false;
         for &path in &a.paths {
-            libc::execve(path, a.argv.as_ptr(), a.envp.as_ptr());
+            libc::execve(path, a.argv.as_ptr(), a.envp);
             last = errno();
             match last {
                 libc::ENOENT | libc::ENOTDIR => {}
@@ -244,6 +251,14 @@ extern "C" fn child_main(arg: *mut c_void) -> c_int {
         }
         fail(a, 4, last)
     }
+}
+
+/// NULL-terminated pointer array over `v` (valid while `v` is).
+pub fn pointers(v: &[CString]) -> Vec<*const c_char> {
+    v.iter()
+        .map(|s| s.as_ptr())
+        .chain(std::iter::once(std::ptr::null()))
+        .collect()
 }
 
 /// Paths to try for `name`: itself if it contains a `/`, else one per

@@ -135,7 +135,10 @@ fn bind_vsock(port: u32) -> SysResult<OwnedFd> {
 /// fits in one non-blocking send.
 const UNIX_SNDBUF: c_int = 4 << 20;
 
-/// accept4(SOCK_CLOEXEC); raises the send buffer of Unix sockets (one
+/// Longest wait for the rest of a frame whose start has arrived (500 ms).
+const RECV_TIMEOUT_US: i32 = 500_000;
+
+/// accept4(SOCK_CLOEXEC); sets SO_RCVTIMEO; raises the send buffer of Unix sockets (one
 /// setsockopt: SO_SNDBUFFORCE works for root, else nothing is changed).
 pub fn accept(listener: &OwnedFd, unix: bool) -> SysResult<OwnedFd> {
     // SAFETY: NULL address pointers are allowed.
@@ -152,6 +155,20 @@ pub fn accept(listener: &OwnedFd, unix: bool) -> SysResult<OwnedFd> {
     }
     // SAFETY: a new fd we own.
     let fd: OwnedFd = unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) };
+    // SAFETY: timeval is plain data; zero is valid.
+    let mut timeout: libc::timeval = unsafe { std::mem::zeroed() };
+    timeout.tv_usec = RECV_TIMEOUT_US.into();
+    // SAFETY: the value is a timeval of the given size. Bounds how long a
+    // blocking MSG_WAITALL read for the rest of a frame can stall the loop.
+    unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVTIMEO,
+            std::ptr::addr_of!(timeout).cast(),
+            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+        )
+    };
     if unix {
         let size: c_int = UNIX_SNDBUF;
         // SAFETY: the value is an int of the given size; failure is fine.

@@ -174,6 +174,10 @@ pub struct Server {
     devnull: OwnedFd,
     mode: AgentMode,
     base_env: Vec<(Vec<u8>, Vec<u8>)>,
+    /// `base_env` as C strings, and a NULL-terminated pointer array over
+    /// them, built once: an exec without environment changes copies none.
+    _base_envp: Vec<CString>,
+    base_env_ptrs: Vec<*const libc::c_char>,
     guest: Guest,
     conns: HashMap<u32, Conn>,
     next_conn: u32,
@@ -221,6 +225,8 @@ impl Server {
             .map_err(|e| ("epoll_ctl", e))?;
         ep.add(sigfd.as_raw_fd(), libc::EPOLLIN as u32, TOKEN_SIGNAL)
             .map_err(|e| ("epoll_ctl", e))?;
+        let base_envp = env_cstrings(&base_env);
+        let base_env_ptrs = launch::pointers(&base_envp);
         Ok(Server {
             ep,
             listener,
@@ -230,6 +236,8 @@ impl Server {
             devnull,
             mode,
             base_env,
+            _base_envp: base_envp,
+            base_env_ptrs,
             guest,
             conns: HashMap::new(),
             next_conn: 0,
@@ -304,8 +312,8 @@ impl Server {
             TAG_PIPE => {
                 let exec = (token & !TAG_MASK) >> 2;
                 match token & 3 {
-                    0 => self.pipe_readable(exec, 0),
-                    1 => self.pipe_readable(exec, 1),
+                    0 => self.pipe_readable(exec, 0, mask),
+                    1 => self.pipe_readable(exec, 1, mask),
                     _ => self.stdin_writable(exec),
                 }
             }
@@ -459,6 +467,16 @@ impl Server {
                 return;
             }
         }
+        c.inbuf = buf;
+        self.conn_frames(cid, false);
+    }
+
+    /// Handles the complete frames in a connection's input buffer.
+    fn conn_frames(&mut self, cid: u32, waited: bool) {
+        let Some(c) = self.conns.get_mut(&cid) else {
+            return;
+        };
+        let mut buf = std::mem::take(&mut c.inbuf);
         let mut pos = 0;
         while let Some(h) = buf.get(pos..).and_then(Header::parse_prefix) {
             let len = match h.checked_len() {
@@ -484,9 +502,31 @@ impl Server {
         }
         buf.copy_within(pos.., 0);
         buf.truncate(buf.len() - pos);
-        if let Some(c) = self.conns.get_mut(&cid) {
-            c.inbuf = buf;
+        let Some(c) = self.conns.get_mut(&cid) else {
+            return;
+        };
+        // A frame is half here: the client writes frames whole, so wait
+        // (bounded by SO_RCVTIMEO) for the rest in the same system call
+        // rather than waking up per socket buffer's worth of it.
+        let missing = Header::parse_prefix(&buf)
+            .and_then(|h| h.checked_len().ok())
+            .map(|len| (HEADER_LEN + len).saturating_sub(buf.len()))
+            .unwrap_or(0);
+        if missing > 0 && !waited && !c.closing && c.stdin_blocked == 0 {
+            match os::recv_waitall(os::fd_ref(&c.fd), &mut buf, missing) {
+                Ok(0) => {
+                    c.inbuf = buf;
+                    self.kill_conn(cid);
+                    return;
+                }
+                Ok(_) => {
+                    c.inbuf = buf;
+                    return self.conn_frames(cid, true);
+                }
+                Err(_) => {} // timeout: wait for readiness as usual
+            }
         }
+        c.inbuf = buf;
     }
 
     // --------------------------------------------------------------- replies
@@ -763,14 +803,13 @@ impl Server {
                 return;
             }
         }
-        let spec = match self.build_spec(&req) {
-            Ok(s) => s,
+        let prep = match self.prepare(&req) {
+            Ok(p) => p,
             Err(msg) => {
                 self.reply_err(cid, id, ErrorCode::InvalidArgument, 0, msg);
                 return;
             }
         };
-        let mut spec = spec;
         let (out_r, out_w) = match os::pipe() {
             Ok(p) => p,
             Err(e) => return self.reply_errno(cid, id, "pipe", e),
@@ -789,24 +828,38 @@ impl Server {
         };
         let exec_id = self.next_exec;
         self.next_exec += 1;
-        spec.stdio = [
-            in_r.as_ref().unwrap_or(&self.devnull).as_raw_fd(),
-            out_w.as_raw_fd(),
-            err_w.as_raw_fd(),
-        ];
-        if self.mode == AgentMode::Guest {
-            spec.cgroup = self.guest.exec_cgroup(exec_id);
-            spec.reset_oom = true;
-        }
+        let guest = self.mode == AgentMode::Guest;
+        let cgroup = if guest {
+            self.guest.exec_cgroup(exec_id)
+        } else {
+            None
+        };
+        let spec = launch::SpawnSpec {
+            paths: &prep.paths,
+            argv: &prep.argv,
+            envp: prep
+                .env
+                .as_ref()
+                .map_or(&self.base_env_ptrs, |(_, ptrs)| ptrs),
+            cwd: prep.cwd.as_deref(),
+            user: req.user.map(|u| (u.uid, u.gid)),
+            stdio: [
+                in_r.as_ref().unwrap_or(&self.devnull).as_raw_fd(),
+                out_w.as_raw_fd(),
+                err_w.as_raw_fd(),
+            ],
+            cgroup: cgroup.as_ref(),
+            reset_oom: guest,
+        };
         let spawned = launch::spawn(&spec);
         drop((out_w, err_w, in_r));
         let spawned = match spawned {
             Ok(s) => s,
             Err((stage, e)) => {
-                if let Some((dir, _)) = spec.cgroup {
+                if let Some((dir, _)) = cgroup {
                     self.stale_cgroups.push(dir);
                 }
-                let argv0 = spec
+                let argv0 = prep
                     .argv
                     .first()
                     .map(|a| a.to_string_lossy().into_owned())
@@ -828,10 +881,7 @@ impl Server {
             .add(err_r.as_raw_fd(), readable, pipe_token(exec_id, 1));
         let deadline =
             (req.timeout_ms > 0).then(|| Instant::now() + Duration::from_millis(req.timeout_ms));
-        let cgroup = spec
-            .cgroup
-            .filter(|_| spawned.in_cgroup)
-            .map(|(dir, _)| dir);
+        let cgroup = cgroup.filter(|_| spawned.in_cgroup).map(|(dir, _)| dir);
         self.execs.insert(
             exec_id,
             Exec {
@@ -868,8 +918,9 @@ impl Server {
     }
 
     /// Turns a request into what the child needs; Err is a message for
-    /// InvalidArgument.
-    fn build_spec(&self, req: &ExecRequest) -> Result<launch::SpawnSpec, String> {
+    /// InvalidArgument. The agent's base environment is used as it is
+    /// unless the request changes it.
+    fn prepare(&self, req: &ExecRequest) -> Result<Prepared, String> {
         let words: Vec<&[u8]> = match &req.command {
             Command::Argv(a) => a.iter().map(Vec::as_slice).collect(),
             Command::Shell(s) => vec![b"/bin/sh", b"-c", s.as_slice()],
@@ -881,61 +932,68 @@ impl Server {
             .iter()
             .map(|w| CString::new(*w).map_err(|_| "NUL byte in an argument".to_string()))
             .collect::<Result<Vec<_>, _>>()?;
-        let mut env: Vec<(Vec<u8>, Vec<u8>)> = if req.clear_env {
-            Vec::new()
-        } else {
-            self.base_env.clone()
-        };
-        for (k, v) in &req.env {
-            if k.is_empty() || k.contains(&b'=') {
-                return Err(format!(
-                    "invalid environment variable name {:?}",
-                    String::from_utf8_lossy(k)
-                ));
+        let mut env = None;
+        if req.clear_env || !req.env.is_empty() {
+            let mut e: Vec<(Vec<u8>, Vec<u8>)> = if req.clear_env {
+                Vec::new()
+            } else {
+                self.base_env.clone()
+            };
+            for (k, v) in &req.env {
+                if k.is_empty() || k.contains(&b'=') || k.contains(&0) || v.contains(&0) {
+                    return Err(format!(
+                        "invalid environment variable {:?}",
+                        String::from_utf8_lossy(k)
+                    ));
+                }
+                match e.iter_mut().find(|(ek, _)| ek == k) {
+                    Some(slot) => slot.1.clone_from(v),
+                    None => e.push((k.clone(), v.clone())),
+                }
             }
-            match env.iter_mut().find(|(ek, _)| ek == k) {
-                Some(slot) => slot.1.clone_from(v),
-                None => env.push((k.clone(), v.clone())),
-            }
+            env = Some(e);
         }
         let path_var = env
+            .as_ref()
+            .unwrap_or(&self.base_env)
             .iter()
             .find(|(k, _)| k == b"PATH")
             .map_or(DEFAULT_PATH, |(_, v)| v.as_slice());
         let paths = launch::candidate_paths(argv0, path_var);
-        let envp = env
-            .iter()
-            .map(|(k, v)| {
-                let mut e = Vec::with_capacity(k.len() + 1 + v.len());
-                e.extend_from_slice(k);
-                e.push(b'=');
-                e.extend_from_slice(v);
-                CString::new(e).map_err(|_| "NUL byte in the environment".to_string())
-            })
-            .collect::<Result<Vec<_>, _>>()?;
+        let env = env.map(|e| {
+            let c = env_cstrings(&e);
+            let p = launch::pointers(&c);
+            (c, p)
+        });
         let cwd = match &req.cwd {
             Some(c) => Some(CString::new(c.as_slice()).map_err(|_| "NUL byte in cwd")?),
             None => None,
         };
-        Ok(launch::SpawnSpec {
+        Ok(Prepared {
             paths,
             argv,
-            envp,
+            env,
             cwd,
-            user: req.user.map(|u| (u.uid, u.gid)),
-            stdio: [-1; 3],
-            cgroup: None,
-            reset_oom: false,
         })
     }
 
-    fn pipe_readable(&mut self, exec_id: u64, stream: usize) {
+    fn pipe_readable(&mut self, exec_id: u64, stream: usize, mask: u32) {
         let Some(exec) = self.execs.get_mut(&exec_id) else {
             return;
         };
         let Some(fd) = exec.pipes.get(stream).and_then(Option::as_ref) else {
             return;
         };
+        // EPOLLHUP on a pipe: no writer is left. Without EPOLLIN nothing is
+        // buffered either, so it is the end without a read(2) returning 0.
+        let hup = mask & (libc::EPOLLHUP | libc::EPOLLERR) as u32 != 0;
+        if hup && mask & libc::EPOLLIN as u32 == 0 {
+            if let Some(p) = exec.pipes.get_mut(stream) {
+                *p = None;
+            }
+            self.check_done(exec_id);
+            return;
+        }
         let mut data = std::mem::take(&mut self.scratch);
         data.clear();
         match os::read_append(os::fd_ref(fd), &mut data, MAX_PAYLOAD, false) {
@@ -974,7 +1032,19 @@ impl Server {
             Kind::Stderr
         };
         self.emit(exec_id, kind, &data);
+        // A short read after the last writer went away emptied the pipe.
+        let ended = hup && data.len() < MAX_PAYLOAD;
         self.scratch = data;
+        if ended {
+            if let Some(p) = self
+                .execs
+                .get_mut(&exec_id)
+                .and_then(|e| e.pipes.get_mut(stream))
+            {
+                *p = None;
+            }
+            self.check_done(exec_id);
+        }
     }
 
     /// Routes output to the attached connection, or keeps it (bounded).
@@ -1144,8 +1214,14 @@ impl Server {
                 }
             }
             if exec.linger.is_some_and(|d| d <= now) {
-                exec.pipes = [None, None];
-                done.push(id);
+                if exec.paused {
+                    // Output is waiting for the client, not for a
+                    // background process: keep it.
+                    exec.linger = Some(now + LINGER);
+                } else {
+                    exec.pipes = [None, None];
+                    done.push(id);
+                }
             }
         }
         for id in done {
@@ -1514,6 +1590,28 @@ impl Server {
         }
         self.resume_listener();
     }
+}
+
+/// What an exec request turns into before the spawn.
+struct Prepared {
+    paths: Vec<CString>,
+    argv: Vec<CString>,
+    /// A changed environment (C strings and the pointer array over them).
+    env: Option<(Vec<CString>, Vec<*const libc::c_char>)>,
+    cwd: Option<CString>,
+}
+
+/// `NAME=value` C strings (entries with a NUL byte are skipped).
+fn env_cstrings(env: &[(Vec<u8>, Vec<u8>)]) -> Vec<CString> {
+    env.iter()
+        .filter_map(|(k, v)| {
+            let mut e = Vec::with_capacity(k.len() + 1 + v.len());
+            e.extend_from_slice(k);
+            e.push(b'=');
+            e.extend_from_slice(v);
+            CString::new(e).ok()
+        })
+        .collect()
 }
 
 fn count<T>(it: impl Iterator<Item = T>) -> u32 {

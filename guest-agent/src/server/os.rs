@@ -148,6 +148,29 @@ pub fn read_append(
     Ok(got)
 }
 
+/// One blocking recv(MSG_WAITALL) appending exactly `n` bytes to `buf`
+/// (fewer if SO_RCVTIMEO expires or the peer closes).
+pub fn recv_waitall(fd: BorrowedFd<'_>, buf: &mut Vec<u8>, n: usize) -> SysResult<usize> {
+    buf.reserve(n);
+    let spare = buf.spare_capacity_mut();
+    let n = spare.len().min(n);
+    // SAFETY: the pointer is writable for n bytes (spare capacity of buf).
+    let r = unsafe {
+        libc::recv(
+            fd.as_raw_fd(),
+            spare.as_mut_ptr().cast(),
+            n,
+            libc::MSG_WAITALL,
+        )
+    };
+    let got = cvt_size(r)?;
+    let new_len = buf.len() + got.min(n);
+    // SAFETY: the kernel initialised `got` (<= n) bytes after the old
+    // length, within the capacity.
+    unsafe { buf.set_len(new_len) };
+    Ok(got)
+}
+
 /// One write(2).
 pub fn write(fd: BorrowedFd<'_>, buf: &[u8]) -> SysResult<usize> {
     // SAFETY: buf is readable for buf.len() bytes.
@@ -180,10 +203,21 @@ pub fn send(fd: BorrowedFd<'_>, buf: &[u8]) -> SysResult<usize> {
     })
 }
 
-/// open(2) with O_CLOEXEC added.
+/// openat(AT_FDCWD) with O_CLOEXEC added, as a raw system call: musl's
+/// open() follows O_CLOEXEC with a redundant fcntl (for kernels before
+/// 2.6.23), one more system call per file.
 pub fn open(path: &CStr, flags: c_int, mode: libc::mode_t) -> SysResult<OwnedFd> {
-    // SAFETY: path is NUL-terminated.
-    owned(unsafe { libc::open(path.as_ptr(), flags | libc::O_CLOEXEC, mode) })
+    // SAFETY: path is NUL-terminated; the kernel reads it and returns an fd.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_openat,
+            libc::AT_FDCWD,
+            path.as_ptr(),
+            flags | libc::O_CLOEXEC,
+            mode,
+        )
+    };
+    owned(c_int::try_from(r).unwrap_or(-1))
 }
 
 /// Writes a small string to a file (open, write, close): for /proc, /sys.
