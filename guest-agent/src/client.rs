@@ -792,20 +792,24 @@ impl Client {
         .expect()
     }
 
-    /// Powers the guest off (a host-mode agent exits).
+    /// Powers the guest off (a host-mode agent exits). The connection
+    /// closing instead of the `Ok` (the VM went down first) counts as
+    /// success.
     pub fn poweroff(&self) -> Result<()> {
-        self.call(&PowerRequest {
-            action: PowerAction::Poweroff,
-        })?
-        .expect_ok()
+        self.power(PowerAction::Poweroff)
     }
 
-    /// Reboots the guest (a host-mode agent exits).
+    /// Reboots the guest (a host-mode agent exits); as [`Client::poweroff`].
     pub fn reboot(&self) -> Result<()> {
-        self.call(&PowerRequest {
-            action: PowerAction::Reboot,
-        })?
-        .expect_ok()
+        self.power(PowerAction::Reboot)
+    }
+
+    fn power(&self, action: PowerAction) -> Result<()> {
+        match self.call(&PowerRequest { action }) {
+            Ok(f) => f.expect_ok(),
+            Err(ClientError::Disconnected) => Ok(()),
+            Err(e) => Err(e),
+        }
     }
 }
 

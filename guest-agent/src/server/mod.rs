@@ -879,8 +879,10 @@ impl Server {
         let _ = self
             .ep
             .add(err_r.as_raw_fd(), readable, pipe_token(exec_id, 1));
-        let deadline =
-            (req.timeout_ms > 0).then(|| Instant::now() + Duration::from_millis(req.timeout_ms));
+        // An absurd timeout (overflowing Instant) means no timeout.
+        let deadline = (req.timeout_ms > 0)
+            .then(|| Instant::now().checked_add(Duration::from_millis(req.timeout_ms)))
+            .flatten();
         let cgroup = cgroup.filter(|_| spawned.in_cgroup).map(|(dir, _)| dir);
         self.execs.insert(
             exec_id,
