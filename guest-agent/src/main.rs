@@ -270,6 +270,11 @@ unsafe fn host_main(argc: usize, argv: *const *const c_char, envp: *const *const
             return 1;
         }
     };
+    // Become the reaper of orphaned descendants, as PID 1 is in the guest:
+    // the same reaping code runs, and a killed command's grandchildren do
+    // not linger as someone else's zombies.
+    // SAFETY: prctl with integer arguments only.
+    unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
     // SAFETY: forwarded from the caller.
     let env = server::split_env(unsafe { c_strings(envp) });
     let mode = guest_agent::proto::AgentMode::Host;

@@ -769,3 +769,77 @@ fn slow_reader_loses_nothing() {
     assert_eq!(out.bytes, 20_000_000);
     assert_eq!(err, b"end\n");
 }
+
+/// A stand-in for a VMM's hybrid vsock socket: answers `CONNECT 5000\n`
+/// with `OK 1073741824\n` and then relays bytes to the agent.
+fn fake_hybrid_vsock(agent: &Agent, refuse: bool) -> std::path::PathBuf {
+    use std::io::BufRead;
+    let path = agent
+        .dir
+        .path()
+        .join(if refuse { "refuse.sock" } else { "v.sock" });
+    let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+    let target = agent.sock.clone();
+    std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(&mut s)
+            .read_line(&mut line)
+            .unwrap();
+        if refuse || line != "CONNECT 5000\n" {
+            return; // closes the connection
+        }
+        s.write_all(b"OK 1073741824\n").unwrap();
+        let a = UnixStream::connect(&target).unwrap();
+        let (mut s2, mut a2) = (s.try_clone().unwrap(), a.try_clone().unwrap());
+        let up = std::thread::spawn(move || {
+            let _ = std::io::copy(&mut s2, &mut a2);
+            let _ = a2.shutdown(std::net::Shutdown::Write);
+        });
+        let (mut a, mut s) = (a, s);
+        let _ = std::io::copy(&mut a, &mut s);
+        let _ = s.shutdown(std::net::Shutdown::Both);
+        let _ = up.join();
+    });
+    path
+}
+
+#[test]
+fn connect_through_hybrid_vsock_socket() {
+    let agent = Agent::start();
+    let path = fake_hybrid_vsock(&agent, false);
+    let c = guest_agent::client::Client::connect_vsock(&path, proto::VSOCK_PORT).unwrap();
+    assert_eq!(
+        c.exec_simple(&sh("echo via vsock")).unwrap().stdout,
+        b"via vsock\n"
+    );
+    let path = fake_hybrid_vsock(&agent, true);
+    let err = guest_agent::client::Client::connect_vsock(&path, proto::VSOCK_PORT).unwrap_err();
+    assert!(matches!(err, ClientError::VsockHandshake(_)), "{err:?}");
+}
+
+#[test]
+fn orphans_are_reaped() {
+    // The host-mode agent is a child subreaper, like PID 1 in the guest:
+    // a command's orphaned background process is reaped, not left a zombie.
+    let agent = Agent::start();
+    let c = agent.client();
+    let out = c
+        .exec_simple(&sh("sleep 0.2 >/dev/null 2>&1 & echo $!"))
+        .unwrap();
+    let pid: i32 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+    let t0 = Instant::now();
+    // SAFETY: kill with signal 0 only checks for existence.
+    while unsafe { libc::kill(pid, 0) } == 0 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "orphan {pid} not reaped"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // And the agent still tracks its own commands' statuses correctly.
+    assert_eq!(
+        c.exec_simple(&sh("exit 7")).unwrap().result.exit_code(),
+        Some(7)
+    );
+}
