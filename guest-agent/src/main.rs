@@ -17,7 +17,9 @@
 //!
 //! With no command after ` -- ` (or no argv at all) the agent serves the
 //! request protocol of `guest_agent::proto` on vsock port 5000 instead
-//! (see server/mod.rs and PROTOCOL.md), reaping orphans as PID 1 must.
+//! (see server/mod.rs and PROTOCOL.md), reaping orphans as PID 1 must; with
+//! the command `--listen unix:PATH` it serves there instead (tests run the
+//! PID 1 server in Linux namespaces that way).
 //! Started as an ordinary process with `--listen unix:PATH` (or
 //! `vsock:PORT`) it serves the same protocol there: no mounts, no cgroups.
 //!
@@ -44,6 +46,7 @@ mod sys;
 use std::ffi::{c_char, c_int, CStr};
 use std::io::Write;
 
+use server::listen::ListenAddr;
 use sys::{errno, write_all};
 
 /// Marker printed once the init is ready; one write(2).
@@ -150,11 +153,20 @@ unsafe extern "C" fn main(
     } else {
         argc
     };
-    if first >= argc {
+    // SAFETY: argv holds argc valid C strings (the kernel's array).
+    let words = unsafe { c_strings(argv) };
+    let listen = match words.get(first..) {
         // No command: serve the agent protocol on vsock.
+        None | Some([]) => Some(ListenAddr::Vsock(guest_agent::proto::VSOCK_PORT)),
+        // `--listen ADDR` as the command: serve there instead (tests run
+        // the PID 1 server in namespaces on a Unix socket).
+        Some([flag, addr]) if flag == b"--listen" => ListenAddr::parse(addr),
+        Some(_) => None,
+    };
+    if let Some(addr) = listen {
         // SAFETY: envp is the kernel's NULL-terminated array.
         let env = unsafe { guest_env(envp) };
-        serve_guest(env)
+        serve_guest(env, &addr)
     }
     announce_ready();
     {
@@ -221,20 +233,19 @@ unsafe fn guest_env(envp: *const *const c_char) -> Vec<(Vec<u8>, Vec<u8>)> {
 
 /// PID 1 without a command: user cgroup, vsock listener, ready marker, then
 /// the request server forever.
-fn serve_guest(env: Vec<(Vec<u8>, Vec<u8>)>) -> ! {
+fn serve_guest(env: Vec<(Vec<u8>, Vec<u8>)>, addr: &ListenAddr) -> ! {
     let guest = server::guest::setup();
-    let addr = server::listen::ListenAddr::Vsock(guest_agent::proto::VSOCK_PORT);
     let listener = match addr.bind() {
         Ok(l) => l,
         Err(e) => {
-            sys::report("vsock listen on port 5000", e.0);
+            sys::report(&format!("listen on {addr:?}"), e.0);
             announce_ready();
             spawn::reap_forever()
         }
     };
     announce_ready();
     let mode = guest_agent::proto::AgentMode::Guest;
-    match server::Server::new(listener, false, mode, env, guest) {
+    match server::Server::new(listener, addr.is_unix(), mode, env, guest) {
         Ok(s) => s.run(),
         Err((what, e)) => {
             sys::report(what, e.0);
@@ -256,7 +267,7 @@ unsafe fn host_main(argc: usize, argv: *const *const c_char, envp: *const *const
         unsafe { c_strings(argv) }
     };
     let addr = match args.get(1..) {
-        Some([flag, addr]) if flag == b"--listen" => server::listen::ListenAddr::parse(addr),
+        Some([flag, addr]) if flag == b"--listen" => ListenAddr::parse(addr),
         _ => None,
     };
     let Some(addr) = addr else {

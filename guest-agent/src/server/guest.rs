@@ -41,17 +41,17 @@ pub fn setup() -> Guest {
         report("oom_score_adj", e.0);
     }
     let mut g = Guest::default();
-    // Enabling the controllers fails if the kernel lacks one; try both, then
-    // each alone.
+    // SAFETY: the path is a NUL-terminated static string.
+    if unsafe { libc::access(c"/sys/fs/cgroup/cgroup.procs".as_ptr(), libc::F_OK) } != 0 {
+        return g; // no cgroup2 mounted
+    }
+    // Enabling fails (ENOENT) for a controller the kernel lacks or that is
+    // bound elsewhere: try both, then each alone, and go on without.
     let ctl = c"/sys/fs/cgroup/cgroup.subtree_control";
-    match os::write_file(ctl, b"+memory +pids") {
-        Ok(()) => {}
-        Err(Errno(libc::ENOENT)) => return g, // no cgroup2 mounted
-        Err(_) => {
-            for c in [&b"+memory"[..], b"+pids"] {
-                if let Err(e) = os::write_file(ctl, c) {
-                    report(&format!("cgroup {}", String::from_utf8_lossy(c)), e.0);
-                }
+    if os::write_file(ctl, b"+memory +pids").is_err() {
+        for c in [&b"+memory"[..], b"+pids"] {
+            if let Err(e) = os::write_file(ctl, c) {
+                report(&format!("cgroup {}", String::from_utf8_lossy(c)), e.0);
             }
         }
     }
