@@ -18,20 +18,6 @@ fn skip(why: &str) {
     eprintln!("SKIPPED: {why}");
 }
 
-/// The host path of our cgroup2 directory (where the namespace's root is).
-fn own_cgroup2_dir() -> Option<PathBuf> {
-    let cg = std::fs::read_to_string("/proc/self/cgroup").ok()?;
-    let rel = cg.lines().find_map(|l| l.strip_prefix("0::"))?.to_string();
-    let mi = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    let mount = mi.lines().find_map(|l| {
-        let (pre, post) = l.split_once(" - ")?;
-        post.starts_with("cgroup2 ")
-            .then(|| pre.split(' ').nth(4).map(str::to_string))
-            .flatten()
-    })?;
-    Some(PathBuf::from(mount).join(rel.trim_start_matches('/')))
-}
-
 fn sh(c: &Client, script: &str) -> (String, i32) {
     let out = c.exec_simple(&ExecRequest::shell(script)).unwrap();
     let code = out.result.exit_code().unwrap_or(-1);
@@ -44,9 +30,9 @@ fn pid1_guest_mode_in_namespaces() {
     if unsafe { libc::getuid() } != 0 {
         return skip("needs root");
     }
-    let Some(cg_dir) = own_cgroup2_dir() else {
+    if common::own_cgroup2_dir().is_none() {
         return skip("no cgroup2 hierarchy");
-    };
+    }
     // Outside /tmp: the agent mounts a tmpfs there in its namespace.
     let dir =
         PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("pid1-{}", std::process::id()));
@@ -99,13 +85,7 @@ fn pid1_guest_mode_in_namespaces() {
     }
     let mut ready = String::new();
     std::io::Read::read_to_string(child.stdout.as_mut().unwrap(), &mut ready).unwrap();
-    let user = cg_dir.join("shoal-user");
-    if let Ok(rd) = std::fs::read_dir(&user) {
-        for e in rd.flatten() {
-            let _ = std::fs::remove_dir(e.path());
-        }
-    }
-    let _ = std::fs::remove_dir(&user);
+    common::remove_user_cgroup();
     let _ = std::fs::remove_dir_all(&dir);
     if let Err(e) = result {
         std::panic::resume_unwind(e);

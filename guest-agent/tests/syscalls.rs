@@ -57,7 +57,13 @@ fn split(line: &str) -> Option<(u32, &str)> {
 
 fn analyse(trace: &str, phase: &str) -> Phase {
     let lines: Vec<&str> = trace.lines().collect();
-    let agent_pid = lines.iter().find_map(|l| split(l)).map(|(p, _)| p).unwrap();
+    // The process that exec'd the agent (under unshare it is not the first).
+    let agent_pid = lines
+        .iter()
+        .filter_map(|l| split(l))
+        .find(|(_, rest)| rest.starts_with("execve(") && rest.contains("shoal-agent"))
+        .map(|(p, _)| p)
+        .unwrap();
     let start = lines
         .iter()
         .position(|l| l.contains(&format!("/shoal-mark-{phase}-start")))
@@ -114,6 +120,22 @@ fn per(n: usize, d: f64) -> String {
 
 #[test]
 fn agent_syscalls_per_exec_and_per_mib() {
+    measure(false);
+}
+
+/// The same as PID 1 in namespaces (guest mode: one cgroup per exec and
+/// oom_score_adj reset in the child, the cgroup removed by the agent).
+#[test]
+fn guest_mode_agent_syscalls_per_exec_and_per_mib() {
+    // SAFETY: getuid has no preconditions.
+    if unsafe { libc::getuid() } != 0 {
+        eprintln!("SKIPPED: guest mode needs root (namespaces)");
+        return;
+    }
+    measure(true);
+}
+
+fn measure(guest: bool) {
     let ok = std::process::Command::new("strace")
         .arg("-V")
         .output()
@@ -125,11 +147,29 @@ fn agent_syscalls_per_exec_and_per_mib() {
     let tmp = TempDir::new("strace");
     let trace_path = tmp.path().join("trace.txt");
     let tp = trace_path.display().to_string();
-    let mut agent = Agent::start_with(|argv| {
+    // Guest mode mounts a tmpfs over /tmp: keep its socket elsewhere.
+    let dir = TempDir::new_in(Path::new(env!("CARGO_TARGET_TMPDIR")), "sys");
+    let mut agent = Agent::start_in(dir, |argv| {
         let mut v: Vec<String> = ["strace", "-f", "-qq", "-o", &tp]
             .iter()
             .map(|s| s.to_string())
             .collect();
+        if guest {
+            v.extend(
+                [
+                    "unshare",
+                    "--pid",
+                    "--fork",
+                    "--mount",
+                    "--uts",
+                    "--cgroup",
+                    "--propagation",
+                    "private",
+                ]
+                .iter()
+                .map(|s| s.to_string()),
+            );
+        }
         v.extend(argv);
         v
     });
@@ -176,6 +216,9 @@ fn agent_syscalls_per_exec_and_per_mib() {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
+    if guest {
+        common::remove_user_cgroup();
+    }
     let trace = std::fs::read_to_string(&trace_path).unwrap();
     if let Ok(keep) = std::env::var("SHOAL_KEEP_TRACE") {
         std::fs::write(keep, &trace).unwrap();
@@ -189,7 +232,12 @@ fn agent_syscalls_per_exec_and_per_mib() {
     // more to reap is the agent's own.
     let waits = e.agent.get("wait4").copied().unwrap_or(0).min(EXECS);
     let agent_own = e.agent_total() - clones - waits;
-    println!("== agent syscalls per exec of {truecmd} ({EXECS} execs, one connection)");
+    let mode = if guest {
+        "guest mode: PID 1 in namespaces"
+    } else {
+        "host mode"
+    };
+    println!("== agent syscalls per exec of {truecmd} ({EXECS} execs, one connection, {mode})");
     for (name, count) in &e.agent {
         println!("  {name:<16} {}", per(*count, n));
     }

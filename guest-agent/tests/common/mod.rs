@@ -18,8 +18,14 @@ pub struct TempDir(pub PathBuf);
 
 impl TempDir {
     pub fn new(tag: &str) -> TempDir {
+        Self::new_in(&std::env::temp_dir(), tag)
+    }
+
+    /// Under `base` (e.g. outside /tmp, which a guest-mode agent covers
+    /// with its own tmpfs).
+    pub fn new_in(base: &Path, tag: &str) -> TempDir {
         let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-        let p = std::env::temp_dir().join(format!("shoal-agent-{tag}-{}-{n}", std::process::id()));
+        let p = base.join(format!("shoal-agent-{tag}-{}-{n}", std::process::id()));
         let _ = std::fs::remove_dir_all(&p);
         std::fs::create_dir_all(&p).unwrap();
         TempDir(p)
@@ -50,7 +56,11 @@ impl Agent {
 
     /// Starts the agent with `wrap` given the command line (e.g. strace).
     pub fn start_with(wrap: impl FnOnce(Vec<String>) -> Vec<String>) -> Agent {
-        let dir = TempDir::new("t");
+        Self::start_in(TempDir::new("t"), wrap)
+    }
+
+    /// As `start_with`, with the socket in `dir`.
+    pub fn start_in(dir: TempDir, wrap: impl FnOnce(Vec<String>) -> Vec<String>) -> Agent {
         let sock = dir.path().join("agent.sock");
         let argv = wrap(vec![
             env!("CARGO_BIN_EXE_shoal-agent").to_string(),
@@ -174,4 +184,36 @@ pub fn process_dead(pid: i32) -> bool {
             .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
         Err(_) => true,
     }
+}
+
+/// The host path of our cgroup2 directory (the root of a cgroup namespace
+/// that `unshare --cgroup` creates from here).
+pub fn own_cgroup2_dir() -> Option<PathBuf> {
+    let cg = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    let rel = cg.lines().find_map(|l| l.strip_prefix("0::"))?.to_string();
+    let mi = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let mount = mi.lines().find_map(|l| {
+        let (pre, post) = l.split_once(" - ")?;
+        post.starts_with("cgroup2 ")
+            .then(|| pre.split(' ').nth(4).map(str::to_string))
+            .flatten()
+    })?;
+    Some(PathBuf::from(mount).join(rel.trim_start_matches('/')))
+}
+
+/// Removes the `shoal-user` cgroup a guest-mode agent in a cgroup namespace
+/// created under ours (best effort; it must be empty).
+pub fn remove_user_cgroup() {
+    let Some(dir) = own_cgroup2_dir() else {
+        return;
+    };
+    let user = dir.join("shoal-user");
+    if let Ok(rd) = std::fs::read_dir(&user) {
+        for e in rd.flatten() {
+            if e.path().is_dir() {
+                let _ = std::fs::remove_dir(e.path());
+            }
+        }
+    }
+    let _ = std::fs::remove_dir(&user);
 }
