@@ -843,3 +843,77 @@ fn orphans_are_reaped() {
         Some(7)
     );
 }
+
+#[test]
+fn random_frames_never_kill_the_agent() {
+    // Thousands of frames with random kinds and payloads (kinds that would
+    // run commands or change files are left out: random bytes can decode
+    // into a valid request). The agent answers or ignores each, and keeps
+    // serving.
+    let agent = Agent::start();
+    let good = agent.client();
+    let harmless = [
+        Kind::Health as u8,
+        Kind::Version as u8,
+        Kind::Stdin as u8,
+        Kind::StdinClose as u8,
+        Kind::Signal as u8,
+        Kind::Attach as u8,
+        Kind::FileData as u8,
+        Kind::FileEnd as u8,
+        Kind::FileRead as u8,
+        Kind::Stat as u8,
+        Kind::ListDir as u8,
+        0x00,
+        0x7f,
+        0x81,
+        0x93,
+        0xff,
+    ];
+    let mut rng = PseudoRandom::new(0x5eed, u64::MAX);
+    let mut byte = move || {
+        let mut b = [0u8; 1];
+        rng.read_exact(&mut b).unwrap();
+        b[0]
+    };
+    for round in 0..20 {
+        let mut s = raw_connect(&agent);
+        let mut b = Vec::new();
+        for i in 0..200u32 {
+            let kind = harmless[usize::from(byte()) % harmless.len()];
+            let len = usize::from(byte()) % 64;
+            let mut payload: Vec<u8> = (0..len).map(|_| byte()).collect();
+            if byte() % 4 == 0 && payload.len() >= 4 {
+                // A plausible small length prefix, to get past the first field.
+                payload[0] = byte() % 8;
+                payload[1..4].fill(0);
+            }
+            let at = b.len();
+            put_data(&mut b, Kind::Health, round * 1000 + i + 1, &payload);
+            b[at + 4] = kind;
+        }
+        s.write_all(&b).unwrap();
+        expect_usable_after_noise(&mut s);
+    }
+    assert!(good.health().is_ok());
+    assert_eq!(
+        good.exec_simple(&ExecRequest::argv(["echo", "alive"]))
+            .unwrap()
+            .stdout,
+        b"alive\n"
+    );
+}
+
+/// Sends a Health with id 0xfffffff0 and skips every reply until its answer.
+fn expect_usable_after_noise(s: &mut UnixStream) {
+    let mut b = Vec::new();
+    proto::put_empty(&mut b, Kind::Health, 0xffff_fff0);
+    s.write_all(&b).unwrap();
+    loop {
+        let (h, _) = read(s).expect("connection closed by noise");
+        if h.id == 0xffff_fff0 {
+            assert_eq!(h.kind, Kind::HealthOk as u8);
+            return;
+        }
+    }
+}

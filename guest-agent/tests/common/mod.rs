@@ -69,6 +69,7 @@ impl Agent {
         ]);
         let child = Command::new(&argv[0])
             .args(&argv[1..])
+            .current_dir(dir.path())
             .stdin(Stdio::null())
             .spawn()
             .expect("start shoal-agent");
