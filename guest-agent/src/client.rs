@@ -341,6 +341,34 @@ impl Client {
         Client::from_stream(s)
     }
 
+    /// [`Client::connect_vsock`], retried every 10 ms until `timeout` while
+    /// the socket is missing, refuses, or the guest is not listening yet
+    /// (e.g. right after boot or restore). A version mismatch or a refused
+    /// handshake is returned at once.
+    pub fn connect_vsock_retry(
+        uds: impl AsRef<Path>,
+        port: u32,
+        timeout: Duration,
+    ) -> Result<Client> {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            match Client::connect_vsock(uds.as_ref(), port) {
+                Ok(c) => return Ok(c),
+                Err(
+                    e @ (ClientError::Io(_)
+                    | ClientError::VsockHandshake(_)
+                    | ClientError::Disconnected),
+                ) => {
+                    if std::time::Instant::now() >= deadline {
+                        return Err(e);
+                    }
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
     /// Speaks the protocol on an already connected stream.
     pub fn from_stream(s: UnixStream) -> Result<Client> {
         Client::from_stream_with_hello(

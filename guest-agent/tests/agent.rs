@@ -816,6 +816,22 @@ fn connect_through_hybrid_vsock_socket() {
     let path = fake_hybrid_vsock(&agent, true);
     let err = guest_agent::client::Client::connect_vsock(&path, proto::VSOCK_PORT).unwrap_err();
     assert!(matches!(err, ClientError::VsockHandshake(_)), "{err:?}");
+    // Retried until the socket appears.
+    let later = agent.dir.path().join("v.sock");
+    let _ = std::fs::remove_file(&later);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            std::thread::sleep(Duration::from_millis(200));
+            fake_hybrid_vsock(&agent, false);
+        });
+        let c = guest_agent::client::Client::connect_vsock_retry(
+            &later,
+            proto::VSOCK_PORT,
+            Duration::from_secs(10),
+        )
+        .unwrap();
+        assert!(c.health().is_ok());
+    });
 }
 
 #[test]
