@@ -45,7 +45,7 @@ struct ChildArgs {
     err: AtomicI32,
 }
 
-/// Runs the command `argv` (NULL-terminated, argv[0] non-NULL) on the
+/// Runs the command `argv` (NULL-terminated, `argv[0]` non-NULL) on the
 /// console, waits for it while reaping any other child, and returns its exit
 /// code (128+signal if killed, 127 if it could not be started).
 ///

@@ -96,7 +96,7 @@ pub fn kill_cgroup(dir: &CStr) {
     }
 }
 
-/// RNDADDENTROPY = _IOW('R', 0x03, int[2]).
+/// RNDADDENTROPY = `_IOW('R', 0x03, int[2])`.
 const RNDADDENTROPY: libc::c_ulong = 0x4008_5203;
 
 /// `struct rand_pool_info` with room for 64 bytes.
