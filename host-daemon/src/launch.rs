@@ -76,8 +76,11 @@ impl BootSpec {
             "{} root=/dev/vda rootfstype=erofs ro init=/sbin/shoal-agent",
             self.cmdline
         );
+        // A bare "--" with no command makes the agent serve requests;
+        // it also keeps unknown kernel words from reaching init as a command.
+        c.push_str(" --");
         if !self.init_args.is_empty() {
-            c.push_str(" -- ");
+            c.push(' ');
             c.push_str(&self.init_args.join(" "));
         }
         c

@@ -4,6 +4,7 @@
 //!
 //! Requests: `{"op":"pause"}`, `{"op":"resume"}`,
 //! `{"op":"snapshot","dir":"/path"}` (pauses first; the VM stays paused),
+//! `{"op":"restore","dir":"/path"}` (replaces the guest, reusing the VM),
 //! `{"op":"shutdown"}`, `{"op":"stats"}`. Every reply has `"ok"`; failures
 //! carry `"error"`.
 
@@ -28,6 +29,12 @@ pub enum Request {
     /// Write a snapshot into `dir` (created if missing).
     Snapshot {
         /// Target directory.
+        dir: PathBuf,
+    },
+    /// Replace the guest with the snapshot in `dir`, reusing this VM
+    /// (its KVM objects, memory slots and vCPUs): the fast path for pools.
+    Restore {
+        /// Snapshot directory.
         dir: PathBuf,
     },
     /// End the VM and the VMM process.
@@ -84,6 +91,9 @@ pub struct Response {
     /// For `snapshot`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub snapshot: Option<SnapshotInfo>,
+    /// For `restore`: request to vCPUs started (ms).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restore_ms: Option<f64>,
 }
 
 impl Response {

@@ -182,19 +182,24 @@ pub fn insert_kernel_args(cmdline: &str, extra: &str) -> String {
     if extra.is_empty() {
         return cmdline.to_string();
     }
-    let (head, tail) = match cmdline.find(" -- ") {
+    // The init's arguments start at the first " -- " (or a final " --",
+    // or a leading "-- "); kernel words must go before it.
+    let split = cmdline
+        .find(" -- ")
+        .or_else(|| cmdline.ends_with(" --").then(|| cmdline.len() - 3))
+        .or_else(|| (cmdline.starts_with("-- ") || cmdline == "--").then_some(0));
+    let (head, tail) = match split {
         Some(i) => cmdline.split_at(i),
-        None if cmdline.starts_with("-- ") => ("", cmdline),
         None => (cmdline, ""),
     };
     let head = head.trim_end();
     let sep = if head.is_empty() { "" } else { " " };
-    let tail = if tail.starts_with("-- ") {
-        format!(" {tail}")
+    let tail = tail.trim_start();
+    if tail.is_empty() {
+        format!("{head}{sep}{extra}")
     } else {
-        tail.to_string()
-    };
-    format!("{head}{sep}{extra}{tail}")
+        format!("{head}{sep}{extra} {tail}")
+    }
 }
 
 #[cfg(test)]
@@ -213,6 +218,12 @@ mod tests {
         );
         assert_eq!(insert_kernel_args("-- echo", "a=1"), "a=1 -- echo");
         assert_eq!(insert_kernel_args("x", ""), "x");
+        // A bare trailing "--" (init with no command) stays last.
+        assert_eq!(
+            insert_kernel_args("console=ttyS0 --", "a=1"),
+            "console=ttyS0 a=1 --"
+        );
+        assert_eq!(insert_kernel_args("--", "a=1"), "a=1 --");
     }
 
     #[test]

@@ -67,6 +67,22 @@ pub struct DiskConfig {
     pub read_only: bool,
 }
 
+/// The vsock device: guest context id and the host Unix socket that
+/// carries host<->guest connections (`CONNECT <port>` protocol).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct VsockConfig {
+    /// Guest context id (3 and up).
+    #[serde(default = "default_cid")]
+    pub cid: u32,
+    /// Host socket path (must not exist yet).
+    pub uds_path: PathBuf,
+}
+
+fn default_cid() -> u32 {
+    3
+}
+
 /// Where the serial console goes.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
 #[serde(rename_all = "snake_case", deny_unknown_fields)]
@@ -104,6 +120,9 @@ pub struct VmConfig {
     /// CPU profile; `None` picks one for the host.
     #[serde(default)]
     pub cpu_profile: Option<CpuProfile>,
+    /// virtio-vsock device.
+    #[serde(default)]
+    pub vsock: Option<VsockConfig>,
 }
 
 fn one() -> u8 {
@@ -134,6 +153,7 @@ impl VmConfig {
             serial: SerialOutput::Stdout,
             serial_limit_bytes: default_serial_limit(),
             cpu_profile: None,
+            vsock: None,
         }
     }
 
@@ -171,7 +191,16 @@ impl VmConfig {
                 self.memory_mib
             )));
         }
-        if self.disks.len() > MAX_VIRTIO_DEVICES {
+        if let Some(v) = &self.vsock {
+            if v.cid < 3 || v.cid == u32::MAX {
+                return Err(ConfigError::Invalid(format!(
+                    "vsock cid must be 3..{}, got {}",
+                    u32::MAX,
+                    v.cid
+                )));
+            }
+        }
+        if self.disks.len() + usize::from(self.vsock.is_some()) > MAX_VIRTIO_DEVICES {
             return Err(ConfigError::Invalid(format!(
                 "at most {MAX_VIRTIO_DEVICES} disks, got {}",
                 self.disks.len()

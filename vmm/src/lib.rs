@@ -5,13 +5,14 @@ pub mod api;
 pub mod boot;
 pub mod config;
 pub mod cpu;
+pub mod events;
 pub mod host;
 pub mod layout;
 pub mod persist;
 pub mod vcpu;
 pub mod vm;
 
-pub use config::{BootSource, DiskConfig, SerialOutput, VmConfig};
+pub use config::{BootSource, DiskConfig, SerialOutput, VmConfig, VsockConfig};
 pub use cpu::CpuProfile;
 pub use vcpu::ExitReason;
-pub use vm::{RunOptions, RunOutcome, Vm, VmError};
+pub use vm::{RestoreOptions, RunOptions, RunOutcome, Vm, VmError};

@@ -8,7 +8,10 @@ use anyhow::{bail, Context, Result};
 use clap::Parser;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
-use vmm::{BootSource, CpuProfile, DiskConfig, ExitReason, RunOptions, SerialOutput, Vm, VmConfig};
+use vmm::{
+    BootSource, CpuProfile, DiskConfig, ExitReason, RestoreOptions, RunOptions, SerialOutput, Vm,
+    VmConfig, VsockConfig,
+};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -29,9 +32,20 @@ struct Args {
     /// Start from the snapshot in this directory instead of booting.
     #[arg(long, conflicts_with_all = ["kernel", "cmdline", "initrd", "disk"])]
     restore: Option<PathBuf>,
-    /// Serve the control protocol (pause, resume, snapshot, shutdown, stats) here.
+    /// virtio-vsock: host socket for CONNECT <port> connections into the guest
+    /// (with --restore/--prewarm: this VM's socket instead of the saved one).
+    #[arg(long)]
+    vsock_uds: Option<PathBuf>,
+    /// Guest context id of the vsock device.
+    #[arg(long, default_value_t = 3)]
+    vsock_cid: u32,
+    /// Serve the control protocol (pause, resume, snapshot, restore, shutdown, stats) here.
     #[arg(long)]
     api_sock: Option<PathBuf>,
+    /// Create an empty VM (--memory, --vcpus) and wait on --api-sock for a
+    /// `restore` request; keep the VM for further restores when the guest stops.
+    #[arg(long, requires = "api_sock", conflicts_with_all = ["kernel", "config", "restore"])]
+    prewarm: bool,
     /// Uncompressed ELF kernel (vmlinux).
     #[arg(long)]
     kernel: Option<PathBuf>,
@@ -133,6 +147,10 @@ fn build_config(a: &Args) -> Result<VmConfig> {
     if let Some(l) = a.serial_limit {
         c.serial_limit_bytes = l;
     }
+    c.vsock = a.vsock_uds.clone().map(|uds_path| VsockConfig {
+        cid: a.vsock_cid,
+        uds_path,
+    });
     c.cpu_profile = match a.cpu_profile.as_str() {
         "auto" => None,
         p => Some(p.parse::<CpuProfile>().map_err(anyhow::Error::msg)?),
@@ -157,13 +175,16 @@ fn run(a: &Args, start_ns: u128) -> Result<i32> {
             Duration::try_from_secs_f64(t).map_err(|_| anyhow::anyhow!("--timeout {t}: invalid"))
         })
         .transpose()?;
+    let serial = (a.serial != "stdout")
+        .then(|| serial_output(&a.serial))
+        .transpose()?;
+    let opts = RestoreOptions {
+        serial,
+        vsock_uds: a.vsock_uds.clone(),
+    };
     let vm = match &a.restore {
-        Some(dir) => {
-            let serial = (a.serial != "stdout")
-                .then(|| serial_output(&a.serial))
-                .transpose()?;
-            Vm::restore(dir, None, serial)?
-        }
+        None if a.prewarm => Vm::prewarmed(a.memory, a.vcpus, None, opts)?,
+        Some(dir) => Vm::restore(dir, None, opts)?,
         None => Vm::new(&build_config(a)?, None)?,
     };
     let built = Instant::now();
@@ -171,6 +192,7 @@ fn run(a: &Args, start_ns: u128) -> Result<i32> {
     let outcome = vm.run_with(RunOptions {
         timeout,
         api_sock: a.api_sock.clone(),
+        keep_alive: a.prewarm,
     })?;
     let exit_ns = monotonic_ns();
     if a.timings {
@@ -215,8 +237,25 @@ fn error_line(e: &anyhow::Error) -> String {
     line
 }
 
+/// Raises the soft open-file limit to the hard one: a VM's vsock device
+/// holds a descriptor per connection (up to 1024 of them).
+fn raise_nofile_limit() {
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit read and write one rlimit struct we own.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) == 0 && r.rlim_cur < r.rlim_max {
+            r.rlim_cur = r.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &r);
+        }
+    }
+}
+
 fn main() {
     let start_ns = monotonic_ns();
+    raise_nofile_limit();
     let args = Args::parse();
     let code = match run(&args, start_ns) {
         Ok(c) => c,

@@ -69,6 +69,9 @@ pub struct VcpuFlags {
 pub struct VcpuCtx {
     /// Index of this vCPU.
     pub id: u8,
+    /// Which start of the vCPUs this thread belongs to; the controller
+    /// ignores events from threads it has already stopped.
+    pub generation: u64,
     /// The KVM vCPU.
     pub fd: VcpuFd,
     /// Port-I/O bus.
@@ -99,18 +102,22 @@ const KVM_SYSTEM_EVENT_RESET: u32 = 2;
 
 impl VcpuCtx {
     /// Runs until the guest stops or `stop` is set; reports the reason.
-    pub fn run(mut self) {
+    /// Runs the loop; returns the vCPU so the VM can load it again.
+    pub fn run(mut self) -> VcpuFd {
         let reason = self.run_loop();
-        let _ = self
-            .tx
-            .send(crate::vm::Event::Vcpu(VcpuEvent::Exit(self.id, reason)));
+        let _ = self.tx.send(crate::vm::Event::Vcpu(
+            self.generation,
+            VcpuEvent::Exit(self.id, reason),
+        ));
+        self.fd
     }
 
     /// Parks until resumed; `false` means the thread must end.
     fn park(&mut self) -> bool {
-        let _ = self
-            .tx
-            .send(crate::vm::Event::Vcpu(VcpuEvent::Paused(self.id)));
+        let _ = self.tx.send(crate::vm::Event::Vcpu(
+            self.generation,
+            VcpuEvent::Paused(self.id),
+        ));
         loop {
             match self.cmds.recv() {
                 Ok(VcpuCmd::Resume) => {

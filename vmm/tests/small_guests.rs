@@ -68,6 +68,7 @@ fn config(code: Vec<u8>) -> VmConfig {
         serial: SerialOutput::Null,
         serial_limit_bytes: 1 << 20,
         cpu_profile: None,
+        vsock: None,
     }
 }
 

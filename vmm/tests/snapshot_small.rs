@@ -79,6 +79,7 @@ fn config() -> VmConfig {
         serial: SerialOutput::Null,
         serial_limit_bytes: 1 << 20,
         cpu_profile: None,
+        vsock: None,
     }
 }
 
@@ -98,6 +99,7 @@ fn snapshot_mid_run(dir: &Path) -> usize {
         vm.run_with(RunOptions {
             timeout: Some(Duration::from_secs(120)),
             api_sock: Some(s2),
+            keep_alive: false,
         })
         .unwrap()
     });
@@ -139,7 +141,7 @@ fn clones_continue_a_computation_from_the_snapshot() {
     let total = (ITERS / DOT_EVERY) as usize;
     for i in 0..10 {
         let cap = Capture::default();
-        let vm = Vm::restore(&snap, Some(Box::new(cap.clone())), None).unwrap();
+        let vm = Vm::restore(&snap, Some(Box::new(cap.clone())), Default::default()).unwrap();
         let out = vm.run(Some(Duration::from_secs(120))).unwrap();
         assert_eq!(out.exit, ExitReason::Reset, "clone {i}");
         let (dots, tail) = split(&cap.0.lock().unwrap());
@@ -158,7 +160,7 @@ fn take_snapshot(dir: &Path) -> PathBuf {
 }
 
 fn restore_err(snap: &Path) -> String {
-    match Vm::restore(snap, Some(Box::new(Capture::default())), None) {
+    match Vm::restore(snap, Some(Box::new(Capture::default())), Default::default()) {
         Ok(_) => panic!("restore of a bad snapshot succeeded"),
         Err(e) => e.to_string(),
     }
@@ -241,7 +243,12 @@ fn bad_snapshots_are_refused_clearly() {
     assert!(restore_err(&d).contains("memory"));
 
     // The original still restores.
-    assert!(Vm::restore(&snap, Some(Box::new(Capture::default())), None).is_ok());
+    assert!(Vm::restore(
+        &snap,
+        Some(Box::new(Capture::default())),
+        Default::default()
+    )
+    .is_ok());
 }
 
 #[test]
@@ -255,6 +262,7 @@ fn pause_resume_and_stats() {
         vm.run_with(RunOptions {
             timeout: Some(Duration::from_secs(120)),
             api_sock: Some(s2),
+            keep_alive: false,
         })
         .unwrap()
     });
@@ -275,4 +283,78 @@ fn pause_resume_and_stats() {
         ExitReason::Reset,
         "resumed guest ran to completion"
     );
+}
+
+#[test]
+fn prewarmed_vm_reloads_snapshots_repeatedly() {
+    require_kvm();
+    let dir = tempfile::tempdir().unwrap();
+    let before = snapshot_mid_run(dir.path());
+    let snap = dir.path().join("snap");
+    let total = (ITERS / DOT_EVERY) as usize;
+    let sock = dir.path().join("pool.sock");
+    let cap = Capture::default();
+    let vm = Vm::prewarmed(16, 1, Some(Box::new(cap.clone())), Default::default()).unwrap();
+    let s2 = sock.clone();
+    let runner = std::thread::spawn(move || {
+        vm.run_with(RunOptions {
+            timeout: Some(Duration::from_secs(300)),
+            api_sock: Some(s2),
+            keep_alive: true,
+        })
+        .unwrap()
+    });
+    let t = Duration::from_secs(30);
+    let wait_empty = || {
+        let end = Instant::now() + Duration::from_secs(120);
+        loop {
+            let st = call(&sock, &Request::Stats, t).map(|r| r.stats.unwrap().state);
+            if matches!(st.as_deref(), Ok("empty")) {
+                return;
+            }
+            assert!(Instant::now() < end, "guest did not finish");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    };
+    wait_empty();
+    let e = call(&sock, &Request::Pause, t).unwrap_err();
+    assert!(e.to_string().contains("no guest"), "{e}");
+    // Twice from empty, then once replacing a running guest.
+    for round in 0..3 {
+        let r = call(&sock, &Request::Restore { dir: snap.clone() }, t).unwrap();
+        assert!(r.restore_ms.unwrap() > 0.0);
+        if round == 2 {
+            // Replace the running guest at once: its output restarts.
+            call(&sock, &Request::Restore { dir: snap.clone() }, t).unwrap();
+        }
+        wait_empty();
+    }
+    call(&sock, &Request::Shutdown, t).unwrap();
+    runner.join().unwrap();
+    let out = cap.0.lock().unwrap().clone();
+    let results: Vec<&[u8]> = out
+        .split(|&b| b == b'\n')
+        .filter(|l| !l.is_empty())
+        .collect();
+    assert_eq!(results.len(), 3, "three completed guests");
+    for r in results {
+        let (dots, tail) = split(r);
+        let mut tail = tail;
+        tail.push(b'\n');
+        assert_eq!(tail, expected());
+        assert!(
+            dots + before >= total,
+            "each run resumed at or before the snapshot point"
+        );
+    }
+    // A snapshot of another memory size is refused.
+    let mut other = Vm::prewarmed(
+        32,
+        1,
+        Some(Box::new(Capture::default())),
+        Default::default(),
+    )
+    .unwrap();
+    let e = other.reload(&snap).unwrap_err().to_string();
+    assert!(e.contains("16 MiB") && e.contains("32 MiB"), "{e}");
 }

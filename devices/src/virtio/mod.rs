@@ -3,8 +3,8 @@
 pub mod blk;
 pub mod mmio;
 pub mod persist;
-#[cfg(test)]
-pub(crate) mod testing;
+#[cfg(any(test, feature = "test-utils"))]
+pub mod testing;
 pub mod vsock;
 
 use crate::irq::IrqLine;

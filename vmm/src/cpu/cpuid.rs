@@ -124,20 +124,33 @@ pub fn still_visible(table: &CpuId) -> Vec<(&'static str, u16)> {
         .collect()
 }
 
+/// On PVM hosts guest user code runs on the host CPU with AVX enabled, but
+/// the guest kernel (XSAVE hidden) only switches x87/SSE state between
+/// processes, so the upper halves of YMM/ZMM registers leak between guest
+/// processes (measured: glibc string functions crashed one pipeline in
+/// three). The kernel passes this word to init as an environment variable,
+/// and the guest agent hands it to every command: glibc then uses its
+/// SSE2 code paths. (Programs that use AVX directly remain at risk on PVM
+/// hosts; hardware KVM is unaffected.)
+pub const PVM_GLIBC_TUNABLES: &str =
+    "GLIBC_TUNABLES=glibc.cpu.hwcaps=-AVX,-AVX2,-AVX512F,-AVX512VL,-AVX_Fast_Unaligned_Load";
+
 /// Kernel command-line words for `profile`, given the CPUID KVM holds:
-/// on PVM, `shoal.pvm` (the guest kernel's gated work-arounds) and a
-/// `clearcpuid=` list for features the host would not hide.
+/// on PVM, `shoal.pvm` (the guest kernel's gated work-arounds), a
+/// `clearcpuid=` list for features the host would not hide, and
+/// [`PVM_GLIBC_TUNABLES`].
 pub fn kernel_args(profile: CpuProfile, table: &CpuId) -> String {
     match profile {
         CpuProfile::Host => String::new(),
         CpuProfile::Pvm => {
+            let mut words = vec!["shoal.pvm".to_string()];
             let left = still_visible(table);
-            if left.is_empty() {
-                "shoal.pvm".into()
-            } else {
+            if !left.is_empty() {
                 let nums: Vec<String> = left.iter().map(|(_, n)| n.to_string()).collect();
-                format!("shoal.pvm clearcpuid={}", nums.join(","))
+                words.push(format!("clearcpuid={}", nums.join(",")));
             }
+            words.push(PVM_GLIBC_TUNABLES.into());
+            words.join(" ")
         }
     }
 }
@@ -247,11 +260,17 @@ mod tests {
         let mut t = CpuId::from_entries(&[entry(1, 0), entry(7, 0)]).unwrap();
         assert_eq!(kernel_args(CpuProfile::Host, &t), "");
         setup(&mut t, CpuProfile::Pvm, 0, 1);
-        assert_eq!(kernel_args(CpuProfile::Pvm, &t), "shoal.pvm");
+        assert_eq!(
+            kernel_args(CpuProfile::Pvm, &t),
+            format!("shoal.pvm {PVM_GLIBC_TUNABLES}")
+        );
         // A host that forces POPCNT back on.
         t.as_mut_slice()[0].ecx |= 1 << 23;
         assert_eq!(still_visible(&t), vec![("popcnt", 151)]);
-        assert_eq!(kernel_args(CpuProfile::Pvm, &t), "shoal.pvm clearcpuid=151");
+        assert_eq!(
+            kernel_args(CpuProfile::Pvm, &t),
+            format!("shoal.pvm clearcpuid=151 {PVM_GLIBC_TUNABLES}")
+        );
     }
 
     #[test]

@@ -1,0 +1,316 @@
+//! Snapshots: writing one from a paused VM, restoring one into a new VM,
+//! and reloading one into an existing (pre-warmed or finished) VM.
+//!
+//! Guest memory is never copied on restore: the snapshot's `memory` file is
+//! mapped `MAP_PRIVATE`, so every VM restored from one snapshot shares its
+//! clean pages in the host page cache and copies only the pages it writes.
+
+use super::build::{anonymous_memory, create_base};
+use super::{console_sink, default_profile, io_err, RestoreOptions, Vm, VmError};
+use crate::config::{BootSource, VmConfig};
+use crate::layout::ram_ranges;
+use crate::persist::{SnapshotMeta, SnapshotState, VcpuRef, VcpuState, VmRef};
+use snapshot::Persist;
+use std::io::Write;
+use std::os::unix::io::AsRawFd;
+use std::path::Path;
+use std::sync::Arc;
+use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
+
+fn incompatible(dir: &Path) -> impl Fn(String) -> VmError + '_ {
+    move |reason| VmError::Incompatible {
+        dir: dir.into(),
+        reason,
+    }
+}
+
+/// Loads `dir/state` and checks it against this host; returns it with the
+/// configuration it carries.
+fn load_checked(dir: &Path) -> Result<(SnapshotState, VmConfig), VmError> {
+    let bad = incompatible(dir);
+    let st: SnapshotState = snapshot::load(&dir.join("state"))?;
+    let cfg: VmConfig = serde_json::from_str(&st.config_json)
+        .map_err(|e| bad(format!("saved configuration: {e}")))?;
+    cfg.validate()?;
+    let host = crate::host::kvm_kind().as_str();
+    if st.meta.host_kvm != host {
+        return Err(bad(format!(
+            "it was taken on a {} KVM host; this host is {host}",
+            st.meta.host_kvm
+        )));
+    }
+    let profile = default_profile(&cfg);
+    if st.meta.cpu_profile != profile {
+        return Err(bad(format!(
+            "it was taken with CPU profile {}; this host uses {profile}",
+            st.meta.cpu_profile
+        )));
+    }
+    if st.meta.memory_bytes != cfg.mem_bytes() || st.memory_regions != ram_ranges(cfg.mem_bytes()) {
+        return Err(bad("memory layout does not match its configuration".into()));
+    }
+    if st.vcpus.len() != usize::from(cfg.vcpus) || st.meta.vcpus != cfg.vcpus {
+        return Err(bad("vCPU count does not match its configuration".into()));
+    }
+    if st.virtio.len() != cfg.disks.len() {
+        return Err(bad(format!(
+            "{} saved virtio devices, configuration has {}",
+            st.virtio.len(),
+            cfg.disks.len()
+        )));
+    }
+    Ok((st, cfg))
+}
+
+/// Opens the memory file and checks its size against `regions`.
+fn open_memory(dir: &Path, regions: &[(u64, u64)]) -> Result<std::fs::File, VmError> {
+    let bad = incompatible(dir);
+    let path = dir.join("memory");
+    let f = std::fs::File::open(&path).map_err(|e| bad(format!("{}: {e}", path.display())))?;
+    let len = f
+        .metadata()
+        .map_err(|e| bad(format!("{}: {e}", path.display())))?
+        .len();
+    let want: u64 = regions.iter().map(|r| r.1).sum();
+    if len != want {
+        return Err(bad(format!(
+            "memory file is {len} bytes, the saved layout needs {want}"
+        )));
+    }
+    Ok(f)
+}
+
+/// Maps the memory file privately (copy-on-write) at `regions`.
+fn map_memory_file(
+    f: std::fs::File,
+    regions: &[(u64, u64)],
+    mib: u32,
+) -> Result<GuestMemoryMmap, VmError> {
+    let f = Arc::new(f);
+    let mut out = Vec::with_capacity(regions.len());
+    let mut off = 0u64;
+    for &(start, size) in regions {
+        let region = vm_memory::MmapRegion::build(
+            Some(vm_memory::FileOffset::from_arc(f.clone(), off)),
+            size as usize,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_NORESERVE,
+        )
+        .map_err(|_| VmError::Memory(mib))?;
+        out.push(
+            vm_memory::GuestRegionMmap::new(region, GuestAddress(start))
+                .ok_or(VmError::Memory(mib))?,
+        );
+        off += size;
+    }
+    GuestMemoryMmap::from_regions(out).map_err(|_| VmError::Memory(mib))
+}
+
+impl Vm {
+    /// Rebuilds a VM from the snapshot in `dir`, with `opts` applied
+    /// (`console`, if given, receives the console whatever `opts` says).
+    pub fn restore(
+        dir: &Path,
+        console: Option<Box<dyn Write + Send>>,
+        opts: RestoreOptions,
+    ) -> Result<Self, VmError> {
+        let (st, mut cfg) = load_checked(dir)?;
+        if let Some(s) = opts.serial {
+            cfg.serial = s;
+        }
+        if let (Some(v), Some(p)) = (cfg.vsock.as_mut(), opts.vsock_uds) {
+            v.uds_path = p;
+        }
+        let f = open_memory(dir, &st.memory_regions)?;
+        let mem = map_memory_file(f, &st.memory_regions, cfg.memory_mib)?;
+        let base = create_base()?;
+        let sink = console_sink(&cfg, console)?;
+        let (mut vm, _) = Self::shell(&cfg, base, mem, sink)?;
+        vm.load_state(&st)?;
+        Ok(vm)
+    }
+
+    /// An empty, pre-warmed VM: KVM VM, irqchip, PIT, vCPUs and `memory_mib`
+    /// of registered (unpopulated) guest memory, waiting for
+    /// [`Vm::reload`]. Creating those is most of a restore's cost, so a pool
+    /// of pre-warmed VMs turns a restore into loading state.
+    pub fn prewarmed(
+        memory_mib: u32,
+        vcpus: u8,
+        console: Option<Box<dyn Write + Send>>,
+        opts: RestoreOptions,
+    ) -> Result<Self, VmError> {
+        let serial = opts.serial.unwrap_or_default();
+        let cfg = VmConfig {
+            // Replaced by the snapshot's configuration on reload.
+            boot: BootSource::RealMode {
+                code: vec![0xf4],
+                addr: 0x1000,
+            },
+            vcpus,
+            memory_mib,
+            disks: vec![],
+            serial,
+            serial_limit_bytes: VmConfig::linux("".into()).serial_limit_bytes,
+            cpu_profile: None,
+            vsock: None,
+        };
+        cfg.validate()?;
+        let mem = anonymous_memory(&cfg)?;
+        let base = create_base()?;
+        let sink = console_sink(&cfg, console)?;
+        let (mut vm, _) = Self::shell(&cfg, base, mem, sink)?;
+        vm.vsock_path = opts.vsock_uds;
+        Ok(vm)
+    }
+
+    /// Replaces the guest with the snapshot in `dir`, keeping the KVM VM,
+    /// its memory slots, vCPUs and console: guest memory is re-mapped from
+    /// the snapshot over the same host range (dropping every page the old
+    /// guest wrote), and all device and vCPU state is reloaded. The vCPUs
+    /// must not be running.
+    pub fn reload(&mut self, dir: &Path) -> Result<(), VmError> {
+        let (st, mut cfg) = load_checked(dir)?;
+        let bad = incompatible(dir);
+        let current: Vec<(u64, u64)> = self
+            .mem
+            .iter()
+            .map(|r| (r.start_addr().0, r.len()))
+            .collect();
+        if current != st.memory_regions {
+            return Err(bad(format!(
+                "it needs {} MiB of guest memory; this VM has {} MiB",
+                st.meta.memory_bytes >> 20,
+                self.config.memory_mib
+            )));
+        }
+        if self.vcpus.len() != st.vcpus.len() {
+            return Err(bad(format!(
+                "it has {} vCPUs; this VM has {}",
+                st.vcpus.len(),
+                self.vcpus.len()
+            )));
+        }
+        let f = open_memory(dir, &st.memory_regions)?;
+        let mut off = 0i64;
+        for r in self.mem.iter() {
+            // SAFETY: the target range is exactly this region's existing
+            // mapping, owned by `self.mem` and registered with KVM;
+            // MAP_FIXED replaces it in place (KVM's MMU notifier drops its
+            // shadow of the old pages), and the file outlives the call (the
+            // mapping keeps its own reference).
+            let p = unsafe {
+                libc::mmap(
+                    r.as_ptr().cast(),
+                    r.len() as usize,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_FIXED | libc::MAP_NORESERVE,
+                    f.as_raw_fd(),
+                    off,
+                )
+            };
+            if p == libc::MAP_FAILED {
+                return Err(VmError::Memory(self.config.memory_mib));
+            }
+            off += r.len() as i64;
+        }
+        cfg.serial = self.config.serial.clone();
+        // A reloaded VM keeps its own vsock socket path.
+        if let (Some(v), Some(old)) = (cfg.vsock.as_mut(), self.vsock_path.as_ref()) {
+            v.uds_path = old.clone();
+        }
+        self.config = cfg;
+        self.profile = default_profile(&self.config);
+        self.load_state(&st)
+    }
+
+    /// Loads devices, VM-wide and vCPU state into the shell.
+    fn load_state(&mut self, st: &SnapshotState) -> Result<(), VmError> {
+        self.loaded = false;
+        self.attach_devices(Some(&st.serial))?;
+        for (t, s) in self.virtio.iter().zip(&st.virtio) {
+            devices::bus::lock(t).restore_state(s)?;
+        }
+        VmRef::restore(VmRef(&self.vm_fd), &st.vm)?;
+        for (fd, vs) in self.vcpus.iter().zip(&st.vcpus) {
+            VcpuRef::restore(
+                VcpuRef {
+                    fd,
+                    msr_list: &[],
+                    xsave: self.xsave,
+                },
+                vs,
+            )?;
+        }
+        self.msr_list = Arc::new(st.vcpus[0].msrs.iter().map(|m| m.0).collect());
+        self.cmdline = None;
+        // Connections did not survive the snapshot; tell the guest.
+        if let Some(v) = &self.vsock {
+            v.send_transport_reset();
+        }
+        self.loaded = true;
+        Ok(())
+    }
+
+    /// Writes `dir/memory` and `dir/state` from paused vCPU states.
+    pub(super) fn save_snapshot(
+        &self,
+        vcpus: Vec<VcpuState>,
+        dir: &Path,
+    ) -> Result<(u64, u64), VmError> {
+        std::fs::create_dir_all(dir).map_err(io_err(format!("cannot create {}", dir.display())))?;
+        let vm = VmRef(&self.vm_fd).save()?;
+        let serial = devices::bus::lock(&self.serial).save_state();
+        let virtio = self
+            .virtio
+            .iter()
+            .map(|t| devices::bus::lock(t).save_state())
+            .collect();
+        let regions: Vec<(u64, u64)> = self
+            .mem
+            .iter()
+            .map(|r| (r.start_addr().0, r.len()))
+            .collect();
+        // Memory goes to a temporary name first: a VM restored from an
+        // older snapshot in this directory keeps its mapping of the old file.
+        let mem_path = dir.join("memory");
+        let tmp = dir.join("memory.tmp");
+        let mut f = std::fs::File::create(&tmp)
+            .map_err(io_err(format!("cannot create {}", tmp.display())))?;
+        let mut total = 0u64;
+        for &(start, len) in &regions {
+            vm_memory::Bytes::write_all_volatile_to(
+                &self.mem,
+                GuestAddress(start),
+                &mut f,
+                len as usize,
+            )
+            .map_err(|e| VmError::DeviceState(format!("writing guest memory: {e}")))?;
+            total += len;
+        }
+        f.sync_all()
+            .map_err(io_err(format!("cannot write {}", mem_path.display())))?;
+        std::fs::rename(&tmp, &mem_path)
+            .map_err(io_err(format!("cannot write {}", mem_path.display())))?;
+        let state = SnapshotState {
+            meta: SnapshotMeta {
+                vmm_version: env!("CARGO_PKG_VERSION").into(),
+                host_kvm: crate::host::kvm_kind().as_str().into(),
+                cpu_profile: self.profile,
+                memory_bytes: self.config.mem_bytes(),
+                vcpus: self.config.vcpus,
+            },
+            config_json: serde_json::to_string(&self.config)
+                .map_err(|e| VmError::DeviceState(e.to_string()))?,
+            vm,
+            vcpus,
+            serial,
+            virtio,
+            memory_regions: regions,
+        };
+        let state_path = dir.join("state");
+        snapshot::save(&state_path, &state)?;
+        let state_bytes = std::fs::metadata(&state_path).map(|m| m.len()).unwrap_or(0);
+        Ok((state_bytes, total))
+    }
+}

@@ -1,0 +1,402 @@
+//! Running a VM: vCPU threads, the event thread, the control socket, and
+//! the controller loop that pauses, snapshots, reloads and stops the guest.
+
+use super::{io_err, kvm_err, Event, Vm, VmError};
+use crate::api::{self, Request, Response, SnapshotInfo, Stats};
+use crate::cpu::{cpuid, CpuProfile};
+use crate::vcpu::{ExitReason, VcpuCmd, VcpuCtx, VcpuEvent, VcpuFlags};
+use kvm_bindings::KVM_MAX_CPUID_ENTRIES;
+use kvm_ioctls::{Kvm, VcpuFd};
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::{mpsc, Arc, Mutex, OnceLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+use vmm_sys_util::signal::{register_signal_handler, Killable, SIGRTMIN};
+
+/// How a run ended, with timing.
+#[derive(Debug)]
+pub struct RunOutcome {
+    /// Why the guest stopped.
+    pub exit: ExitReason,
+    /// When a vCPU first entered the guest (after the last load).
+    pub first_run: Option<Instant>,
+    /// When the guest wrote its first console byte.
+    pub first_console_byte: Option<Instant>,
+}
+
+/// How to run a VM.
+#[derive(Debug, Default, Clone)]
+pub struct RunOptions {
+    /// Stop the guest after this long.
+    pub timeout: Option<Duration>,
+    /// Serve the control protocol on this Unix socket.
+    pub api_sock: Option<PathBuf>,
+    /// When the guest stops by itself, keep the VM (and the control socket)
+    /// up, waiting for a `restore` or `shutdown` request.
+    pub keep_alive: bool,
+}
+
+struct VcpuHandle {
+    thread: JoinHandle<VcpuFd>,
+    flags: Arc<VcpuFlags>,
+    cmds: mpsc::Sender<VcpuCmd>,
+}
+
+/// The running VM's vCPU threads and lifecycle state.
+struct Controller {
+    vcpus: Vec<VcpuHandle>,
+    started: Instant,
+    paused: bool,
+    exit: Option<ExitReason>,
+    first_run: Arc<OnceLock<Instant>>,
+    /// Bumped whenever vCPU threads are stopped, so their late events
+    /// (the `Stopped` exits they send) are ignored.
+    generation: u64,
+}
+
+impl Vm {
+    /// Runs the guest until it stops, or until `timeout` passes.
+    pub fn run(self, timeout: Option<Duration>) -> Result<RunOutcome, VmError> {
+        self.run_with(RunOptions {
+            timeout,
+            ..Default::default()
+        })
+    }
+
+    /// Runs the guest, serving the control socket if asked for. A VM with no
+    /// guest loaded (pre-warmed) waits for a `restore` request.
+    pub fn run_with(mut self, opts: RunOptions) -> Result<RunOutcome, VmError> {
+        install_kick_handler();
+        let (tx, rx) = mpsc::channel::<Event>();
+        if let Some(path) = &opts.api_sock {
+            let _ = std::fs::remove_file(path);
+            let l = std::os::unix::net::UnixListener::bind(path).map_err(|source| {
+                VmError::ApiSocket {
+                    path: path.clone(),
+                    source,
+                }
+            })?;
+            let tx = Mutex::new(tx.clone());
+            api::serve(l, move |m| {
+                devices::bus::lock(&tx).send(Event::Control(m)).is_ok()
+            });
+        } else if !self.loaded {
+            return Err(VmError::NotLoaded);
+        }
+        let (events, ids) = crate::events::start(std::mem::take(&mut self.subscribers))?;
+        self.subscriber_ids = ids;
+        self.events = Some(events);
+        let mut ctl = Controller {
+            vcpus: Vec::new(),
+            started: Instant::now(),
+            paused: false,
+            exit: None,
+            first_run: Arc::new(OnceLock::new()),
+            generation: 0,
+        };
+        if self.loaded {
+            self.spawn_vcpus(&mut ctl, &tx)?;
+        }
+        let deadline = opts.timeout.map(|t| Instant::now() + t);
+        let mut finished = None;
+        loop {
+            if let Some(e) = ctl.exit.take() {
+                if !opts.keep_alive || matches!(e, ExitReason::Stopped) {
+                    finished = Some(e);
+                    break;
+                }
+                // The guest ended; keep the VM for a reload.
+                self.vcpus = ctl.stop_all();
+                self.loaded = false;
+                finished = Some(e);
+            }
+            let ev = match deadline {
+                Some(d) => match rx.recv_timeout(d.saturating_duration_since(Instant::now())) {
+                    Ok(e) => e,
+                    Err(mpsc::RecvTimeoutError::Timeout) => {
+                        ctl.exit = Some(ExitReason::Stopped);
+                        continue;
+                    }
+                    Err(mpsc::RecvTimeoutError::Disconnected) => break,
+                },
+                None => match rx.recv() {
+                    Ok(e) => e,
+                    // Only possible with no vCPUs and no control socket.
+                    Err(_) => break,
+                },
+            };
+            match ev {
+                Event::Vcpu(g, _) if g != ctl.generation => {}
+                Event::Vcpu(_, VcpuEvent::Exit(_, r)) => ctl.exit = Some(r),
+                Event::Vcpu(_, VcpuEvent::Paused(_)) => {}
+                Event::Control((req, reply)) => {
+                    let resp = self.handle(&mut ctl, &rx, &tx, req);
+                    let _ = reply.send(resp);
+                }
+            }
+        }
+        let exit = finished.unwrap_or(ExitReason::Stopped);
+        ctl.stop_all();
+        self.subscriber_ids.clear();
+        if let Some(e) = self.events.take() {
+            e.stop();
+        }
+        let mut serial = devices::bus::lock(&self.serial);
+        let sink = serial.sink_mut();
+        let _ = sink.finish();
+        Ok(RunOutcome {
+            exit,
+            first_run: ctl.first_run.get().copied(),
+            first_console_byte: sink.first_byte,
+        })
+    }
+
+    fn spawn_vcpus(
+        &mut self,
+        ctl: &mut Controller,
+        tx: &mpsc::Sender<Event>,
+    ) -> Result<(), VmError> {
+        ctl.first_run = Arc::new(OnceLock::new());
+        ctl.started = Instant::now();
+        ctl.paused = false;
+        for (id, fd) in self.vcpus.drain(..).enumerate() {
+            let flags = Arc::new(VcpuFlags::default());
+            let (cmd_tx, cmd_rx) = mpsc::channel();
+            let ctx = VcpuCtx {
+                id: id as u8,
+                generation: ctl.generation,
+                fd,
+                pio: self.pio.clone(),
+                mmio: self.mmio.clone(),
+                mem: self.mem.clone(),
+                reset_evt: self.reset_evt.try_clone().map_err(io_err("eventfd"))?,
+                flags: flags.clone(),
+                cmds: cmd_rx,
+                msr_list: self.msr_list.clone(),
+                xsave: self.xsave,
+                tx: tx.clone(),
+                first_run: ctl.first_run.clone(),
+            };
+            let h = std::thread::Builder::new()
+                .name(format!("vcpu{id}"))
+                .spawn(move || ctx.run())
+                .map_err(VmError::Thread)?;
+            ctl.vcpus.push(VcpuHandle {
+                thread: h,
+                flags,
+                cmds: cmd_tx,
+            });
+        }
+        Ok(())
+    }
+
+    fn handle(
+        &mut self,
+        ctl: &mut Controller,
+        rx: &mpsc::Receiver<Event>,
+        tx: &mpsc::Sender<Event>,
+        req: Request,
+    ) -> Response {
+        let idle = ctl.vcpus.is_empty();
+        match req {
+            Request::Pause | Request::Snapshot { .. } if idle => {
+                Response::error("no guest is running")
+            }
+            Request::Pause => match ctl.pause_all(rx) {
+                Ok(_) => Response::ok(),
+                Err(e) => Response::error(e),
+            },
+            Request::Resume => {
+                ctl.resume_all();
+                Response::ok()
+            }
+            Request::Shutdown => {
+                ctl.exit = Some(ExitReason::Stopped);
+                Response::ok()
+            }
+            Request::Stats => {
+                let stats = devices::bus::lock(&self.serial).sink_mut().stats();
+                let state = if idle {
+                    "empty"
+                } else if ctl.paused {
+                    "paused"
+                } else {
+                    "running"
+                };
+                Response {
+                    ok: true,
+                    stats: Some(Stats {
+                        state: state.into(),
+                        vcpus: self.config.vcpus,
+                        memory_mib: self.config.memory_mib,
+                        uptime_ms: ctl.started.elapsed().as_millis() as u64,
+                        serial_bytes: stats.guest_bytes.load(Ordering::Relaxed),
+                        serial_dropped: stats.dropped_bytes.load(Ordering::Relaxed),
+                        pid: std::process::id(),
+                    }),
+                    ..Default::default()
+                }
+            }
+            Request::Snapshot { dir } => {
+                let t0 = Instant::now();
+                if let Err(e) = ctl.pause_all(rx) {
+                    return Response::error(e);
+                }
+                let pause_ms = t0.elapsed().as_secs_f64() * 1e3;
+                let t1 = Instant::now();
+                let res = ctl.save_vcpus().and_then(|v| self.save_snapshot(v, &dir));
+                match res {
+                    Ok((state_bytes, memory_bytes)) => Response {
+                        ok: true,
+                        snapshot: Some(SnapshotInfo {
+                            dir,
+                            state_bytes,
+                            memory_bytes,
+                            pause_ms,
+                            save_ms: t1.elapsed().as_secs_f64() * 1e3,
+                        }),
+                        ..Default::default()
+                    },
+                    Err(e) => Response::error(format!("snapshot failed: {e}")),
+                }
+            }
+            Request::Restore { dir } => {
+                let t0 = Instant::now();
+                if !idle {
+                    self.vcpus = ctl.stop_all();
+                }
+                if let Err(e) = self.reload(&dir) {
+                    // The VM is left empty; another restore may succeed.
+                    self.loaded = false;
+                    return Response::error(format!("restore failed: {e}"));
+                }
+                if let Err(e) = self.spawn_vcpus(ctl, tx) {
+                    return Response::error(format!("restore failed: {e}"));
+                }
+                Response {
+                    ok: true,
+                    restore_ms: Some(t0.elapsed().as_secs_f64() * 1e3),
+                    ..Default::default()
+                }
+            }
+        }
+    }
+}
+
+impl Controller {
+    /// Parks every vCPU; returns once all have confirmed.
+    fn pause_all(&mut self, rx: &mpsc::Receiver<Event>) -> Result<(), String> {
+        if self.paused {
+            return Ok(());
+        }
+        for v in &self.vcpus {
+            v.flags.pause.store(true, Ordering::Release);
+        }
+        let mut waiting = self.vcpus.len();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while waiting > 0 {
+            for v in &self.vcpus {
+                let _ = v.thread.kill(SIGRTMIN());
+            }
+            match rx.recv_timeout(Duration::from_millis(1)) {
+                Ok(Event::Vcpu(g, _)) if g != self.generation => {}
+                Ok(Event::Vcpu(_, VcpuEvent::Paused(_))) => waiting -= 1,
+                Ok(Event::Vcpu(_, VcpuEvent::Exit(_, r))) => {
+                    self.exit = Some(r);
+                    return Err("the guest stopped while pausing".into());
+                }
+                Ok(Event::Control((_, reply))) => {
+                    let _ = reply.send(Response::error("busy: a pause is in progress"));
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    return Err("vCPU threads are gone".into())
+                }
+            }
+            if Instant::now() > deadline {
+                return Err("vCPUs did not pause within 10 s".into());
+            }
+        }
+        self.paused = true;
+        Ok(())
+    }
+
+    /// Saves every (paused) vCPU's state.
+    fn save_vcpus(&self) -> Result<Vec<crate::persist::VcpuState>, VmError> {
+        let gone = || VmError::DeviceState("vCPU thread is gone".into());
+        let mut out = Vec::with_capacity(self.vcpus.len());
+        for v in &self.vcpus {
+            let (tx, rx) = mpsc::channel();
+            v.cmds.send(VcpuCmd::Save(tx)).map_err(|_| gone())?;
+            out.push(rx.recv().map_err(|_| gone())??);
+        }
+        Ok(out)
+    }
+
+    fn resume_all(&mut self) {
+        if !self.paused {
+            return;
+        }
+        for v in &self.vcpus {
+            let _ = v.cmds.send(VcpuCmd::Resume);
+        }
+        self.paused = false;
+    }
+
+    /// Ends every vCPU thread and returns the vCPUs.
+    fn stop_all(&mut self) -> Vec<VcpuFd> {
+        for v in &self.vcpus {
+            v.flags.stop.store(true, Ordering::Release);
+            let _ = v.cmds.send(VcpuCmd::Stop);
+        }
+        let mut fds = Vec::with_capacity(self.vcpus.len());
+        for v in self.vcpus.drain(..) {
+            // A vCPU only sees `stop` when KVM_RUN returns; a signal makes it
+            // return. Repeat until the thread is gone (a signal that lands
+            // outside KVM_RUN is harmless and re-sent).
+            while !v.thread.is_finished() {
+                let _ = v.thread.kill(SIGRTMIN());
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            if let Ok(fd) = v.thread.join() {
+                fds.push(fd);
+            }
+        }
+        self.paused = false;
+        self.generation += 1;
+        fds
+    }
+}
+
+/// The kernel command-line words a guest needs for `profile` on this host
+/// (see [`cpuid::kernel_args`]), for monitors that do not shape CPUID
+/// themselves (the QEMU peer in benchmarks).
+pub fn profile_kernel_args(profile: Option<CpuProfile>) -> Result<String, VmError> {
+    let kvm = Kvm::new().map_err(VmError::KvmOpen)?;
+    let profile = profile.unwrap_or_else(|| {
+        CpuProfile::auto(crate::host::kvm_kind() != crate::host::KvmKind::Hardware)
+    });
+    let vm = kvm.create_vm().map_err(kvm_err("KVM_CREATE_VM"))?;
+    let fd = vm.create_vcpu(0).map_err(kvm_err("KVM_CREATE_VCPU"))?;
+    let mut c = kvm
+        .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
+        .map_err(kvm_err("KVM_GET_SUPPORTED_CPUID"))?;
+    cpuid::setup(&mut c, profile, 0, 1);
+    fd.set_cpuid2(&c).map_err(kvm_err("KVM_SET_CPUID2"))?;
+    let held = fd
+        .get_cpuid2(KVM_MAX_CPUID_ENTRIES)
+        .map_err(kvm_err("KVM_GET_CPUID2"))?;
+    Ok(cpuid::kernel_args(profile, &held))
+}
+
+extern "C" fn kick_handler(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {}
+
+fn install_kick_handler() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // Failing to install means kicks would kill the process instead; a
+        // handler for a real-time signal is always installable.
+        let _ = register_signal_handler(SIGRTMIN(), kick_handler);
+    });
+}
