@@ -48,25 +48,60 @@ pub fn repo_root() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("."))
 }
 
+/// Runs a build script; its progress (stderr) is shown only if it takes
+/// more than a moment (a real build) or fails, so cache hits stay quiet.
 fn run_script(args: &[&str]) -> Result<String, ArtifactError> {
+    use std::io::{BufRead, BufReader, Read};
     let script = repo_root().join(args[0]);
-    let out = Command::new("bash")
+    let mut child = Command::new("bash")
         .arg(&script)
         .args(&args[1..])
         .stdin(Stdio::null())
-        .stderr(Stdio::inherit())
-        .output()
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
         .map_err(|source| ArtifactError::Spawn {
             script: script.clone(),
             source,
         })?;
-    if !out.status.success() {
-        return Err(ArtifactError::Failed {
-            script,
-            status: out.status,
-        });
+    let err = child.stderr.take();
+    let start = std::time::Instant::now();
+    let relay = std::thread::spawn(move || {
+        let mut held = Vec::new();
+        let mut live = false;
+        if let Some(e) = err {
+            for line in BufReader::new(e).lines().map_while(Result::ok) {
+                if live {
+                    eprintln!("{line}");
+                } else if start.elapsed() > std::time::Duration::from_secs(3) {
+                    live = true;
+                    for h in held.drain(..) {
+                        eprintln!("{h}");
+                    }
+                    eprintln!("{line}");
+                } else {
+                    held.push(line);
+                }
+            }
+        }
+        held
+    });
+    let mut out = String::new();
+    if let Some(mut o) = child.stdout.take() {
+        let _ = o.read_to_string(&mut out);
     }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    let status = child.wait().map_err(|source| ArtifactError::Spawn {
+        script: script.clone(),
+        source,
+    })?;
+    let held = relay.join().unwrap_or_default();
+    if !status.success() {
+        for h in held {
+            eprintln!("{h}");
+        }
+        return Err(ArtifactError::Failed { script, status });
+    }
+    Ok(out)
 }
 
 /// The guest kernel (built if missing). `SHOAL_KERNEL` overrides.

@@ -68,6 +68,8 @@ pub struct BootSpec {
     pub memory_mib: u32,
     /// vCPUs.
     pub vcpus: u8,
+    /// vsock host socket (our VMM only).
+    pub vsock_uds: Option<PathBuf>,
 }
 
 impl BootSpec {
@@ -102,6 +104,9 @@ impl BootSpec {
                     .arg("--cmdline")
                     .arg(self.full_cmdline())
                     .arg("--timings");
+                if let Some(v) = &self.vsock_uds {
+                    c.arg("--vsock-uds").arg(v);
+                }
                 c
             }
             Monitor::QemuMicrovm { kernel_args } => {

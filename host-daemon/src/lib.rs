@@ -5,5 +5,6 @@
 pub mod artifacts;
 pub mod bench;
 pub mod launch;
+pub mod sandbox;
 pub mod stats;
 pub mod template;

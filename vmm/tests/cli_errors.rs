@@ -110,10 +110,7 @@ fn boot_stage_errors_need_a_kernel() {
         "does not fit in guest memory",
     );
     let long = "x".repeat(3000);
-    expect_error(
-        &["--kernel", &k, "--cmdline", &long],
-        "; the limit is 2047",
-    );
+    expect_error(&["--kernel", &k, "--cmdline", &long], "; the limit is 2047");
 }
 
 fn shoal_kernel() -> std::path::PathBuf {

@@ -52,11 +52,11 @@ fn load_checked(dir: &Path) -> Result<(SnapshotState, VmConfig), VmError> {
     if st.vcpus.len() != usize::from(cfg.vcpus) || st.meta.vcpus != cfg.vcpus {
         return Err(bad("vCPU count does not match its configuration".into()));
     }
-    if st.virtio.len() != cfg.disks.len() {
+    let devices = cfg.disks.len() + usize::from(cfg.vsock.is_some());
+    if st.virtio.len() != devices {
         return Err(bad(format!(
-            "{} saved virtio devices, configuration has {}",
+            "{} saved virtio devices, configuration has {devices}",
             st.virtio.len(),
-            cfg.disks.len()
         )));
     }
     Ok((st, cfg))

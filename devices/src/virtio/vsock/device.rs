@@ -55,6 +55,12 @@ pub(super) struct Inner {
     acked: u64,
     active: Option<Active>,
     reset_pending: bool,
+    /// A TRANSPORT_RESET was written to the guest's event buffer.
+    reset_delivered: bool,
+    /// The guest has handled the last TRANSPORT_RESET (it re-posted its
+    /// event buffer). Until then new host connections wait: a REQUEST the
+    /// guest saw before the reset would be reset along with the old ones.
+    pub reset_acked: bool,
 }
 
 pub(super) type Shared = Arc<Mutex<Inner>>;
@@ -89,10 +95,16 @@ impl Inner {
     }
 
     /// Delivers a pending TRANSPORT_RESET if the guest gave an event buffer.
-    fn process_events(&mut self) {
+    /// `guest_notified`: the guest kicked the event queue, which it does
+    /// after handling an event (re-posting the buffer).
+    fn process_events(&mut self, guest_notified: bool) {
         let Some(a) = self.active.as_mut() else {
             return;
         };
+        if guest_notified && self.reset_delivered && !self.reset_pending {
+            self.reset_delivered = false;
+            self.reset_acked = true;
+        }
         let mut used = false;
         while self.reset_pending {
             let Some(chain) = a.ev.pop_descriptor_chain(&a.mem) else {
@@ -108,6 +120,7 @@ impl Inner {
                 if a.mem.write_slice(&id, d.addr()).is_ok() {
                     len = 4;
                     self.reset_pending = false;
+                    self.reset_delivered = true;
                 }
             }
             if a.ev.add_used(&a.mem, head, len).is_err() {
@@ -123,7 +136,8 @@ impl Inner {
     fn transport_reset(&mut self) {
         self.muxer.kill_all();
         self.reset_pending = true;
-        self.process_events();
+        self.reset_acked = false;
+        self.process_events(false);
     }
 
     fn save(&self) -> VsockState {
@@ -244,6 +258,8 @@ impl Vsock {
             acked: 0,
             active: None,
             reset_pending: false,
+            reset_delivered: false,
+            reset_acked: true,
         }));
         let events = VsockEvents::new(shared.clone(), listener, wake.clone(), uds_path);
         Ok((
@@ -358,7 +374,7 @@ impl VirtioDevice for Vsock {
         });
         // Host connections may have queued REQUESTs before the driver came.
         inner.process();
-        inner.process_events();
+        inner.process_events(false);
         self.kick(&inner);
         Ok(())
     }
@@ -367,7 +383,14 @@ impl VirtioDevice for Vsock {
         let mut inner = lock(&self.shared);
         match index as usize {
             RXQ | TXQ => inner.process(),
-            EVQ => inner.process_events(),
+            EVQ => {
+                let was = inner.reset_acked;
+                inner.process_events(true);
+                if inner.reset_acked && !was {
+                    // Deferred host connections can go ahead now.
+                    let _ = self.wake.write(1);
+                }
+            }
             _ => return,
         }
         self.kick(&inner);

@@ -14,7 +14,7 @@ use event_manager::{EventOps, EventSet, Events, MutEventSubscriber};
 use std::collections::HashMap;
 use std::io::ErrorKind;
 use std::os::fd::{AsRawFd, RawFd};
-use std::os::unix::net::UnixListener;
+use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use vmm_sys_util::eventfd::EventFd;
@@ -41,6 +41,9 @@ pub struct VsockEvents {
     wake: Arc<EventFd>,
     watched: HashMap<RawFd, Watch>,
     uds_path: PathBuf,
+    /// Host connections (after `CONNECT`) waiting for the guest to handle a
+    /// transport reset; not watched meanwhile.
+    deferred: Vec<(UnixStream, u32)>,
 }
 
 impl VsockEvents {
@@ -57,6 +60,7 @@ impl VsockEvents {
             wake,
             watched: HashMap::new(),
             uds_path: uds_path.to_owned(),
+            deferred: Vec::new(),
         }
     }
 
@@ -117,6 +121,15 @@ impl VsockEvents {
         };
         inner.muxer.handshakes = inner.muxer.handshakes.saturating_sub(1);
         let refused = match progress {
+            Progress::Connect(port) if !inner.reset_acked => {
+                // Wait until the guest has handled the transport reset.
+                if self.deferred.len() < super::MAX_CONNECTIONS {
+                    let _ = ops.remove(Events::empty(&h.stream));
+                    self.deferred.push((h.stream, port));
+                    return;
+                }
+                h.stream
+            }
             Progress::Connect(port) => match inner.muxer.add_host_conn(h.stream, port) {
                 Ok(key) => {
                     self.watched.insert(
@@ -207,6 +220,34 @@ impl VsockEvents {
         }
     }
 
+    /// Starts the host connections that waited for a transport reset.
+    fn start_deferred(&mut self, inner: &mut Inner, ops: &mut EventOps) {
+        if !inner.reset_acked || self.deferred.is_empty() {
+            return;
+        }
+        for (stream, port) in std::mem::take(&mut self.deferred) {
+            let fd = stream.as_raw_fd();
+            match inner.muxer.add_host_conn(stream, port) {
+                Ok(key) => {
+                    if ops.add(Events::new_raw(fd, EventSet::IN)).is_ok() {
+                        self.watched.insert(
+                            fd,
+                            Watch::Conn {
+                                key,
+                                interest: EventSet::IN,
+                            },
+                        );
+                        inner.muxer.set_watched(key, true);
+                    } else {
+                        inner.muxer.kill(key, true);
+                    }
+                }
+                Err(refused) => drop(refused),
+            }
+        }
+        inner.process();
+    }
+
     fn resume_listener(&mut self, ops: &mut EventOps) {
         if self.listener_paused
             && ops
@@ -235,6 +276,7 @@ impl MutEventSubscriber for VsockEvents {
             self.accept(&mut inner, ops);
         } else if fd == self.wake.as_raw_fd() {
             let _ = self.wake.read();
+            self.start_deferred(&mut inner, ops);
         } else {
             match self.watched.get(&fd) {
                 Some(Watch::Handshake(_)) => self.handshake(fd, ev, &mut inner, ops),

@@ -642,6 +642,36 @@ fn transport_reset_event() {
 }
 
 #[test]
+fn host_connections_wait_until_the_guest_handled_a_reset() {
+    let mut g = Guest::new(8);
+    // As after a snapshot restore: the reset is queued before the guest
+    // runs; a host client connects at once.
+    g.handle.send_transport_reset();
+    let mut c = g.host_connect(40);
+    g.pump();
+    assert!(g.recv().is_empty(), "no REQUEST while the reset is pending");
+    let _ = g.post_event_buf(); // the reset is delivered into this buffer
+    g.pump();
+    assert!(
+        g.recv().is_empty(),
+        "no REQUEST before the guest handled it"
+    );
+    let _ = g.post_event_buf(); // re-posting the buffer: handled
+    g.pump();
+    let pkts = g.recv();
+    assert_eq!(pkts.len(), 1, "{pkts:?}");
+    assert_eq!(pkts[0].op, op::REQUEST);
+    assert_eq!(pkts[0].dst_port, 40);
+    let mut resp = Pkt::guest(op::RESPONSE, 40, pkts[0].src_port);
+    resp.buf_alloc = 4096;
+    g.send(&resp);
+    g.pump();
+    let mut line = [0u8; 3];
+    std::io::Read::read_exact(&mut c, &mut line).unwrap();
+    assert_eq!(&line, b"OK ");
+}
+
+#[test]
 fn driver_reset_closes_host_sockets_and_save_reports_queues() {
     let mut g = Guest::new(8);
     let (mut c, local) = g.establish(31, 4096);

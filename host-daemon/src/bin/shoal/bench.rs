@@ -1,0 +1,90 @@
+//! `shoal bench ...`.
+
+use crate::image_path;
+use anyhow::{bail, Context, Result};
+use shoal_host::artifacts;
+use shoal_host::bench::boot::{self as bootbench, BootBenchOpts};
+use shoal_host::launch::BootSpec;
+use std::path::PathBuf;
+use std::time::Duration;
+
+pub fn restore(
+    restores: usize,
+    concurrency: &str,
+    rate_restores: usize,
+    pss_vms: usize,
+    memory: u32,
+    json: &PathBuf,
+) -> Result<()> {
+    let concurrency = concurrency
+        .split(',')
+        .map(|k| {
+            k.trim()
+                .parse::<usize>()
+                .with_context(|| format!("bad concurrency {k:?}"))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let work = std::env::temp_dir().join(format!("shoal-bench-restore-{}", std::process::id()));
+    let opts = shoal_host::bench::restore::RestoreBenchOpts {
+        spec: BootSpec {
+            kernel: artifacts::kernel()?,
+            root: image_path("tiny")?,
+            cmdline: artifacts::base_cmdline(),
+            init_args: vec![],
+            memory_mib: memory,
+            vcpus: 1,
+            vsock_uds: None,
+        },
+        vmm: artifacts::vmm_binary()?,
+        workdir: work.clone(),
+        restores,
+        concurrency,
+        rate_restores,
+        pss_vms,
+    };
+    let report = shoal_host::bench::restore::run(&opts, &mut |l| eprintln!("{l}"));
+    let _ = std::fs::remove_dir_all(&work);
+    let report = report?;
+    print!("{}", report.render());
+    std::fs::write(json, serde_json::to_string_pretty(&report)?)
+        .with_context(|| format!("cannot write {}", json.display()))?;
+    eprintln!("wrote {}", json.display());
+    Ok(())
+}
+
+pub fn boot(
+    runs: Option<usize>,
+    image: &str,
+    memory: u32,
+    no_qemu: bool,
+    json: &PathBuf,
+) -> Result<()> {
+    let hw = vmm::host::kvm_kind() == vmm::host::KvmKind::Hardware;
+    let runs = runs.unwrap_or(if hw { 20 } else { 5 });
+    let spec = BootSpec {
+        kernel: artifacts::kernel()?,
+        root: image_path(image)?,
+        cmdline: artifacts::base_cmdline(),
+        init_args: vec!["@reboot".into()],
+        memory_mib: memory,
+        vcpus: 1,
+        vsock_uds: None,
+    };
+    let opts = BootBenchOpts {
+        spec,
+        vmm: artifacts::vmm_binary()?,
+        runs,
+        qemu: !no_qemu,
+        qemu_kernel_args: vmm::vm::profile_kernel_args(None)?,
+        timeout: Duration::from_secs(if hw { 30 } else { 300 }),
+    };
+    let report = bootbench::run(&opts, &mut |l| eprintln!("{l}"))?;
+    print!("{}", report.render());
+    std::fs::write(json, serde_json::to_string_pretty(&report)?)
+        .with_context(|| format!("cannot write {}", json.display()))?;
+    eprintln!("wrote {}", json.display());
+    if report.rows.is_empty() {
+        bail!("no successful boots");
+    }
+    Ok(())
+}

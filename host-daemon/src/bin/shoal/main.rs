@@ -1,0 +1,284 @@
+//! `shoal`: the Shoal command-line tool.
+//!
+//! - `shoal run [--image base|tiny] -- CMD...`: run CMD in a fresh sandbox
+//!   (restored from the image's template, created on first use), stream its
+//!   output, exit with its exit code.
+//! - `shoal vm start|ls|stop|pause|resume|stats`, `shoal exec`, `shoal cp`:
+//!   long-lived sandboxes.
+//! - `shoal snapshot`, `shoal restore`: snapshots of running sandboxes.
+//! - `shoal doctor`: what this host offers. `shoal bench ...`: benchmarks.
+
+mod bench;
+mod sandbox_cmds;
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand};
+use shoal_host::artifacts;
+use std::path::PathBuf;
+
+#[derive(Parser)]
+#[command(
+    name = "shoal",
+    version,
+    about = "Shoal: KVM microVM sandboxes for RL agents"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+/// What a sandbox is made of.
+#[derive(clap::Args, Clone)]
+pub struct SandboxArgs {
+    /// Root image: base (Debian bookworm with bash, python3) or tiny (busybox).
+    #[arg(long, default_value = "base")]
+    pub image: String,
+    /// vCPUs.
+    #[arg(long, default_value_t = 1)]
+    pub cpus: u8,
+    /// Memory in MiB.
+    #[arg(long, default_value_t = 256)]
+    pub memory: u32,
+}
+
+/// How to run a command.
+#[derive(clap::Args, Clone)]
+pub struct ExecArgs {
+    /// Environment variable NAME=VALUE (repeatable).
+    #[arg(long = "env", short = 'e')]
+    pub env: Vec<String>,
+    /// Working directory in the guest.
+    #[arg(long)]
+    pub cwd: Option<PathBuf>,
+    /// Kill the command (and everything it started) after this many seconds.
+    #[arg(long)]
+    pub timeout: Option<f64>,
+    /// The command and its arguments.
+    #[arg(last = true, required = true)]
+    pub command: Vec<String>,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run a command in a fresh sandbox and exit with its exit code.
+    Run {
+        #[command(flatten)]
+        sandbox: SandboxArgs,
+        #[command(flatten)]
+        exec: ExecArgs,
+    },
+    /// Run a command in a running sandbox.
+    Exec {
+        /// Sandbox id (`shoal vm ls`).
+        id: String,
+        #[command(flatten)]
+        exec: ExecArgs,
+    },
+    /// Copy files: `shoal cp LOCAL ID:PATH` or `shoal cp ID:PATH LOCAL`.
+    Cp {
+        /// Source.
+        src: String,
+        /// Destination.
+        dst: String,
+    },
+    /// Long-lived sandboxes.
+    Vm {
+        #[command(subcommand)]
+        op: VmCmd,
+    },
+    /// Snapshot a running sandbox into DIR (it stays paused; `shoal vm resume` continues it).
+    Snapshot {
+        /// Sandbox id.
+        id: String,
+        /// Target directory.
+        dir: PathBuf,
+    },
+    /// Start a VM from a snapshot directory in the foreground.
+    Restore {
+        /// Snapshot directory.
+        dir: PathBuf,
+        /// Serve the control socket here.
+        #[arg(long)]
+        sock: Option<PathBuf>,
+        /// vsock host socket for this VM.
+        #[arg(long)]
+        vsock: Option<PathBuf>,
+    },
+    /// Report what this host offers (KVM type, nesting, userfaultfd, core
+    /// scheduling, vhost-vsock, DAMON, cgroup v2) and what Shoal does about each.
+    Doctor {
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Benchmarks.
+    Bench {
+        #[command(subcommand)]
+        which: BenchCmd,
+    },
+}
+
+#[derive(Subcommand)]
+enum VmCmd {
+    /// Start a sandbox and leave it running; prints its id.
+    Start {
+        #[command(flatten)]
+        sandbox: SandboxArgs,
+    },
+    /// List running sandboxes.
+    Ls,
+    /// Stop a sandbox and remove it.
+    Stop {
+        /// Sandbox id.
+        id: String,
+    },
+    /// Stop a sandbox's vCPUs.
+    Pause {
+        /// Sandbox id.
+        id: String,
+    },
+    /// Continue a paused sandbox.
+    Resume {
+        /// Sandbox id.
+        id: String,
+    },
+    /// Counters (JSON).
+    Stats {
+        /// Sandbox id.
+        id: String,
+    },
+}
+
+#[derive(Subcommand)]
+enum BenchCmd {
+    /// VMM start to first instruction, console, init and exit; vs QEMU microvm.
+    Boot {
+        /// Boots per system (>= 20 on hardware KVM; each takes seconds on PVM hosts).
+        #[arg(long)]
+        runs: Option<usize>,
+        /// Root image (tiny or base).
+        #[arg(long, default_value = "tiny")]
+        image: String,
+        /// Guest memory in MiB.
+        #[arg(long, default_value_t = 128)]
+        memory: u32,
+        /// Skip the QEMU peer.
+        #[arg(long)]
+        no_qemu: bool,
+        /// Where to write the JSON report.
+        #[arg(long, default_value = "bench-boot.json")]
+        json: PathBuf,
+    },
+    /// Snapshot size/time, restore latency, restore rate and PSS per restored VM.
+    Restore {
+        /// Sequential restores timed.
+        #[arg(long, default_value_t = 100)]
+        restores: usize,
+        /// Concurrency levels for the rate test (comma-separated).
+        #[arg(long, default_value = "1,2,4,8")]
+        concurrency: String,
+        /// Restores per concurrency level.
+        #[arg(long, default_value_t = 200)]
+        rate_restores: usize,
+        /// Idle VMs kept alive for the PSS measurement.
+        #[arg(long, default_value_t = 50)]
+        pss_vms: usize,
+        /// Guest memory in MiB.
+        #[arg(long, default_value_t = 128)]
+        memory: u32,
+        /// Where to write the JSON report.
+        #[arg(long, default_value = "bench-restore.json")]
+        json: PathBuf,
+    },
+}
+
+/// An image's read-only root file.
+pub fn image_path(name: &str) -> Result<PathBuf> {
+    match name {
+        "base" | "tiny" => Ok(artifacts::image(&format!("{name}_erofs"))?),
+        o => bail!("unknown image '{o}' (expected base or tiny)"),
+    }
+}
+
+fn doctor(json: bool) -> Result<i32> {
+    let r = vmm::host::detect();
+    if json {
+        println!("{}", serde_json::to_string_pretty(&r)?);
+    } else {
+        print!("{}", r.table());
+    }
+    Ok(0)
+}
+
+fn restore_fg(dir: PathBuf, sock: Option<PathBuf>, vsock: Option<PathBuf>) -> Result<i32> {
+    let mut c = std::process::Command::new(artifacts::vmm_binary()?);
+    c.arg("--restore").arg(&dir);
+    if let Some(s) = sock {
+        c.arg("--api-sock").arg(s);
+    }
+    if let Some(v) = vsock {
+        c.arg("--vsock-uds").arg(v);
+    }
+    let st = c.status().context("cannot start shoal-vmm")?;
+    Ok(st.code().unwrap_or(1))
+}
+
+fn main() {
+    let cli = Cli::parse();
+    use sandbox_cmds as sb;
+    let res = match cli.cmd {
+        Cmd::Run { sandbox, exec } => sb::run(&sandbox, &exec),
+        Cmd::Exec { id, exec } => sb::exec(&id, &exec),
+        Cmd::Cp { src, dst } => sb::cp(&src, &dst),
+        Cmd::Vm { op } => match op {
+            VmCmd::Start { sandbox } => sb::start(&sandbox),
+            VmCmd::Ls => sb::ls(),
+            VmCmd::Stop { id } => sb::stop(&id),
+            VmCmd::Pause { id } => sb::control(&id, vmm::api::Request::Pause),
+            VmCmd::Resume { id } => sb::control(&id, vmm::api::Request::Resume),
+            VmCmd::Stats { id } => sb::control(&id, vmm::api::Request::Stats),
+        },
+        Cmd::Snapshot { id, dir } => {
+            let dir = std::path::absolute(&dir).unwrap_or(dir);
+            sb::control(&id, vmm::api::Request::Snapshot { dir })
+        }
+        Cmd::Restore { dir, sock, vsock } => restore_fg(dir, sock, vsock),
+        Cmd::Doctor { json } => doctor(json),
+        Cmd::Bench {
+            which:
+                BenchCmd::Boot {
+                    runs,
+                    image,
+                    memory,
+                    no_qemu,
+                    json,
+                },
+        } => bench::boot(runs, &image, memory, no_qemu, &json).map(|_| 0),
+        Cmd::Bench {
+            which:
+                BenchCmd::Restore {
+                    restores,
+                    concurrency,
+                    rate_restores,
+                    pss_vms,
+                    memory,
+                    json,
+                },
+        } => bench::restore(
+            restores,
+            &concurrency,
+            rate_restores,
+            pss_vms,
+            memory,
+            &json,
+        )
+        .map(|_| 0),
+    };
+    match res {
+        Ok(code) => std::process::exit(code),
+        Err(e) => {
+            eprintln!("shoal: error: {e:#}");
+            std::process::exit(1);
+        }
+    }
+}

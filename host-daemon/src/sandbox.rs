@@ -1,0 +1,305 @@
+//! Sandboxes without the daemon: a template per (image, vCPUs, memory) is
+//! booted once and snapshotted; each sandbox is a `shoal-vmm` process
+//! restored from it, reached through its vsock socket by the agent client.
+
+use crate::artifacts;
+use crate::launch::{BootSpec, INIT_MARKER};
+use crate::template::{self, TemplateError};
+use guest_agent::client::Client;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant, SystemTime};
+use vmm::api::{self, Request};
+
+/// The guest port the agent listens on.
+pub const AGENT_PORT: u32 = 5000;
+
+/// Errors managing sandboxes.
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    /// Kernel or image.
+    #[error(transparent)]
+    Artifacts(#[from] artifacts::ArtifactError),
+    /// Template boot or snapshot.
+    #[error(transparent)]
+    Template(#[from] TemplateError),
+    /// The agent.
+    #[error("guest agent: {0}")]
+    Agent(#[from] guest_agent::client::ClientError),
+    /// File system.
+    #[error("{0}: {1}")]
+    Io(PathBuf, std::io::Error),
+    /// The VMM process.
+    #[error("shoal-vmm: {0}")]
+    Vmm(String),
+    /// No such sandbox.
+    #[error("no sandbox {0} (see `shoal vm ls`)")]
+    Unknown(String),
+}
+
+/// What a template is made of.
+#[derive(Debug, Clone)]
+pub struct TemplateSpec {
+    /// Image name (`base` or `tiny`).
+    pub image: String,
+    /// vCPUs.
+    pub vcpus: u8,
+    /// Guest memory in MiB.
+    pub memory_mib: u32,
+}
+
+/// Where Shoal keeps state for daemon-less use.
+pub fn state_dir() -> PathBuf {
+    if let Some(p) = std::env::var_os("SHOAL_STATE") {
+        return p.into();
+    }
+    let base = std::env::var_os("SHOAL_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into()))
+                .join(".cache/shoal")
+        });
+    base
+}
+
+fn hash_hex(parts: &[&[u8]]) -> String {
+    // FNV-1a 64: a cache key, not a security boundary.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for p in parts {
+        for &b in *p {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+        h ^= 0xff;
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("{h:016x}")
+}
+
+/// The template snapshot for `spec`, booting and snapshotting it first if
+/// there is none. `progress` gets a line when that happens.
+pub fn template(
+    spec: &TemplateSpec,
+    progress: &mut dyn FnMut(&str),
+) -> Result<PathBuf, SandboxError> {
+    let kernel = artifacts::kernel()?;
+    let image = artifacts::image(&format!("{}_erofs", spec.image))?;
+    let vmm = artifacts::vmm_binary()?;
+    let cmdline = artifacts::base_cmdline();
+    let key = hash_hex(&[
+        kernel.as_os_str().as_encoded_bytes(),
+        image.as_os_str().as_encoded_bytes(),
+        cmdline.as_bytes(),
+        &[spec.vcpus],
+        &spec.memory_mib.to_le_bytes(),
+        &std::fs::metadata(&vmm)
+            .and_then(|m| m.modified())
+            .map(|t| format!("{t:?}"))
+            .unwrap_or_default()
+            .into_bytes(),
+        env!("CARGO_PKG_VERSION").as_bytes(),
+    ]);
+    let dir = state_dir()
+        .join("templates")
+        .join(format!("{}-{key}", spec.image));
+    if dir.join("state").is_file() && dir.join("memory").is_file() {
+        return Ok(dir);
+    }
+    progress(&format!(
+        "shoal: creating the '{}' template (boot once, then snapshot; ~20-60 s on PVM hosts, once)...",
+        spec.image
+    ));
+    let tmp = dir.with_extension(format!("tmp{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    std::fs::create_dir_all(&tmp).map_err(|e| SandboxError::Io(tmp.clone(), e))?;
+    let boot = BootSpec {
+        kernel,
+        root: image,
+        cmdline,
+        init_args: vec![],
+        memory_mib: spec.memory_mib,
+        vcpus: spec.vcpus,
+        vsock_uds: Some(tmp.join("boot.vsock")),
+    };
+    let res = template::make(&boot, &vmm, &tmp, INIT_MARKER, Duration::from_secs(900));
+    let _ = std::fs::remove_file(tmp.join("boot.vsock"));
+    if let Err(e) = res {
+        let _ = std::fs::remove_dir_all(&tmp);
+        return Err(e.into());
+    }
+    // Publish atomically; a concurrent creator may have won the race.
+    match std::fs::rename(&tmp, &dir) {
+        Ok(()) => {}
+        Err(_) if dir.join("state").is_file() => {
+            let _ = std::fs::remove_dir_all(&tmp);
+        }
+        Err(e) => return Err(SandboxError::Io(dir, e)),
+    }
+    Ok(dir)
+}
+
+/// A running sandbox: a restored VMM process and its sockets.
+#[derive(Debug)]
+pub struct Sandbox {
+    /// Short id.
+    pub id: String,
+    /// Its directory (sockets, pid).
+    pub dir: PathBuf,
+    /// VMM control socket.
+    pub api_sock: PathBuf,
+    /// vsock host socket.
+    pub vsock: PathBuf,
+}
+
+fn random_id() -> String {
+    let mut b = [0u8; 6];
+    // SAFETY: getrandom writes at most b.len() bytes into b.
+    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
+    if n != b.len() as isize {
+        let t = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos();
+        b.copy_from_slice(&t.to_le_bytes()[..6]);
+    }
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn entropy() -> [u8; 64] {
+    let mut b = [0u8; 64];
+    // SAFETY: getrandom writes at most 64 bytes into b.
+    unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
+    b
+}
+
+impl Sandbox {
+    /// Sandboxes live under this directory.
+    pub fn root() -> PathBuf {
+        state_dir().join("vms")
+    }
+
+    /// Restores a new sandbox from `tpl`. With `detach`, the VMM process
+    /// outlives this one (its own session).
+    pub fn start(
+        tpl: &Path,
+        detach: bool,
+    ) -> Result<(Sandbox, Option<std::process::Child>), SandboxError> {
+        let id = random_id();
+        let dir = Self::root().join(&id);
+        std::fs::create_dir_all(&dir).map_err(|e| SandboxError::Io(dir.clone(), e))?;
+        let sb = Sandbox {
+            api_sock: dir.join("api.sock"),
+            vsock: dir.join("vsock.sock"),
+            id,
+            dir,
+        };
+        let mut cmd = Command::new(artifacts::vmm_binary()?);
+        cmd.arg("--restore")
+            .arg(tpl)
+            .arg("--api-sock")
+            .arg(&sb.api_sock)
+            .arg("--vsock-uds")
+            .arg(&sb.vsock)
+            .arg("--serial")
+            .arg(format!("file:{}", sb.dir.join("console.log").display()))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(
+                std::fs::File::create(sb.dir.join("vmm.log"))
+                    .map(Stdio::from)
+                    .unwrap_or_else(|_| Stdio::null()),
+            );
+        if detach {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: setsid in the child between fork and exec touches no
+            // memory shared with the parent.
+            unsafe {
+                cmd.pre_exec(|| {
+                    libc::setsid();
+                    Ok(())
+                })
+            };
+        }
+        let child = cmd
+            .spawn()
+            .map_err(|e| SandboxError::Vmm(format!("cannot start: {e}")))?;
+        let _ = std::fs::write(sb.dir.join("pid"), child.id().to_string());
+        Ok((sb, Some(child)))
+    }
+
+    /// An existing sandbox by id.
+    pub fn open(id: &str) -> Result<Sandbox, SandboxError> {
+        if id.is_empty() || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(SandboxError::Unknown(id.into()));
+        }
+        let dir = Self::root().join(id);
+        if !dir.join("api.sock").exists() {
+            return Err(SandboxError::Unknown(id.into()));
+        }
+        Ok(Sandbox {
+            api_sock: dir.join("api.sock"),
+            vsock: dir.join("vsock.sock"),
+            id: id.into(),
+            dir,
+        })
+    }
+
+    /// Ids of existing sandboxes.
+    pub fn list() -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(Self::root())
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| e.path().join("api.sock").exists())
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// Connects to the agent (retrying while the restored VM comes up) and,
+    /// on the first connection after a restore, gives the guest fresh
+    /// entropy and the current time.
+    pub fn connect(&self, timeout: Duration, post_restore: bool) -> Result<Client, SandboxError> {
+        let c = Client::connect_vsock_retry(&self.vsock, AGENT_PORT, timeout)?;
+        if post_restore {
+            let now = SystemTime::now()
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_nanos() as u64;
+            c.post_restore(entropy(), now)?;
+        }
+        Ok(c)
+    }
+
+    /// Stops the VM and removes the sandbox's files. `child` is the VMM
+    /// process when this process started it (it is then reaped here).
+    pub fn stop(&self, child: Option<&mut std::process::Child>) {
+        let _ = api::call(&self.api_sock, &Request::Shutdown, Duration::from_secs(10));
+        let end = Instant::now() + Duration::from_secs(5);
+        match child {
+            Some(c) => {
+                while matches!(c.try_wait(), Ok(None)) && Instant::now() < end {
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+            None => {
+                let pid: Option<i32> = std::fs::read_to_string(self.dir.join("pid"))
+                    .ok()
+                    .and_then(|s| s.trim().parse().ok());
+                if let Some(pid) = pid {
+                    // A detached VMM is not our child: probe until it is gone.
+                    // SAFETY: kill with signal 0 only probes for the process.
+                    while unsafe { libc::kill(pid, 0) } == 0 && Instant::now() < end {
+                        std::thread::sleep(Duration::from_millis(5));
+                    }
+                    // SAFETY: SIGKILL to the VMM, if it is still there.
+                    unsafe { libc::kill(pid, libc::SIGKILL) };
+                }
+            }
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
