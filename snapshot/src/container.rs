@@ -8,7 +8,8 @@ use std::path::{Path, PathBuf};
 /// File magic.
 pub const MAGIC: [u8; 8] = *b"SHOALSNP";
 /// Current format version; bump on any incompatible state change.
-pub const FORMAT_VERSION: u32 = 1;
+/// 1: first format. 2: virtio-pmem device states (`SnapshotState::pmem`).
+pub const FORMAT_VERSION: u32 = 2;
 /// Largest state body accepted (guest memory is stored separately).
 pub const MAX_STATE_BYTES: u64 = 64 << 20;
 const HEADER_LEN: usize = 8 + 4 + 8 + 4;

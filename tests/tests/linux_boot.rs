@@ -22,6 +22,7 @@ fn linux(cmd: String, initrd: Option<std::path::PathBuf>, disks: Vec<DiskConfig>
         serial_limit_bytes: 16 << 20,
         cpu_profile: None,
         vsock: None,
+        pmem: vec![],
     }
 }
 

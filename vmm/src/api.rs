@@ -60,6 +60,9 @@ pub struct Stats {
     pub serial_dropped: u64,
     /// VMM process id.
     pub pid: u32,
+    /// Guest writes to read-only pmem devices, dropped.
+    #[serde(default)]
+    pub pmem_guest_writes: u64,
 }
 
 /// What a snapshot wrote.

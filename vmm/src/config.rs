@@ -67,6 +67,16 @@ pub struct DiskConfig {
     pub read_only: bool,
 }
 
+/// One virtio-pmem device: an image file mapped read-only into the guest
+/// above RAM, for DAX (`/dev/pmem0`, `/dev/pmem1`, ... in order). The file
+/// must be a non-empty multiple of 2 MiB; it is shared, never written.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct PmemConfig {
+    /// The image file.
+    pub path: PathBuf,
+}
+
 /// The vsock device: guest context id and the host Unix socket that
 /// carries host<->guest connections (`CONNECT <port>` protocol).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -123,6 +133,10 @@ pub struct VmConfig {
     /// virtio-vsock device.
     #[serde(default)]
     pub vsock: Option<VsockConfig>,
+    /// virtio-pmem devices, in order (/dev/pmem0, /dev/pmem1, ...); their
+    /// virtio-mmio slots follow the disks and the vsock device.
+    #[serde(default)]
+    pub pmem: Vec<PmemConfig>,
 }
 
 fn one() -> u8 {
@@ -154,6 +168,7 @@ impl VmConfig {
             serial_limit_bytes: default_serial_limit(),
             cpu_profile: None,
             vsock: None,
+            pmem: vec![],
         }
     }
 
@@ -200,10 +215,13 @@ impl VmConfig {
                 )));
             }
         }
-        if self.disks.len() + usize::from(self.vsock.is_some()) > MAX_VIRTIO_DEVICES {
+        if self.virtio_devices() > MAX_VIRTIO_DEVICES {
             return Err(ConfigError::Invalid(format!(
-                "at most {MAX_VIRTIO_DEVICES} disks, got {}",
-                self.disks.len()
+                "at most {MAX_VIRTIO_DEVICES} virtio devices (disks + vsock + pmem), got {} \
+                 ({} disks, {} pmem)",
+                self.virtio_devices(),
+                self.disks.len(),
+                self.pmem.len()
             )));
         }
         if let BootSource::RealMode { code, addr } = &self.boot {
@@ -219,6 +237,11 @@ impl VmConfig {
     /// Guest memory in bytes.
     pub fn mem_bytes(&self) -> u64 {
         u64::from(self.memory_mib) << 20
+    }
+
+    /// Number of virtio-mmio devices: disks, then vsock, then pmem.
+    pub fn virtio_devices(&self) -> usize {
+        self.disks.len() + usize::from(self.vsock.is_some()) + self.pmem.len()
     }
 }
 
@@ -245,6 +268,16 @@ mod tests {
         .unwrap();
         assert!(c.disks[0].read_only);
         assert_eq!(c.cpu_profile, Some(CpuProfile::Pvm));
+        assert!(c.pmem.is_empty(), "pmem defaults to none");
+        let c: VmConfig = serde_json::from_str(
+            r#"{"boot":{"type":"linux","kernel":"/k"},"pmem":[{"path":"/a.img"},{"path":"/b"}]}"#,
+        )
+        .unwrap();
+        assert_eq!(c.pmem[1].path, PathBuf::from("/b"));
+        assert!(serde_json::from_str::<VmConfig>(
+            r#"{"boot":{"type":"linux","kernel":"/k"},"pmem":[{"path":"/a","ro":true}]}"#
+        )
+        .is_err());
     }
 
     #[test]
@@ -264,5 +297,11 @@ mod tests {
             20
         ];
         assert!(c.validate().unwrap_err().to_string().contains("disks"));
+        c.disks.truncate(10);
+        c.pmem = vec![PmemConfig { path: "/p".into() }; 10];
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("10 pmem"), "{e}");
+        c.pmem.truncate(9);
+        c.validate().unwrap();
     }
 }

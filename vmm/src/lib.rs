@@ -12,7 +12,7 @@ pub mod persist;
 pub mod vcpu;
 pub mod vm;
 
-pub use config::{BootSource, DiskConfig, SerialOutput, VmConfig, VsockConfig};
+pub use config::{BootSource, DiskConfig, PmemConfig, SerialOutput, VmConfig, VsockConfig};
 pub use cpu::CpuProfile;
 pub use vcpu::ExitReason;
 pub use vm::{RestoreOptions, RunOptions, RunOutcome, Vm, VmError};

@@ -9,8 +9,8 @@ use clap::Parser;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 use vmm::{
-    BootSource, CpuProfile, DiskConfig, ExitReason, RestoreOptions, RunOptions, SerialOutput, Vm,
-    VmConfig, VsockConfig,
+    BootSource, CpuProfile, DiskConfig, ExitReason, PmemConfig, RestoreOptions, RunOptions,
+    SerialOutput, Vm, VmConfig, VsockConfig,
 };
 
 #[derive(Parser, Debug)]
@@ -27,10 +27,10 @@ struct Args {
     #[arg(long, requires = "check_host")]
     json: bool,
     /// Whole VM configuration as a JSON file (excludes the flags below).
-    #[arg(long, conflicts_with_all = ["kernel", "cmdline", "initrd", "disk", "restore"])]
+    #[arg(long, conflicts_with_all = ["kernel", "cmdline", "initrd", "disk", "pmem", "restore"])]
     config: Option<PathBuf>,
     /// Start from the snapshot in this directory instead of booting.
-    #[arg(long, conflicts_with_all = ["kernel", "cmdline", "initrd", "disk"])]
+    #[arg(long, conflicts_with_all = ["kernel", "cmdline", "initrd", "disk", "pmem"])]
     restore: Option<PathBuf>,
     /// virtio-vsock: host socket for CONNECT <port> connections into the guest
     /// (with --restore/--prewarm: this VM's socket instead of the saved one).
@@ -44,7 +44,7 @@ struct Args {
     api_sock: Option<PathBuf>,
     /// Create an empty VM (--memory, --vcpus) and wait on --api-sock for a
     /// `restore` request; keep the VM for further restores when the guest stops.
-    #[arg(long, requires = "api_sock", conflicts_with_all = ["kernel", "config", "restore"])]
+    #[arg(long, requires = "api_sock", conflicts_with_all = ["kernel", "config", "restore", "pmem"])]
     prewarm: bool,
     /// Uncompressed ELF kernel (vmlinux).
     #[arg(long)]
@@ -64,6 +64,11 @@ struct Args {
     /// virtio-blk disk: PATH or PATH,ro (repeatable; /dev/vda, /dev/vdb, ...).
     #[arg(long)]
     disk: Vec<String>,
+    /// virtio-pmem device: a read-only image (a multiple of 2 MiB) mapped
+    /// into the guest for DAX, shared with every VM using it (repeatable;
+    /// /dev/pmem0, /dev/pmem1, ...).
+    #[arg(long, value_name = "PATH")]
+    pmem: Vec<PathBuf>,
     /// Serial console: stdout, null, or file:PATH.
     #[arg(long, default_value = "stdout")]
     serial: String,
@@ -143,6 +148,11 @@ fn build_config(a: &Args) -> Result<VmConfig> {
         .iter()
         .map(|d| parse_disk(d))
         .collect::<Result<_>>()?;
+    c.pmem = a
+        .pmem
+        .iter()
+        .map(|p| PmemConfig { path: p.clone() })
+        .collect();
     c.serial = serial_output(&a.serial)?;
     if let Some(l) = a.serial_limit {
         c.serial_limit_bytes = l;

@@ -319,4 +319,8 @@ pub struct SnapshotState {
     pub virtio: Vec<MmioState>,
     /// Guest RAM regions (guest address, length), in `memory` file order.
     pub memory_regions: Vec<(u64, u64)>,
+    /// One per virtio-pmem device, in order (their transports are the last
+    /// entries of `virtio`). Images are not copied: restore maps the same
+    /// files again and refuses changed ones.
+    pub pmem: Vec<pmem::PmemState>,
 }

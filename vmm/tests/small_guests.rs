@@ -69,6 +69,7 @@ fn config(code: Vec<u8>) -> VmConfig {
         serial_limit_bytes: 1 << 20,
         cpu_profile: None,
         vsock: None,
+        pmem: vec![],
     }
 }
 

@@ -80,6 +80,7 @@ fn config() -> VmConfig {
         serial_limit_bytes: 1 << 20,
         cpu_profile: None,
         vsock: None,
+        pmem: vec![],
     }
 }
 

@@ -119,14 +119,16 @@ impl Vm {
             subscriber_ids: vec![],
             vsock: None,
             vsock_path: cfg.vsock.as_ref().map(|v| v.uds_path.clone()),
+            pmem: vec![],
         };
         Ok((vm, kvm))
     }
 
     /// (Re)creates the device set on fresh buses: i8042, COM1 (fresh, or
     /// with `saved` registers; it keeps the current console sink), and the
-    /// configured disks. Returns the kernel command-line words announcing
-    /// the virtio devices.
+    /// configured virtio devices in MMIO slot order: disks, vsock, pmem (the
+    /// pmem images must be mapped already, see `pmem_dev`). Returns the
+    /// kernel command-line words announcing the virtio devices.
     pub(super) fn attach_devices(
         &mut self,
         saved: Option<&SerialSaved>,
@@ -170,6 +172,11 @@ impl Vm {
             self.vsock = Some(dev.handle());
             args.push(self.add_virtio(Box::new(dev), disks.len())?);
             self.add_subscriber(Box::new(events))?;
+        }
+        let first_pmem = disks.len() + usize::from(self.config.vsock.is_some());
+        for (j, p) in self.pmem_devices()?.into_iter().enumerate() {
+            args.push(self.add_virtio(Box::new(p.device), first_pmem + j)?);
+            self.mmio.insert(p.sink, p.base, p.len)?;
         }
         Ok(args)
     }
@@ -232,6 +239,7 @@ impl Vm {
         let mem = anonymous_memory(cfg)?;
         let sink = console_sink(cfg, console)?;
         let (mut vm, kvm) = Self::shell(cfg, base, mem, sink)?;
+        vm.map_pmem_for_boot()?;
         let device_args = vm.attach_devices(None)?;
         let profile = vm.profile;
 
@@ -351,5 +359,12 @@ impl Vm {
     /// Guest memory.
     pub fn memory(&self) -> &GuestMemoryMmap {
         &self.mem
+    }
+
+    /// Reads guest-physical MMIO address `addr` as a vCPU would (device
+    /// registers, pmem config space); false when no device is there.
+    /// For tests and debugging.
+    pub fn mmio_read(&self, addr: u64, data: &mut [u8]) -> bool {
+        self.mmio.read(addr, data)
     }
 }

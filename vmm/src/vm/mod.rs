@@ -2,9 +2,11 @@
 //! reload into an existing VM), and running it.
 
 mod build;
+mod pmem_dev;
 mod restore;
 mod run;
 
+pub use pmem_dev::{PmemError, PmemInfo};
 pub use run::{profile_kernel_args, RunOptions, RunOutcome};
 
 use crate::api::ControlMsg;
@@ -105,6 +107,9 @@ pub enum VmError {
     /// The event thread.
     #[error(transparent)]
     Events(#[from] crate::events::EventError),
+    /// A virtio-pmem device.
+    #[error(transparent)]
+    Pmem(#[from] PmemError),
     /// The VM has no guest loaded (a pre-warmed VM waits for a restore).
     #[error("no guest is loaded (restore a snapshot into this VM first)")]
     NotLoaded,
@@ -164,6 +169,10 @@ pub struct Vm {
     vsock: Option<devices::virtio::vsock::VsockHandle>,
     /// The vsock socket path this VM owns (kept across reloads).
     vsock_path: Option<std::path::PathBuf>,
+    /// Mapped pmem images with their read-only KVM slots, in device order.
+    /// Each removes its own slot before unmapping, so drop order does not
+    /// matter.
+    pmem: Vec<pmem_dev::PmemDev>,
 }
 
 /// What a restore may change about the saved VM.

@@ -52,13 +52,15 @@ fn load_checked(dir: &Path) -> Result<(SnapshotState, VmConfig), VmError> {
     if st.vcpus.len() != usize::from(cfg.vcpus) || st.meta.vcpus != cfg.vcpus {
         return Err(bad("vCPU count does not match its configuration".into()));
     }
-    let devices = cfg.disks.len() + usize::from(cfg.vsock.is_some());
+    let devices = cfg.virtio_devices();
     if st.virtio.len() != devices {
         return Err(bad(format!(
             "{} saved virtio devices, configuration has {devices}",
             st.virtio.len(),
         )));
     }
+    let paths: Vec<&Path> = cfg.pmem.iter().map(|p| p.path.as_path()).collect();
+    super::pmem_dev::check_saved(&paths, &st.pmem).map_err(|e| bad(e.to_string()))?;
     Ok((st, cfg))
 }
 
@@ -154,6 +156,7 @@ impl Vm {
             serial_limit_bytes: VmConfig::linux("".into()).serial_limit_bytes,
             cpu_profile: None,
             vsock: None,
+            pmem: vec![],
         };
         cfg.validate()?;
         let mem = anonymous_memory(&cfg)?;
@@ -227,6 +230,8 @@ impl Vm {
     /// Loads devices, VM-wide and vCPU state into the shell.
     fn load_state(&mut self, st: &SnapshotState) -> Result<(), VmError> {
         self.loaded = false;
+        // Pmem images first: their devices are built from the mappings.
+        self.map_pmem_saved(&st.pmem)?;
         self.attach_devices(Some(&st.serial))?;
         for (t, s) in self.virtio.iter().zip(&st.virtio) {
             devices::bus::lock(t).restore_state(s)?;
@@ -266,6 +271,7 @@ impl Vm {
             .iter()
             .map(|t| devices::bus::lock(t).save_state())
             .collect();
+        let pmem = self.save_pmem()?;
         let regions: Vec<(u64, u64)> = self
             .mem
             .iter()
@@ -307,6 +313,7 @@ impl Vm {
             serial,
             virtio,
             memory_regions: regions,
+            pmem,
         };
         let state_path = dir.join("state");
         snapshot::save(&state_path, &state)?;

@@ -234,6 +234,7 @@ impl Vm {
                         serial_bytes: stats.guest_bytes.load(Ordering::Relaxed),
                         serial_dropped: stats.dropped_bytes.load(Ordering::Relaxed),
                         pid: std::process::id(),
+                        pmem_guest_writes: self.pmem_guest_writes(),
                     }),
                     ..Default::default()
                 }
