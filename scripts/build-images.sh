@@ -6,8 +6,13 @@
 #   tiny: busybox-static + /sbin/shoal-agent (also /init), as tiny.erofs
 #         (read-only root) and tiny.cpio (uncompressed newc initramfs).
 #   base: minimal Debian bookworm (minbase + python3, bash, ca-certificates),
-#         stripped, with /sbin/shoal-agent, as base.erofs (uncompressed, 4 KiB
-#         blocks: DAX-able later).
+#         stripped, with /sbin/shoal-agent, as base.erofs.
+#
+#   The erofs images are DAX-ready for virtio-pmem (/dev/pmem0 with
+#   rootflags=dax) and work as virtio-blk disks too: uncompressed, 4 KiB
+#   blocks, no inline (tail-packed) data (-E noinline_data: Linux 6.1 maps
+#   only flat files with DAX), zero-padded to a multiple of 2 MiB (a guest
+#   maps pmem in 2 MiB sub-sections).
 #
 # stdout: exactly `tiny_erofs=PATH`, `tiny_cpio=PATH`, `base_erofs=PATH` (those
 # built for the argument); everything else goes to stderr.
@@ -34,7 +39,7 @@ what=${1:-all}
 case "$what" in
 tiny | base | all) ;;
 -h | --help)
-	sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//' >&2
+	sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//' >&2
 	exit 0
 	;;
 *) die "unknown image '$what' (expected tiny, base or all)" ;;
@@ -150,6 +155,20 @@ install_agent() {
 	fi
 }
 
+# make_erofs IMAGE DIR [mkfs.erofs options...]: a DAX-ready erofs image.
+# No -z (uncompressed: DAX maps only plain files, and decompression is slow
+# guest kernel work); the block size is the page size (4096), mkfs.erofs's
+# default; -E noinline_data stores every file's last block as a whole block,
+# so each regular file is EROFS_INODE_FLAT_PLAIN, the only layout Linux 6.1
+# maps with DAX (tail-packed files would still go through the guest page
+# cache). Then zero-padded to a multiple of 2 MiB.
+make_erofs() {
+	local img=$1 dir=$2
+	shift 2
+	mkfs.erofs --quiet -E noinline_data "$@" "$img" "$dir" >&2 || return 1
+	truncate -s %2M "$img" || return 1
+}
+
 out_lines=()
 
 # ---------------------------------------------------------------- tiny
@@ -185,8 +204,7 @@ build_tiny() {
 		else
 			log "tiny: not root, no /dev/console node (the agent reopens it after mounting devtmpfs)"
 		fi
-		mkfs.erofs --quiet --all-root -T0 "$tmp/tiny.erofs" "$r" >&2 ||
-			die "mkfs.erofs failed for tiny"
+		make_erofs "$tmp/tiny.erofs" "$r" --all-root -T0 || die "mkfs.erofs failed for tiny"
 		(cd "$r" && find . -mindepth 1 | LC_ALL=C sort |
 			cpio -o -H newc -R 0:0 --reproducible --quiet) >"$tmp/tiny.cpio" ||
 			die "cpio failed for tiny"
@@ -291,11 +309,8 @@ build_base() {
 		mkdir "$r"
 		tar -C "$r" --numeric-owner --xattrs -xpf "$tar" || die "extracting $tar failed"
 		strip_rootfs "$r"
-		# No -z: uncompressed, so that it can be mapped with DAX later; the
-		# block size is the page size (4096), mkfs.erofs's default. Real
-		# mtimes: python's .pyc files are validated against the .py mtime.
-		mkfs.erofs --quiet --preserve-mtime "$tmp/base.erofs" "$r" >&2 ||
-			die "mkfs.erofs failed for base"
+		# Real mtimes: python's .pyc files are validated against the .py mtime.
+		make_erofs "$tmp/base.erofs" "$r" --preserve-mtime || die "mkfs.erofs failed for base"
 		rm -rf --one-file-system "$r"
 		publish "$tmp" "$dir"
 		log "base: done"

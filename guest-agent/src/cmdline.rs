@@ -12,18 +12,20 @@ use std::ffi::c_int;
 /// Big enough for x86's COMMAND_LINE_SIZE (2048).
 const CMDLINE_MAX: usize = 4096;
 
-/// Index in argv (of `argc` entries, `argc` > 1) where the command starts:
-/// `argc` if the kernel command line has a ` -- ` with nothing after it, 1
-/// (all of argv[1..]) if it has no ` -- ` or /proc/cmdline can't be read.
-pub fn command_start(argc: usize) -> usize {
-    match read_cmdline().as_deref().map(args_after_dashes) {
+/// Index in argv (of `argc` entries, `argc` > 1) where the command starts,
+/// given the kernel command line (`None` if unreadable): `argc` if it has a
+/// ` -- ` with nothing after it, 1 (all of argv[1..]) if it has no ` -- ` or
+/// could not be read.
+pub fn command_start(argc: usize, cmdline: Option<&[u8]>) -> usize {
+    match cmdline.map(args_after_dashes) {
         Some(Some(n)) => argc - n.min(argc.saturating_sub(1)),
         _ => 1,
     }
 }
 
-/// The kernel command line, from /proc (mounted by then): 3 syscalls.
-fn read_cmdline() -> Option<Vec<u8>> {
+/// The kernel command line, from /proc (mounted by then): 3 syscalls. Read
+/// once at start; the command and the overlay options come from it.
+pub fn read_cmdline() -> Option<Vec<u8>> {
     let mut buf = [0u8; CMDLINE_MAX];
     // SAFETY: the path is a NUL-terminated static string.
     let fd: c_int =

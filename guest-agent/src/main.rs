@@ -23,6 +23,11 @@
 //! Started as an ordinary process with `--listen unix:PATH` (or
 //! `vsock:PORT`) it serves the same protocol there: no mounts, no cgroups.
 //!
+//! With `shoal.overlay=1` on the kernel command line (a read-only pmem
+//! root), PID 1 first moves itself into a writable overlay of the root
+//! (tmpfs upper layer; see overlay.rs), so commands and file operations
+//! never write to the image.
+//!
 //! Protocol on the console (the VMM and tests parse these lines):
 //! - `SHOAL-INIT-READY` once the mounts are done (and, in server mode, the
 //!   vsock listener is accepting);
@@ -39,6 +44,7 @@
 #![cfg_attr(test, allow(dead_code, unused_imports))]
 
 mod cmdline;
+mod overlay;
 mod server;
 mod spawn;
 mod sys;
@@ -142,6 +148,17 @@ unsafe extern "C" fn main(
         return unsafe { host_main(argc, argv, envp) };
     }
     mount_all();
+    let kernel_cmdline = cmdline::read_cmdline();
+    // A read-only (pmem) root: run everything in a writable overlay of it.
+    let overlay = kernel_cmdline
+        .as_deref()
+        .map(overlay::parse)
+        .unwrap_or_default();
+    if overlay.enabled {
+        if let Err(e) = overlay::setup(&overlay) {
+            write_all(2, format!("shoal-agent: {e}\n").as_bytes());
+        }
+    }
     // SAFETY: the pointer and length describe a valid static byte string.
     if unsafe { libc::sethostname(c"shoal".as_ptr(), 5) } != 0 {
         sys::report("sethostname", errno());
@@ -149,7 +166,7 @@ unsafe extern "C" fn main(
 
     // Only the words after ` -- ` on the kernel command line are the command.
     let first = if argc > 1 && !argv.is_null() {
-        cmdline::command_start(argc)
+        cmdline::command_start(argc, kernel_cmdline.as_deref())
     } else {
         argc
     };

@@ -1,0 +1,360 @@
+//! A writable overlay root over a read-only (pmem, DAX) root file system.
+//!
+//! With `shoal.overlay=1` on the kernel command line (the host adds it when
+//! the root is `/dev/pmem0` mounted read-only with DAX), PID 1 builds, right
+//! after its usual mounts and before anything else runs:
+//!
+//! ```text
+//! /run/.shoal/rw      tmpfs (size=shoal.upper_size, default: the kernel's
+//!                     50% of RAM), or the ext4 disk shoal.upper=/dev/vdX
+//!        /upper /work the overlay's upper and work directories
+//! /run/.shoal/lN      /dev/pmemN (N = 1, 2, ...), erofs, ro, dax: extra
+//!                     lower layers, when present (pmemN over pmemN-1 over /)
+//! /run/.shoal/root    overlay: lowerdir=[lN:...:l1:]/, upper, work
+//! ```
+//!
+//! then moves `/dev`, `/proc`, `/sys` (with its cgroup2 mount) and `/tmp`
+//! into the new root, mounts a fresh `/run` there (with the image's own
+//! root bound read-only at `/run/shoal/image`), and makes it the root of
+//! PID 1 itself (`pivot_root(".", ".")`, then the old root is detached), so
+//! every command the agent starts and every file operation it serves sees
+//! the overlay: writes land in the upper layer, never in the image. The old
+//! root's mounts (the staging `/run`, the upper file system, the extra
+//! lowers) stay alive inside the overlay, which holds private references to
+//! them, but are no longer reachable by path.
+//!
+//! Every step is a direct syscall (about 20 in all, no fork). Any failure is
+//! reported on the console and leaves the read-only root as it was, so a
+//! broken option never makes the guest unusable. The scratch-disk upper
+//! needs a pre-formatted ext4 file system (there is no mkfs in the guest);
+//! if it cannot be mounted, the tmpfs upper is used instead.
+
+use std::ffi::{CStr, CString};
+
+use crate::sys::{errno, report};
+
+/// Command-line words that configure the overlay.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Options {
+    /// `shoal.overlay=1`: build the overlay.
+    pub enabled: bool,
+    /// `shoal.upper_size=SIZE`: tmpfs `size=` (digits with an optional
+    /// k/m/g/% suffix).
+    pub upper_size: Option<String>,
+    /// `shoal.upper=/dev/NAME`: a pre-formatted ext4 disk for the upper
+    /// layer instead of tmpfs.
+    pub upper_dev: Option<String>,
+}
+
+/// A failed step.
+#[derive(Debug, thiserror::Error)]
+#[error("overlay root: {step}: {}", std::io::Error::from_raw_os_error(*errno))]
+pub struct OverlayError {
+    /// What failed.
+    pub step: String,
+    /// The errno.
+    pub errno: i32,
+}
+
+fn fail(step: impl Into<String>) -> OverlayError {
+    OverlayError {
+        step: step.into(),
+        errno: errno(),
+    }
+}
+
+/// Reads the overlay options from the kernel command line. Malformed
+/// values are reported and ignored.
+pub fn parse(cmdline: &[u8]) -> Options {
+    let mut o = Options::default();
+    for word in cmdline.split(|c| c.is_ascii_whitespace()) {
+        let Some((key, value)) = split_kv(word) else {
+            continue;
+        };
+        match key {
+            b"shoal.overlay" => o.enabled = value == b"1",
+            b"shoal.upper_size" => match std::str::from_utf8(value) {
+                Ok(v) if valid_size(v) => o.upper_size = Some(v.to_string()),
+                _ => report_bad("shoal.upper_size", value),
+            },
+            b"shoal.upper" => match std::str::from_utf8(value) {
+                Ok(v) if valid_dev(v) => o.upper_dev = Some(v.to_string()),
+                _ => report_bad("shoal.upper", value),
+            },
+            _ => {}
+        }
+    }
+    o
+}
+
+fn split_kv(word: &[u8]) -> Option<(&[u8], &[u8])> {
+    let i = word.iter().position(|&c| c == b'=')?;
+    Some((word.get(..i)?, word.get(i + 1..)?))
+}
+
+fn report_bad(key: &str, value: &[u8]) {
+    crate::sys::write_all(
+        2,
+        format!(
+            "shoal-agent: ignoring {key}={}: malformed\n",
+            String::from_utf8_lossy(value)
+        )
+        .as_bytes(),
+    );
+}
+
+/// `123`, `64m`, `1G`, `25%`: nothing that could add a mount option.
+fn valid_size(v: &str) -> bool {
+    let digits = v.trim_end_matches(['k', 'K', 'm', 'M', 'g', 'G', '%']);
+    !digits.is_empty() && v.len() - digits.len() <= 1 && digits.bytes().all(|b| b.is_ascii_digit())
+}
+
+/// `/dev/` followed by a plain device name.
+fn valid_dev(v: &str) -> bool {
+    v.strip_prefix("/dev/").is_some_and(|n| {
+        !n.is_empty()
+            && n.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    })
+}
+
+const STAGE: &CStr = c"/run/.shoal";
+const RW: &CStr = c"/run/.shoal/rw";
+const UPPER: &CStr = c"/run/.shoal/rw/upper";
+const WORK: &CStr = c"/run/.shoal/rw/work";
+const ROOT: &CStr = c"/run/.shoal/root";
+/// Where the image's own root appears in the new root.
+const IMAGE_VIEW: &CStr = c"/run/.shoal/root/run/shoal/image";
+/// Mounts moved into the new root as they are (`/run` is not: the staging
+/// area lives in it; the new root gets a fresh one).
+const MOVED: [(&CStr, &CStr); 4] = [
+    (c"/dev", c"/run/.shoal/root/dev"),
+    (c"/proc", c"/run/.shoal/root/proc"),
+    (c"/sys", c"/run/.shoal/root/sys"),
+    (c"/tmp", c"/run/.shoal/root/tmp"),
+];
+/// Extra pmem devices probed as lower layers (pmem1..).
+const MAX_EXTRA_LOWERS: usize = 8;
+
+fn mkdir(path: &CStr, mode: libc::mode_t, exist_ok: bool) -> Result<(), OverlayError> {
+    // SAFETY: `path` is a NUL-terminated string.
+    if unsafe { libc::mkdir(path.as_ptr(), mode) } == 0 || (exist_ok && errno() == libc::EEXIST) {
+        return Ok(());
+    }
+    Err(fail(format!("mkdir {}", path.to_string_lossy())))
+}
+
+fn mount(
+    source: &CStr,
+    target: &CStr,
+    fstype: Option<&CStr>,
+    flags: libc::c_ulong,
+    data: Option<&CStr>,
+) -> Result<(), OverlayError> {
+    // SAFETY: every pointer is NULL or a NUL-terminated string that
+    // outlives the call.
+    let rc = unsafe {
+        libc::mount(
+            source.as_ptr(),
+            target.as_ptr(),
+            fstype.map_or(std::ptr::null(), CStr::as_ptr),
+            flags,
+            data.map_or(std::ptr::null(), |d| d.as_ptr().cast()),
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(fail(format!(
+            "mount {} on {}",
+            source.to_string_lossy(),
+            target.to_string_lossy()
+        )))
+    }
+}
+
+fn cstr(s: String) -> Result<CString, OverlayError> {
+    CString::new(s).map_err(|_| OverlayError {
+        step: "path with a NUL byte".into(),
+        errno: libc::EINVAL,
+    })
+}
+
+/// Builds the overlay and moves PID 1 into it (see the module comment).
+/// On error the root is left as it was (a partially moved set of mounts is
+/// moved back).
+pub fn setup(o: &Options) -> Result<(), OverlayError> {
+    mkdir(STAGE, 0o700, true)?;
+    mkdir(RW, 0o755, true)?;
+    mount_upper(o)?;
+    mkdir(UPPER, 0o755, true)?;
+    mkdir(WORK, 0o700, true)?;
+    let lowers = mount_extra_lowers();
+    let mut lowerdir = String::new();
+    for l in lowers.iter().rev() {
+        lowerdir.push_str(&l.to_string_lossy());
+        lowerdir.push(':');
+    }
+    lowerdir.push('/');
+    let data = cstr(format!(
+        "lowerdir={lowerdir},upperdir={},workdir={}",
+        UPPER.to_string_lossy(),
+        WORK.to_string_lossy()
+    ))?;
+    mkdir(ROOT, 0o755, true)?;
+    mount(c"overlay", ROOT, Some(c"overlay"), 0, Some(&data))?;
+    switch_root()
+}
+
+/// The upper file system on `/run/.shoal/rw`: the ext4 disk if one is
+/// named and mounts, tmpfs otherwise.
+fn mount_upper(o: &Options) -> Result<(), OverlayError> {
+    if let Some(dev) = &o.upper_dev {
+        let d = cstr(dev.clone())?;
+        match mount(&d, RW, Some(c"ext4"), libc::MS_NOATIME, None) {
+            Ok(()) => return Ok(()),
+            Err(e) => report(
+                &format!("{} (falling back to a tmpfs upper layer)", e.step),
+                e.errno,
+            ),
+        }
+    }
+    let data = match &o.upper_size {
+        Some(s) => cstr(format!("mode=755,size={s}"))?,
+        None => c"mode=755".into(),
+    };
+    mount(c"tmpfs", RW, Some(c"tmpfs"), libc::MS_NOATIME, Some(&data))
+}
+
+/// Mounts `/dev/pmem1`, `/dev/pmem2`, ... (as long as they exist) read-only
+/// with DAX; returns their mount points, lowest first. A device that does
+/// not mount is reported and ends the probe.
+fn mount_extra_lowers() -> Vec<CString> {
+    let mut out = Vec::new();
+    for i in 1..=MAX_EXTRA_LOWERS {
+        let (Ok(dev), Ok(dir)) = (
+            cstr(format!("/dev/pmem{i}")),
+            cstr(format!("{}/l{i}", STAGE.to_string_lossy())),
+        ) else {
+            break;
+        };
+        // SAFETY: `dev` is a NUL-terminated string.
+        if unsafe { libc::access(dev.as_ptr(), libc::F_OK) } != 0 {
+            break;
+        }
+        let mounted = mkdir(&dir, 0o755, true)
+            .and_then(|()| mount(&dev, &dir, Some(c"erofs"), libc::MS_RDONLY, Some(c"dax")));
+        match mounted {
+            Ok(()) => out.push(dir),
+            Err(e) => {
+                report(&e.step, e.errno);
+                break;
+            }
+        }
+    }
+    out
+}
+
+/// Moves the kernel file systems into the overlay, mounts a fresh `/run`
+/// there and pivots PID 1 into it.
+fn switch_root() -> Result<(), OverlayError> {
+    let mut moved = 0;
+    let mut result = Ok(());
+    for (from, to) in MOVED {
+        match mount(from, to, None, libc::MS_MOVE, None) {
+            Ok(()) => moved += 1,
+            // A mount point the image lacks (e.g. no /sys mounted): the
+            // source is not a mount, skip it; anything else aborts.
+            Err(e) if e.errno == libc::EINVAL => {}
+            Err(e) => {
+                result = Err(e);
+                break;
+            }
+        }
+    }
+    if result.is_ok() {
+        result = mount(
+            c"tmpfs",
+            c"/run/.shoal/root/run",
+            Some(c"tmpfs"),
+            libc::MS_NOSUID | libc::MS_NODEV,
+            Some(c"mode=755"),
+        )
+        .map(|()| show_image())
+        .and_then(|()| pivot());
+    }
+    if result.is_err() {
+        // Put back what was moved (best effort), so the old root works.
+        for (from, to) in MOVED.iter().take(moved) {
+            let _ = mount(to, from, None, libc::MS_MOVE, None);
+        }
+    }
+    result
+}
+
+/// Binds the image's root (only it, not the mounts on it) at
+/// `/run/shoal/image` in the new root: the pristine read-only image stays
+/// reachable, and /proc/mounts shows how it is mounted (erofs, dax).
+/// Optional: a failure is only reported.
+fn show_image() {
+    let r = mkdir(c"/run/.shoal/root/run/shoal", 0o755, true)
+        .and_then(|()| mkdir(IMAGE_VIEW, 0o755, true))
+        .and_then(|()| mount(c"/", IMAGE_VIEW, None, libc::MS_BIND, None));
+    if let Err(e) = r {
+        report(&e.step, e.errno);
+    }
+}
+
+fn pivot() -> Result<(), OverlayError> {
+    // SAFETY: ROOT is a NUL-terminated string.
+    if unsafe { libc::chdir(ROOT.as_ptr()) } != 0 {
+        return Err(fail("chdir to the overlay"));
+    }
+    // pivot_root(".", "."): the old root ends up mounted over the new one
+    // at "/"; detaching it leaves the overlay as the root.
+    // SAFETY: two NUL-terminated strings; no memory is passed back.
+    let rc = unsafe { libc::syscall(libc::SYS_pivot_root, c".".as_ptr(), c".".as_ptr()) };
+    if rc != 0 {
+        let e = fail("pivot_root");
+        // SAFETY: a NUL-terminated static string.
+        unsafe { libc::chdir(c"/".as_ptr()) };
+        return Err(e);
+    }
+    // SAFETY: a NUL-terminated static string.
+    if unsafe { libc::umount2(c".".as_ptr(), libc::MNT_DETACH) } != 0 {
+        // The overlay is the root already; the old one stays visible
+        // underneath, which is harmless.
+        report("detach the old root", errno());
+    }
+    // SAFETY: a NUL-terminated static string.
+    unsafe { libc::chdir(c"/".as_ptr()) };
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_from_the_command_line() {
+        assert_eq!(parse(b"console=ttyS0 ro -- /bin/sh\n"), Options::default());
+        let o = parse(b"root=/dev/pmem0 shoal.overlay=1 shoal.upper_size=64m --\n");
+        assert!(o.enabled);
+        assert_eq!(o.upper_size.as_deref(), Some("64m"));
+        assert_eq!(o.upper_dev, None);
+        assert!(!parse(b"shoal.overlay=0").enabled);
+        assert!(!parse(b"shoal.overlay").enabled);
+        let o = parse(b"shoal.overlay=1 shoal.upper=/dev/vdb shoal.upper_size=25%");
+        assert_eq!(o.upper_dev.as_deref(), Some("/dev/vdb"));
+        assert_eq!(o.upper_size.as_deref(), Some("25%"));
+        // Nothing that could smuggle in mount options or other paths.
+        let o = parse(b"shoal.upper_size=64m,mode=777 shoal.upper=/etc/passwd");
+        assert_eq!((o.upper_size, o.upper_dev), (None, None));
+        let o = parse(b"shoal.upper_size=m shoal.upper_size=12mm shoal.upper=/dev/../x");
+        assert_eq!((o.upper_size, o.upper_dev), (None, None));
+        assert_eq!(
+            parse(b"shoal.upper_size=1048576").upper_size.as_deref(),
+            Some("1048576")
+        );
+    }
+}
