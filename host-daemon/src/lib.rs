@@ -4,6 +4,7 @@
 
 pub mod artifacts;
 pub mod bench;
+pub mod image;
 pub mod launch;
 pub mod sandbox;
 pub mod stats;
