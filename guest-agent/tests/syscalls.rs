@@ -1,118 +1,20 @@
 //! System calls the agent makes per exec and per MiB transferred, measured
 //! with `strace -f` around a host-mode agent. Prints the numbers; asserts
 //! the project's goals (<= 20 agent syscalls per exec beyond the command's
-//! own clone/exec/wait, <= 4 per MiB moved). Skipped (with a message)
+//! own clone/exec/wait, <= 4 per MiB moved). Fails with a clear message
 //! where strace is missing. `SHOAL_KEEP_TRACE=FILE` keeps the trace.
 
 mod common;
 
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::{Agent, PseudoRandom, TempDir};
-use guest_agent::client::{Client, ExecRequest, UploadOptions};
+use guest_agent::client::{ExecRequest, UploadOptions};
+use guest_agent::syscount::{analyse, mark};
 
 const EXECS: usize = 100;
 const MIB: u64 = 64;
-
-/// Syscalls of one traced phase.
-#[derive(Default, Debug)]
-struct Phase {
-    /// The agent's own syscalls, by name.
-    agent: BTreeMap<String, usize>,
-    /// `fcntl(fd, F_GETFD)` before each close: std's debug-build check in
-    /// `OwnedFd::drop`, absent from release builds (not counted above).
-    debug_checks: usize,
-    /// Syscalls of children before (and including) their successful execve.
-    pre_exec: BTreeMap<String, usize>,
-    /// Syscalls of the commands after their exec.
-    command: usize,
-}
-
-impl Phase {
-    fn agent_total(&self) -> usize {
-        self.agent.values().sum()
-    }
-    fn pre_exec_total(&self) -> usize {
-        self.pre_exec.values().sum()
-    }
-}
-
-fn mark(c: &Client, name: &str) {
-    // A stat of a path that does not exist shows up in the trace.
-    let _ = c.stat(format!("/shoal-mark-{name}"));
-}
-
-/// Splits `PID rest` lines; returns None for non-syscall lines.
-fn split(line: &str) -> Option<(u32, &str)> {
-    let (pid, rest) = line.split_once(' ')?;
-    let pid = pid.parse().ok()?;
-    let rest = rest.trim_start();
-    if rest.starts_with("---") || rest.starts_with("+++") {
-        return None;
-    }
-    Some((pid, rest))
-}
-
-fn analyse(trace: &str, phase: &str) -> Phase {
-    let lines: Vec<&str> = trace.lines().collect();
-    // The process that exec'd the agent (under unshare it is not the first).
-    let agent_pid = lines
-        .iter()
-        .filter_map(|l| split(l))
-        .find(|(_, rest)| rest.starts_with("execve(") && rest.contains("shoal-agent"))
-        .map(|(p, _)| p)
-        .unwrap();
-    let start = lines
-        .iter()
-        .position(|l| l.contains(&format!("/shoal-mark-{phase}-start")))
-        .expect("start marker in trace");
-    let end = lines
-        .iter()
-        .position(|l| l.contains(&format!("/shoal-mark-{phase}-end")))
-        .expect("end marker in trace");
-    let mut p = Phase::default();
-    let mut execd = std::collections::HashSet::new();
-    for line in &lines[start + 1..end] {
-        let Some((pid, rest)) = split(line) else {
-            continue;
-        };
-        let resumed = rest.starts_with("<...");
-        let name = if resumed {
-            rest.trim_start_matches("<... ")
-                .split(' ')
-                .next()
-                .unwrap_or("?")
-        } else {
-            rest.split('(').next().unwrap_or("?")
-        }
-        .to_string();
-        if pid == agent_pid {
-            if rest.starts_with("fcntl(") && rest.contains("F_GETFD") {
-                p.debug_checks += 1;
-                continue;
-            }
-            if !resumed {
-                *p.agent.entry(name).or_default() += 1;
-            }
-            continue;
-        }
-        if execd.contains(&pid) {
-            if !resumed {
-                p.command += 1;
-            }
-            continue;
-        }
-        if !resumed {
-            *p.pre_exec.entry(name.clone()).or_default() += 1;
-        }
-        if name == "execve" && rest.trim_end().ends_with("= 0") {
-            execd.insert(pid);
-        }
-    }
-    p
-}
 
 fn per(n: usize, d: f64) -> String {
     format!("{:.2}", n as f64 / d)
@@ -128,10 +30,11 @@ fn agent_syscalls_per_exec_and_per_mib() {
 #[test]
 fn guest_mode_agent_syscalls_per_exec_and_per_mib() {
     // SAFETY: getuid has no preconditions.
-    if unsafe { libc::getuid() } != 0 {
-        eprintln!("SKIPPED: guest mode needs root (namespaces)");
-        return;
-    }
+    let uid = unsafe { libc::getuid() };
+    assert_eq!(
+        uid, 0,
+        "guest mode needs root (namespaces): run the tests as root"
+    );
     measure(true);
 }
 
@@ -140,10 +43,10 @@ fn measure(guest: bool) {
         .arg("-V")
         .output()
         .is_ok_and(|o| o.status.success());
-    if !ok {
-        eprintln!("SKIPPED: strace not installed (apt-get install strace)");
-        return;
-    }
+    assert!(
+        ok,
+        "strace is needed to count syscalls: apt-get install strace"
+    );
     let tmp = TempDir::new("strace");
     let trace_path = tmp.path().join("trace.txt");
     let tp = trace_path.display().to_string();
@@ -224,7 +127,7 @@ fn measure(guest: bool) {
         std::fs::write(keep, &trace).unwrap();
     }
 
-    let e = analyse(&trace, "exec");
+    let e = analyse(&trace, "exec").expect("exec phase in trace");
     let n = EXECS as f64;
     let clones =
         e.agent.get("clone").copied().unwrap_or(0) + e.agent.get("clone3").copied().unwrap_or(0);
@@ -265,8 +168,8 @@ fn measure(guest: bool) {
     }
 
     let mib = MIB as f64;
-    let up = analyse(&trace, "upload");
-    let down = analyse(&trace, "download");
+    let up = analyse(&trace, "upload").expect("upload phase in trace");
+    let down = analyse(&trace, "download").expect("download phase in trace");
     for (what, p) in [("upload", &up), ("download", &down)] {
         println!(
             "== agent syscalls per MiB {what}ed ({MIB} MiB): {} {:?}",

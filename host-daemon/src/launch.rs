@@ -1,5 +1,6 @@
 //! Launching one VM process (`shoal-vmm`, or QEMU as the peer) that boots
-//! a kernel with a read-only root image, and timing what it prints.
+//! a kernel with a read-only root image (virtio-pmem with DAX by default,
+//! or virtio-blk), and timing what it prints.
 
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
@@ -53,13 +54,49 @@ impl Monitor {
     }
 }
 
+/// How the read-only root image reaches the guest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RootKind {
+    /// virtio-pmem `/dev/pmem0`, mounted erofs with DAX: every VM on the
+    /// image shares the host's page cache of it, the guest keeps no page
+    /// cache copy, and the agent runs commands in a writable overlay
+    /// (tmpfs upper layer). Needs an image padded to 2 MiB
+    /// (`scripts/build-images.sh` and `image::build_image` make them).
+    #[default]
+    Pmem,
+    /// virtio-blk `/dev/vda`, read-only; the root stays read-only.
+    Blk,
+}
+
+impl RootKind {
+    /// Name used in benchmark rows and cache keys.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Pmem => "pmem",
+            Self::Blk => "blk",
+        }
+    }
+
+    /// Kernel command-line words that mount the root this way.
+    pub fn kernel_args(self) -> &'static str {
+        match self {
+            Self::Pmem => "root=/dev/pmem0 rootfstype=erofs ro rootflags=dax shoal.overlay=1",
+            Self::Blk => "root=/dev/vda rootfstype=erofs ro",
+        }
+    }
+}
+
 /// What to boot.
 #[derive(Debug, Clone)]
 pub struct BootSpec {
     /// vmlinux.
     pub kernel: PathBuf,
-    /// Read-only erofs root image (virtio-blk /dev/vda).
+    /// Read-only erofs root image (how the guest gets it: `root_kind`).
     pub root: PathBuf,
+    /// virtio-pmem (default) or virtio-blk root. The QEMU peer always uses
+    /// virtio-blk.
+    pub root_kind: RootKind,
     /// Base kernel command line.
     pub cmdline: String,
     /// The init's arguments (the command to run), if any.
@@ -73,10 +110,19 @@ pub struct BootSpec {
 }
 
 impl BootSpec {
-    fn full_cmdline(&self) -> String {
+    /// How `monitor` gets the root: as asked for our VMM, virtio-blk for QEMU.
+    pub fn root_kind_for(&self, monitor: &Monitor) -> RootKind {
+        match monitor {
+            Monitor::Shoal(_) => self.root_kind,
+            Monitor::QemuMicrovm { .. } => RootKind::Blk,
+        }
+    }
+
+    fn full_cmdline(&self, root: RootKind) -> String {
         let mut c = format!(
-            "{} root=/dev/vda rootfstype=erofs ro init=/sbin/shoal-agent",
-            self.cmdline
+            "{} {} init=/sbin/shoal-agent",
+            self.cmdline,
+            root.kernel_args()
         );
         // A bare "--" with no command makes the agent serve requests;
         // it also keeps unknown kernel words from reaching init as a command.
@@ -93,16 +139,17 @@ impl BootSpec {
         match monitor {
             Monitor::Shoal(vmm) => {
                 let mut c = Command::new(vmm);
-                c.arg("--kernel")
-                    .arg(&self.kernel)
-                    .arg("--disk")
-                    .arg(format!("{},ro", self.root.display()))
-                    .arg("--memory")
+                c.arg("--kernel").arg(&self.kernel);
+                match self.root_kind {
+                    RootKind::Pmem => c.arg("--pmem").arg(&self.root),
+                    RootKind::Blk => c.arg("--disk").arg(format!("{},ro", self.root.display())),
+                };
+                c.arg("--memory")
                     .arg(self.memory_mib.to_string())
                     .arg("--vcpus")
                     .arg(self.vcpus.to_string())
                     .arg("--cmdline")
-                    .arg(self.full_cmdline())
+                    .arg(self.full_cmdline(self.root_kind))
                     .arg("--timings");
                 if let Some(v) = &self.vsock_uds {
                     c.arg("--vsock-uds").arg(v);
@@ -117,7 +164,8 @@ impl BootSpec {
                 // to); it also ignores reboot=k on microvm, so reboot by
                 // triple fault, which -no-reboot turns into an exit.
                 let extra = format!("{kernel_args} virtio_mmio.device=512@0xfeb00e00:12 reboot=t");
-                let cmdline = vmm::boot::insert_kernel_args(&self.full_cmdline(), extra.trim());
+                let cmdline =
+                    vmm::boot::insert_kernel_args(&self.full_cmdline(RootKind::Blk), extra.trim());
                 c.args([
                     "-M",
                     "microvm,acpi=off,auto-kernel-cmdline=off",

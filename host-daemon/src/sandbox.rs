@@ -3,7 +3,7 @@
 //! restored from it, reached through its vsock socket by the agent client.
 
 use crate::artifacts;
-use crate::launch::{BootSpec, INIT_MARKER};
+use crate::launch::{BootSpec, RootKind, INIT_MARKER};
 use crate::template::{self, TemplateError};
 use guest_agent::client::Client;
 use std::path::{Path, PathBuf};
@@ -53,13 +53,12 @@ pub fn state_dir() -> PathBuf {
     if let Some(p) = std::env::var_os("SHOAL_STATE") {
         return p.into();
     }
-    let base = std::env::var_os("SHOAL_CACHE")
+    std::env::var_os("SHOAL_CACHE")
         .map(PathBuf::from)
         .unwrap_or_else(|| {
             PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into()))
                 .join(".cache/shoal")
-        });
-    base
+        })
 }
 
 fn hash_hex(parts: &[&[u8]]) -> String {
@@ -90,6 +89,7 @@ pub fn template(
         kernel.as_os_str().as_encoded_bytes(),
         image.as_os_str().as_encoded_bytes(),
         cmdline.as_bytes(),
+        RootKind::default().name().as_bytes(),
         &[spec.vcpus],
         &spec.memory_mib.to_le_bytes(),
         &std::fs::metadata(&vmm)
@@ -115,6 +115,7 @@ pub fn template(
     let boot = BootSpec {
         kernel,
         root: image,
+        root_kind: RootKind::default(),
         cmdline,
         init_args: vec![],
         memory_mib: spec.memory_mib,

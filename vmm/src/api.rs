@@ -30,6 +30,10 @@ pub enum Request {
     Snapshot {
         /// Target directory.
         dir: PathBuf,
+        /// Only the memory pages that differ from the snapshot this VM was
+        /// restored from (`memory.diff`; the base must stay in place).
+        #[serde(default)]
+        diff: bool,
     },
     /// Replace the guest with the snapshot in `dir`, reusing this VM
     /// (its KVM objects, memory slots and vCPUs): the fast path for pools.
@@ -72,7 +76,7 @@ pub struct SnapshotInfo {
     pub dir: PathBuf,
     /// Bytes of `state`.
     pub state_bytes: u64,
-    /// Bytes of `memory`.
+    /// Bytes of guest memory written (`memory`, or the pages in `memory.diff`).
     pub memory_bytes: u64,
     /// Time to pause the vCPUs (ms).
     pub pause_ms: f64,
@@ -244,8 +248,12 @@ mod tests {
     #[test]
     fn wire_format() {
         assert_eq!(
-            serde_json::to_string(&Request::Snapshot { dir: "/x".into() }).unwrap(),
-            r#"{"op":"snapshot","dir":"/x"}"#
+            serde_json::to_string(&Request::Snapshot {
+                dir: "/x".into(),
+                diff: false
+            })
+            .unwrap(),
+            r#"{"op":"snapshot","dir":"/x","diff":false}"#
         );
         assert_eq!(
             serde_json::from_str::<Request>(r#"{"op":"pause"}"#).unwrap(),

@@ -319,6 +319,15 @@ pub struct SnapshotState {
     pub virtio: Vec<MmioState>,
     /// Guest RAM regions (guest address, length), in `memory` file order.
     pub memory_regions: Vec<(u64, u64)>,
+    /// Host connections were open on the vsock device when the snapshot was
+    /// taken: the restored guest must be told (TRANSPORT_RESET) that they
+    /// are gone. Without any, the reset (a guest round trip) is skipped.
+    pub vsock_had_connections: bool,
+    /// For a diff snapshot: the full snapshot whose `memory` this one's
+    /// `memory.diff` pages apply to.
+    pub diff_base: Option<std::path::PathBuf>,
+    /// For a diff snapshot: the memory-file page numbers in `memory.diff`.
+    pub diff_pages: Vec<u64>,
     /// One per virtio-pmem device, in order (their transports are the last
     /// entries of `virtio`). Images are not copied: restore maps the same
     /// files again and refuses changed ones.

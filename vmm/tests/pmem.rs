@@ -294,7 +294,10 @@ fn take_snapshot(s: &Setup) -> PathBuf {
     run_rounds(vm, &cap, &s.root.join("api.sock"), 1, move |sock| {
         let r = call(
             sock,
-            &Request::Snapshot { dir: s2 },
+            &Request::Snapshot {
+                dir: s2,
+                diff: false,
+            },
             Duration::from_secs(30),
         )
         .unwrap();

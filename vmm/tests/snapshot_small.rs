@@ -111,7 +111,15 @@ fn snapshot_mid_run(dir: &Path) -> usize {
         if let Ok(r) = call(&sock, &Request::Stats, t) {
             let st = r.stats.unwrap();
             if st.serial_bytes >= 3 {
-                let r = call(&sock, &Request::Snapshot { dir: snap.clone() }, t).unwrap();
+                let r = call(
+                    &sock,
+                    &Request::Snapshot {
+                        dir: snap.clone(),
+                        diff: false,
+                    },
+                    t,
+                )
+                .unwrap();
                 let info = r.snapshot.unwrap();
                 assert!(info.memory_bytes == 16 << 20 && info.state_bytes > 0);
                 let st = call(&sock, &Request::Stats, t).unwrap().stats.unwrap();
@@ -358,4 +366,87 @@ fn prewarmed_vm_reloads_snapshots_repeatedly() {
     .unwrap();
     let e = other.reload(&snap).unwrap_err().to_string();
     assert!(e.contains("16 MiB") && e.contains("32 MiB"), "{e}");
+}
+
+#[test]
+fn diff_snapshot_of_a_restored_vm_continues_correctly() {
+    require_kvm();
+    let dir = tempfile::tempdir().unwrap();
+    let before = snapshot_mid_run(dir.path());
+    let snap = dir.path().join("snap");
+    let total = (ITERS / DOT_EVERY) as usize;
+    // Restore, let it run a little further, take a diff snapshot.
+    let sock = dir.path().join("clone.sock");
+    let cap = Capture::default();
+    let vm = Vm::restore(&snap, Some(Box::new(cap.clone())), Default::default()).unwrap();
+    let s2 = sock.clone();
+    let runner = std::thread::spawn(move || {
+        vm.run_with(RunOptions {
+            timeout: Some(Duration::from_secs(120)),
+            api_sock: Some(s2),
+            keep_alive: false,
+        })
+        .unwrap()
+    });
+    let t = Duration::from_secs(30);
+    let diff_dir = dir.path().join("diff");
+    let end = Instant::now() + Duration::from_secs(60);
+    let at_diff = loop {
+        if let Ok(r) = call(&sock, &Request::Stats, t) {
+            let st = r.stats.unwrap();
+            if st.serial_bytes >= 2 {
+                let r = call(
+                    &sock,
+                    &Request::Snapshot {
+                        dir: diff_dir.clone(),
+                        diff: true,
+                    },
+                    t,
+                )
+                .unwrap();
+                let info = r.snapshot.unwrap();
+                assert!(
+                    info.memory_bytes < 4 << 20,
+                    "the diff holds only written pages, not all 16 MiB: {}",
+                    info.memory_bytes
+                );
+                let n = call(&sock, &Request::Stats, t)
+                    .unwrap()
+                    .stats
+                    .unwrap()
+                    .serial_bytes;
+                call(&sock, &Request::Shutdown, t).unwrap();
+                break n as usize;
+            }
+        }
+        assert!(Instant::now() < end);
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    runner.join().unwrap();
+    assert!(!diff_dir.join("memory").exists());
+    assert!(diff_dir.join("memory.diff").exists());
+    for i in 0..2 {
+        let cap = Capture::default();
+        let vm = Vm::restore(&diff_dir, Some(Box::new(cap.clone())), Default::default()).unwrap();
+        let out = vm.run(Some(Duration::from_secs(120))).unwrap();
+        assert_eq!(out.exit, ExitReason::Reset, "diff clone {i}");
+        let (dots, tail) = split(&cap.0.lock().unwrap());
+        assert_eq!(
+            before + at_diff + dots,
+            total,
+            "diff clone {i} resumed at the diff point"
+        );
+        assert_eq!(tail, expected(), "diff clone {i} result");
+    }
+    // Without its base the diff is refused clearly.
+    std::fs::rename(snap.join("memory"), snap.join("moved")).unwrap();
+    let e = Vm::restore(
+        &diff_dir,
+        Some(Box::new(Capture::default())),
+        Default::default(),
+    )
+    .err()
+    .unwrap()
+    .to_string();
+    assert!(e.contains("diff snapshot"), "{e}");
 }

@@ -107,6 +107,9 @@ struct RandPoolInfo {
     buf: [u8; 64],
 }
 
+/// `_IO('R', 0x07)`: reseed the kernel CRNG from the input pool.
+const RNDRESEEDCRNG: u32 = 0x5207;
+
 /// Reseeds the RNG and (in the guest) steps the clock.
 pub fn post_restore(mode: AgentMode, req: &PostRestore) -> Result<PostRestoreReply, Errno> {
     let fd = os::open(c"/dev/urandom", libc::O_WRONLY, 0)?;
@@ -127,6 +130,13 @@ pub fn post_restore(mode: AgentMode, req: &PostRestore) -> Result<PostRestoreRep
             )
         };
         credited = r == 0;
+        if credited {
+            // Rekey the CRNG from the pool now: otherwise every clone of a
+            // snapshot keeps producing the same /dev/urandom stream until
+            // the kernel's next periodic reseed.
+            // SAFETY: RNDRESEEDCRNG takes no argument.
+            unsafe { libc::ioctl(std::os::fd::AsRawFd::as_raw_fd(&fd), RNDRESEEDCRNG as _) };
+        }
     }
     if !credited {
         // Mixed in without credit (host mode: never claim entropy there).

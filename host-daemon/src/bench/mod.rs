@@ -3,6 +3,8 @@
 //! a peer measured in the same run.
 
 pub mod boot;
+pub mod exec;
+pub mod prewarm;
 pub mod restore;
 
 use serde::Serialize;

@@ -119,6 +119,7 @@ impl Vm {
             subscriber_ids: vec![],
             vsock: None,
             vsock_path: cfg.vsock.as_ref().map(|v| v.uds_path.clone()),
+            memory_base: None,
             pmem: vec![],
         };
         Ok((vm, kvm))

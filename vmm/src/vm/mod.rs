@@ -2,6 +2,7 @@
 //! reload into an existing VM), and running it.
 
 mod build;
+mod diff;
 mod pmem_dev;
 mod restore;
 mod run;
@@ -169,6 +170,9 @@ pub struct Vm {
     vsock: Option<devices::virtio::vsock::VsockHandle>,
     /// The vsock socket path this VM owns (kept across reloads).
     vsock_path: Option<std::path::PathBuf>,
+    /// The full snapshot whose memory file backs guest memory (restored
+    /// VMs); diff snapshots are taken against it.
+    memory_base: Option<std::path::PathBuf>,
     /// Mapped pmem images with their read-only KVM slots, in device order.
     /// Each removes its own slot before unmapping, so drop order does not
     /// matter.

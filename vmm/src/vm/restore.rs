@@ -64,6 +64,26 @@ fn load_checked(dir: &Path) -> Result<(SnapshotState, VmConfig), VmError> {
     Ok((st, cfg))
 }
 
+/// The directory whose `memory` file backs the snapshot in `dir`: itself,
+/// or for a diff snapshot its base (which must be a full snapshot).
+fn memory_dir(dir: &Path, st: &SnapshotState) -> Result<std::path::PathBuf, VmError> {
+    let Some(base) = &st.diff_base else {
+        return Ok(dir.to_path_buf());
+    };
+    let bad = incompatible(dir);
+    if !base.join("memory").is_file() {
+        return Err(bad(format!(
+            "it is a diff snapshot of {}, which has no full memory file",
+            base.display()
+        )));
+    }
+    let max = st.memory_regions.iter().map(|r| r.1).sum::<u64>() / 4096;
+    if st.diff_pages.iter().any(|&p| p >= max) {
+        return Err(bad("diff page outside guest memory".into()));
+    }
+    Ok(base.clone())
+}
+
 /// Opens the memory file and checks its size against `regions`.
 fn open_memory(dir: &Path, regions: &[(u64, u64)]) -> Result<std::fs::File, VmError> {
     let bad = incompatible(dir);
@@ -123,12 +143,17 @@ impl Vm {
         if let (Some(v), Some(p)) = (cfg.vsock.as_mut(), opts.vsock_uds) {
             v.uds_path = p;
         }
-        let f = open_memory(dir, &st.memory_regions)?;
+        let mem_dir = memory_dir(dir, &st)?;
+        let f = open_memory(&mem_dir, &st.memory_regions)?;
         let mem = map_memory_file(f, &st.memory_regions, cfg.memory_mib)?;
+        if st.diff_base.is_some() {
+            super::diff::apply_diff(&mem, &st.diff_pages, &dir.join("memory.diff"))?;
+        }
         let base = create_base()?;
         let sink = console_sink(&cfg, console)?;
         let (mut vm, _) = Self::shell(&cfg, base, mem, sink)?;
         vm.load_state(&st)?;
+        vm.memory_base = Some(mem_dir);
         Ok(vm)
     }
 
@@ -194,7 +219,8 @@ impl Vm {
                 self.vcpus.len()
             )));
         }
-        let f = open_memory(dir, &st.memory_regions)?;
+        let mem_dir = memory_dir(dir, &st)?;
+        let f = open_memory(&mem_dir, &st.memory_regions)?;
         let mut off = 0i64;
         for r in self.mem.iter() {
             // SAFETY: the target range is exactly this region's existing
@@ -217,6 +243,10 @@ impl Vm {
             }
             off += r.len() as i64;
         }
+        if st.diff_base.is_some() {
+            super::diff::apply_diff(&self.mem, &st.diff_pages, &dir.join("memory.diff"))?;
+        }
+        self.memory_base = Some(mem_dir);
         cfg.serial = self.config.serial.clone();
         // A reloaded VM keeps its own vsock socket path.
         if let (Some(v), Some(old)) = (cfg.vsock.as_mut(), self.vsock_path.as_ref()) {
@@ -249,8 +279,8 @@ impl Vm {
         }
         self.msr_list = Arc::new(st.vcpus[0].msrs.iter().map(|m| m.0).collect());
         self.cmdline = None;
-        // Connections did not survive the snapshot; tell the guest.
-        if let Some(v) = &self.vsock {
+        // Connections open at snapshot time did not survive; tell the guest.
+        if let Some(v) = self.vsock.as_ref().filter(|_| st.vsock_had_connections) {
             v.send_transport_reset();
         }
         self.loaded = true;
@@ -258,10 +288,34 @@ impl Vm {
     }
 
     /// Writes `dir/memory` and `dir/state` from paused vCPU states.
+    /// Writes all of guest memory to `dir/memory`, through a temporary
+    /// name: a VM restored from an older snapshot in this directory keeps
+    /// its mapping of the old file.
+    fn write_full_memory(&self, dir: &Path, regions: &[(u64, u64)]) -> Result<(), VmError> {
+        let mem_path = dir.join("memory");
+        let tmp = dir.join("memory.tmp");
+        let mut f = std::fs::File::create(&tmp)
+            .map_err(io_err(format!("cannot create {}", tmp.display())))?;
+        for &(start, len) in regions {
+            vm_memory::Bytes::write_all_volatile_to(
+                &self.mem,
+                GuestAddress(start),
+                &mut f,
+                len as usize,
+            )
+            .map_err(|e| VmError::DeviceState(format!("writing guest memory: {e}")))?;
+        }
+        f.sync_all()
+            .map_err(io_err(format!("cannot write {}", mem_path.display())))?;
+        std::fs::rename(&tmp, &mem_path)
+            .map_err(io_err(format!("cannot write {}", mem_path.display())))
+    }
+
     pub(super) fn save_snapshot(
         &self,
         vcpus: Vec<VcpuState>,
         dir: &Path,
+        diff: bool,
     ) -> Result<(u64, u64), VmError> {
         std::fs::create_dir_all(dir).map_err(io_err(format!("cannot create {}", dir.display())))?;
         let vm = VmRef(&self.vm_fd).save()?;
@@ -277,27 +331,31 @@ impl Vm {
             .iter()
             .map(|r| (r.start_addr().0, r.len()))
             .collect();
-        // Memory goes to a temporary name first: a VM restored from an
-        // older snapshot in this directory keeps its mapping of the old file.
-        let mem_path = dir.join("memory");
-        let tmp = dir.join("memory.tmp");
-        let mut f = std::fs::File::create(&tmp)
-            .map_err(io_err(format!("cannot create {}", tmp.display())))?;
-        let mut total = 0u64;
-        for &(start, len) in &regions {
-            vm_memory::Bytes::write_all_volatile_to(
-                &self.mem,
-                GuestAddress(start),
-                &mut f,
-                len as usize,
-            )
-            .map_err(|e| VmError::DeviceState(format!("writing guest memory: {e}")))?;
-            total += len;
-        }
-        f.sync_all()
-            .map_err(io_err(format!("cannot write {}", mem_path.display())))?;
-        std::fs::rename(&tmp, &mem_path)
-            .map_err(io_err(format!("cannot write {}", mem_path.display())))?;
+        let total_bytes: u64 = regions.iter().map(|r| r.1).sum();
+        let (diff_base, diff_pages, total) = if diff {
+            let base = self.memory_base.clone().ok_or_else(|| {
+                VmError::DeviceState(
+                    "a diff snapshot needs a VM restored from a full snapshot".into(),
+                )
+            })?;
+            if std::fs::canonicalize(&base).ok() == std::fs::canonicalize(dir).ok() {
+                return Err(VmError::DeviceState(
+                    "a diff snapshot cannot go into its own base directory".into(),
+                ));
+            }
+            let pages = super::diff::private_pages(&self.mem)?;
+            let tmp = dir.join("memory.diff.tmp");
+            super::diff::write_diff(&self.mem, &pages, &tmp, total_bytes)?;
+            std::fs::rename(&tmp, dir.join("memory.diff"))
+                .map_err(io_err(format!("cannot write {}", dir.display())))?;
+            let _ = std::fs::remove_file(dir.join("memory"));
+            let n = pages.len() as u64 * 4096;
+            (Some(base), pages, n)
+        } else {
+            self.write_full_memory(dir, &regions)?;
+            let _ = std::fs::remove_file(dir.join("memory.diff"));
+            (None, vec![], total_bytes)
+        };
         let state = SnapshotState {
             meta: SnapshotMeta {
                 vmm_version: env!("CARGO_PKG_VERSION").into(),
@@ -313,7 +371,13 @@ impl Vm {
             serial,
             virtio,
             memory_regions: regions,
+            vsock_had_connections: self
+                .vsock
+                .as_ref()
+                .is_some_and(|v| v.connection_count() > 0),
             pmem,
+            diff_base,
+            diff_pages,
         };
         let state_path = dir.join("state");
         snapshot::save(&state_path, &state)?;

@@ -239,14 +239,16 @@ impl Vm {
                     ..Default::default()
                 }
             }
-            Request::Snapshot { dir } => {
+            Request::Snapshot { dir, diff } => {
                 let t0 = Instant::now();
                 if let Err(e) = ctl.pause_all(rx) {
                     return Response::error(e);
                 }
                 let pause_ms = t0.elapsed().as_secs_f64() * 1e3;
                 let t1 = Instant::now();
-                let res = ctl.save_vcpus().and_then(|v| self.save_snapshot(v, &dir));
+                let res = ctl
+                    .save_vcpus()
+                    .and_then(|v| self.save_snapshot(v, &dir, diff));
                 match res {
                     Ok((state_bytes, memory_bytes)) => Response {
                         ok: true,

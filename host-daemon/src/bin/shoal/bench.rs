@@ -4,7 +4,7 @@ use crate::image_path;
 use anyhow::{bail, Context, Result};
 use shoal_host::artifacts;
 use shoal_host::bench::boot::{self as bootbench, BootBenchOpts};
-use shoal_host::launch::BootSpec;
+use shoal_host::launch::{BootSpec, RootKind};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -29,6 +29,7 @@ pub fn restore(
         spec: BootSpec {
             kernel: artifacts::kernel()?,
             root: image_path("tiny")?,
+            root_kind: RootKind::default(),
             cmdline: artifacts::base_cmdline(),
             init_args: vec![],
             memory_mib: memory,
@@ -64,6 +65,7 @@ pub fn boot(
     let spec = BootSpec {
         kernel: artifacts::kernel()?,
         root: image_path(image)?,
+        root_kind: RootKind::default(),
         cmdline: artifacts::base_cmdline(),
         init_args: vec!["@reboot".into()],
         memory_mib: memory,
@@ -86,5 +88,29 @@ pub fn boot(
     if report.rows.is_empty() {
         bail!("no successful boots");
     }
+    Ok(())
+}
+
+pub fn exec(execs: usize, restores: usize, bytes: u64, json: &PathBuf) -> Result<()> {
+    let host_agent = artifacts::vmm_binary()
+        .ok()
+        .and_then(|v| v.parent().map(|d| d.join("shoal-agent")))
+        .filter(|p| p.is_file());
+    let opts = shoal_host::bench::exec::ExecBenchOpts {
+        template: shoal_host::sandbox::TemplateSpec {
+            image: "tiny".into(),
+            vcpus: 1,
+            memory_mib: 128,
+        },
+        execs,
+        restores,
+        bytes,
+        host_agent,
+    };
+    let report = shoal_host::bench::exec::run(&opts, &mut |l| eprintln!("{l}"))?;
+    print!("{}", report.render());
+    std::fs::write(json, serde_json::to_string_pretty(&report)?)
+        .with_context(|| format!("cannot write {}", json.display()))?;
+    eprintln!("wrote {}", json.display());
     Ok(())
 }

@@ -92,6 +92,10 @@ enum Cmd {
         id: String,
         /// Target directory.
         dir: PathBuf,
+        /// Only the pages changed since the sandbox's template (small, fast;
+        /// the template must stay in place).
+        #[arg(long)]
+        diff: bool,
     },
     /// Start a VM from a snapshot directory in the foreground.
     Restore {
@@ -169,6 +173,22 @@ enum BenchCmd {
         #[arg(long, default_value = "bench-boot.json")]
         json: PathBuf,
     },
+    /// Exec round trip, stdout/upload/download throughput, restore to
+    /// agent-ready, and the agent's syscalls per exec and per MiB.
+    Exec {
+        /// Execs of /bin/true timed.
+        #[arg(long, default_value_t = 50)]
+        execs: usize,
+        /// Restores timed (to agent-ready).
+        #[arg(long, default_value_t = 20)]
+        restores: usize,
+        /// Bytes per throughput test.
+        #[arg(long, default_value_t = 8 << 20)]
+        bytes: u64,
+        /// Where to write the JSON report.
+        #[arg(long, default_value = "bench-exec.json")]
+        json: PathBuf,
+    },
     /// Snapshot size/time, restore latency, restore rate and PSS per restored VM.
     Restore {
         /// Sequential restores timed.
@@ -238,9 +258,9 @@ fn main() {
             VmCmd::Resume { id } => sb::control(&id, vmm::api::Request::Resume),
             VmCmd::Stats { id } => sb::control(&id, vmm::api::Request::Stats),
         },
-        Cmd::Snapshot { id, dir } => {
+        Cmd::Snapshot { id, dir, diff } => {
             let dir = std::path::absolute(&dir).unwrap_or(dir);
-            sb::control(&id, vmm::api::Request::Snapshot { dir })
+            sb::control(&id, vmm::api::Request::Snapshot { dir, diff })
         }
         Cmd::Restore { dir, sock, vsock } => restore_fg(dir, sock, vsock),
         Cmd::Doctor { json } => doctor(json),
@@ -254,6 +274,15 @@ fn main() {
                     json,
                 },
         } => bench::boot(runs, &image, memory, no_qemu, &json).map(|_| 0),
+        Cmd::Bench {
+            which:
+                BenchCmd::Exec {
+                    execs,
+                    restores,
+                    bytes,
+                    json,
+                },
+        } => bench::exec(execs, restores, bytes, &json).map(|_| 0),
         Cmd::Bench {
             which:
                 BenchCmd::Restore {

@@ -1,0 +1,136 @@
+//! Restores into pre-warmed VMs (`shoal-vmm --prewarm`): the KVM VM, its
+//! memory slots and vCPUs already exist, so a restore only maps the
+//! snapshot's memory over the slot and loads device and vCPU state. A pool
+//! of such VMs also recycles each one for the next sandbox instead of
+//! tearing it down.
+
+use crate::stats::{summarize, Summary};
+use serde::Serialize;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use vmm::api::{self, Request};
+
+/// Results.
+#[derive(Debug, Serialize)]
+pub struct PrewarmReport {
+    /// `restore` request sent to vCPUs running (the VMM's own timing), ms.
+    pub restore_ms: Option<Summary>,
+    /// `restore` request round trip seen by the caller, ms.
+    pub request_rtt_ms: Option<Summary>,
+    /// Restores per second with `workers` pre-warmed VMs each reloading in
+    /// a loop.
+    pub rate_per_second: f64,
+    /// Pre-warmed VMs used for the rate.
+    pub workers: usize,
+    /// Failed requests.
+    pub errors: usize,
+}
+
+struct Warm {
+    child: Child,
+    sock: PathBuf,
+}
+
+fn spawn(vmm: &Path, dir: &Path, i: usize, memory_mib: u32) -> std::io::Result<Warm> {
+    let sock = dir.join(format!("warm-{i}.sock"));
+    let _ = std::fs::remove_file(&sock);
+    let child = Command::new(vmm)
+        .args([
+            "--prewarm",
+            "--memory",
+            &memory_mib.to_string(),
+            "--serial",
+            "null",
+        ])
+        .arg("--api-sock")
+        .arg(&sock)
+        .arg("--vsock-uds")
+        .arg(dir.join(format!("warm-{i}.vsock")))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()?;
+    let end = Instant::now() + Duration::from_secs(30);
+    while api::call(&sock, &Request::Stats, Duration::from_secs(5)).is_err() {
+        if Instant::now() > end {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    Ok(Warm { child, sock })
+}
+
+impl Warm {
+    fn restore(&self, tpl: &Path) -> Result<(f64, f64), String> {
+        let t0 = Instant::now();
+        let r = api::call(
+            &self.sock,
+            &Request::Restore { dir: tpl.into() },
+            Duration::from_secs(60),
+        )
+        .map_err(|e| e.to_string())?;
+        let rtt = t0.elapsed().as_secs_f64() * 1e3;
+        Ok((r.restore_ms.unwrap_or(rtt), rtt))
+    }
+
+    fn stop(mut self) {
+        let _ = api::call(&self.sock, &Request::Shutdown, Duration::from_secs(10));
+        let _ = self.child.wait();
+    }
+}
+
+/// Times `n` restores into one pre-warmed VM, then the rate of `workers`
+/// pre-warmed VMs restoring `per_worker` times each.
+pub fn run(
+    vmm: &Path,
+    tpl: &Path,
+    dir: &Path,
+    memory_mib: u32,
+    n: usize,
+    workers: usize,
+    per_worker: usize,
+) -> std::io::Result<PrewarmReport> {
+    let w = spawn(vmm, dir, 0, memory_mib)?;
+    let (mut own, mut rtt, mut errors) = (vec![], vec![], 0);
+    for _ in 0..n {
+        match w.restore(tpl) {
+            Ok((a, b)) => {
+                own.push(a);
+                rtt.push(b);
+            }
+            Err(_) => errors += 1,
+        }
+    }
+    w.stop();
+    let warms: Vec<Warm> = (0..workers)
+        .map(|i| spawn(vmm, dir, i + 1, memory_mib))
+        .collect::<std::io::Result<_>>()?;
+    let errs = Arc::new(AtomicUsize::new(0));
+    let t0 = Instant::now();
+    std::thread::scope(|s| {
+        for w in &warms {
+            let errs = errs.clone();
+            s.spawn(move || {
+                for _ in 0..per_worker {
+                    if w.restore(tpl).is_err() {
+                        errs.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            });
+        }
+    });
+    let secs = t0.elapsed().as_secs_f64();
+    for w in warms {
+        w.stop();
+    }
+    Ok(PrewarmReport {
+        restore_ms: summarize(&own),
+        request_rtt_ms: summarize(&rtt),
+        rate_per_second: (workers * per_worker) as f64 / secs,
+        workers,
+        errors: errors + errs.load(Ordering::Relaxed),
+    })
+}

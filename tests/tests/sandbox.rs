@@ -1,0 +1,257 @@
+//! Sandboxes restored from a template on /dev/kvm, driven through the guest
+//! agent over vsock: exec, files, re-attach, a fork bomb and a memory hog
+//! that must not take the agent down, a guest flooding a connection that
+//! must not grow VMM memory, and snapshot clones that keep a running
+//! process and a written file yet diverge independently.
+//!
+//! Slow on PVM hosts (each guest fork+exec takes ~0.5-1 s), so few and
+//! coarse; one template is booted per test binary.
+
+use guest_agent::client::{Client, ExecEvent, ExecRequest, ExitStatus, UploadOptions};
+use shoal_host::sandbox::{self, Sandbox, TemplateSpec};
+use shoal_tests::require_kvm;
+use std::path::PathBuf;
+use std::process::Child;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+const UP: Duration = Duration::from_secs(180);
+
+fn template() -> PathBuf {
+    static T: OnceLock<PathBuf> = OnceLock::new();
+    T.get_or_init(|| {
+        require_kvm();
+        let spec = TemplateSpec {
+            image: "tiny".into(),
+            vcpus: 1,
+            memory_mib: 128,
+        };
+        sandbox::template(&spec, &mut |l| eprintln!("{l}")).expect("template")
+    })
+    .clone()
+}
+
+/// A running sandbox that is stopped (and reaped) when dropped.
+struct Running {
+    sb: Sandbox,
+    child: Option<Child>,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.sb.stop(self.child.as_mut());
+    }
+}
+
+fn start(from: &std::path::Path) -> (Running, Client) {
+    let (sb, child) = Sandbox::start(from, false).expect("start sandbox");
+    let r = Running { sb, child };
+    let c = r.sb.connect(UP, true).expect("agent reachable");
+    // No call may hang a test: every answer is due within minutes even on
+    // a PVM host.
+    c.set_timeout(Some(Duration::from_secs(300)));
+    (r, c)
+}
+
+fn sh(c: &Client, script: &str) -> (String, String, ExitStatus) {
+    let out = c
+        .exec_simple(&ExecRequest::argv(["/bin/sh", "-c", script]))
+        .expect("exec");
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+        out.result.status,
+    )
+}
+
+fn vmm_rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap()
+}
+
+#[test]
+fn exec_files_and_reattach() {
+    let (r, c) = start(&template());
+    let (out, err, st) = sh(&c, "echo out; echo err >&2; exit 3");
+    assert_eq!(
+        (out.as_str(), err.as_str(), st),
+        ("out\n", "err\n", ExitStatus::Exited(3))
+    );
+
+    // File round trip (1 MiB; guest-side copies are slow on PVM hosts).
+    let data: Vec<u8> = (0..1u32 << 20)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    c.upload(&mut &data[..], "/tmp/blob", UploadOptions::default())
+        .unwrap();
+    assert_eq!(c.stat("/tmp/blob").unwrap().size, data.len() as u64);
+    assert_eq!(c.read_file("/tmp/blob").unwrap(), data);
+
+    // Re-attach after the client goes away mid-command.
+    let h = c
+        .exec(&ExecRequest::argv([
+            "/bin/sh",
+            "-c",
+            "sleep 2; echo finished",
+        ]))
+        .unwrap();
+    let id = h.exec_id();
+    drop(h);
+    drop(c);
+    let c2 = r.sb.connect(Duration::from_secs(30), false).unwrap();
+    let out = c2.attach(id).unwrap().wait().unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "finished\n");
+    assert_eq!(out.result.status, ExitStatus::Exited(0));
+}
+
+#[test]
+fn agent_survives_fork_bomb_and_memory_hog() {
+    let (_r, c) = start(&template());
+    // A fork bomb, limited to 20 s: the agent must keep answering, and the
+    // timeout must kill every process of it.
+    let bomb = c
+        .exec(
+            &ExecRequest::argv(["/bin/sh", "-c", "b() { b | b & }; b; sleep 600"])
+                .with_timeout(Duration::from_secs(20)),
+        )
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(5));
+    let t = Instant::now();
+    c.health().expect("agent answers during a fork bomb");
+    eprintln!("health during fork bomb: {:?}", t.elapsed());
+    let res = bomb.wait().unwrap().result;
+    assert!(res.timed_out, "the bomb was stopped by its timeout");
+    let (out, _, _) = sh(&c, "echo alive");
+    assert_eq!(out, "alive\n", "the guest recovers after the bomb");
+    // Killed processes take a while to exit on a slow guest: poll.
+    let end = Instant::now() + Duration::from_secs(120);
+    loop {
+        let (out, _, _) = sh(&c, "ps | grep -c '[s]h -c b()'");
+        if out.trim() == "0" {
+            break;
+        }
+        assert!(
+            Instant::now() < end,
+            "bomb processes survived their timeout: {out}"
+        );
+        std::thread::sleep(Duration::from_secs(2));
+    }
+
+    // A memory hog: a 160 MB buffer in a 128 MiB guest. The user cgroup's
+    // limit (or the OOM killer) kills it, not the agent.
+    let hog = c
+        .exec_simple(
+            &ExecRequest::argv([
+                "/bin/dd",
+                "if=/dev/zero",
+                "of=/dev/null",
+                "bs=160M",
+                "count=1",
+            ])
+            .with_timeout(Duration::from_secs(240)),
+        )
+        .unwrap();
+    assert_ne!(
+        hog.result.status,
+        ExitStatus::Exited(0),
+        "the hog did not get its memory"
+    );
+    c.health().expect("agent answers after the memory hog");
+    let (out, _, _) = sh(&c, "echo still-alive");
+    assert_eq!(out, "still-alive\n");
+}
+
+#[test]
+fn guest_flood_does_not_grow_vmm_memory() {
+    let (r, c) = start(&template());
+    let pid = r.child.as_ref().unwrap().id();
+    let before = vmm_rss_kib(pid);
+    // The guest writes as fast as it can; this client never reads, so the
+    // agent, the guest's vsock credit and the VMM's per-connection buffer
+    // must all hold the flood back.
+    let h = c
+        .exec(&ExecRequest::argv(["/bin/cat", "/dev/zero"]).with_timeout(Duration::from_secs(60)))
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(10));
+    let during = vmm_rss_kib(pid);
+    assert!(
+        during < before + 8 * 1024,
+        "VMM RSS grew from {before} KiB to {during} KiB under a flood"
+    );
+    // Reading resumes the stream; stop it.
+    let mut h = h;
+    let mut got = 0usize;
+    while got < 1 << 20 {
+        match h.next_event().unwrap() {
+            Some(ExecEvent::Stdout(d)) => got += d.len(),
+            Some(_) => {}
+            None => break,
+        }
+    }
+    assert!(got >= 1 << 20, "data flows once the client reads");
+    h.signal(9, true).unwrap();
+}
+
+#[test]
+fn snapshot_clones_keep_state_and_diverge() {
+    let dir = tempfile::tempdir().unwrap();
+    let snap = dir.path().join("snap");
+    {
+        let (r, c) = start(&template());
+        // A background process holding a value in memory (it dumps it on
+        // SIGUSR1) and a file in the writable layer.
+        let (out, _, st) = sh(
+            &c,
+            "echo written-before-snapshot > /tmp/f; \
+             (v=held-in-memory; trap 'echo $v > /tmp/dump' USR1; \
+              while :; do sleep 1; done) >/dev/null 2>&1 & echo $! > /tmp/pid; echo ok",
+        );
+        assert_eq!((out.as_str(), st), ("ok\n", ExitStatus::Exited(0)));
+        let resp = vmm::api::call(
+            &r.sb.api_sock,
+            &vmm::api::Request::Snapshot {
+                dir: snap.clone(),
+                diff: false,
+            },
+            Duration::from_secs(120),
+        )
+        .unwrap();
+        assert!(resp.snapshot.is_some());
+    }
+    let mut randoms = Vec::new();
+    for i in 0..3 {
+        let (_r, c) = start(&snap);
+        let (out, _, _) = sh(&c, "cat /tmp/f");
+        assert_eq!(out, "written-before-snapshot\n", "clone {i} sees the file");
+        let (out, _, _) = sh(
+            &c,
+            "kill -USR1 $(cat /tmp/pid); sleep 2; cat /tmp/dump; \
+             ls /tmp/mine-* 2>/dev/null; echo clone-$0 > /tmp/mine-x",
+        );
+        assert!(out.starts_with("held-in-memory\n"), "clone {i}: {out:?}");
+        assert!(
+            !out.contains("/tmp/mine-"),
+            "clone {i} saw another clone's file"
+        );
+        let (r16, _, _) = sh(&c, "head -c 16 /dev/urandom | od -An -tx1");
+        randoms.push(r16);
+        let (secs, _, _) = sh(&c, "date +%s");
+        let guest: i64 = secs.trim().parse().unwrap();
+        let host = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs() as i64;
+        assert!(
+            (guest - host).abs() < 30,
+            "clone {i} clock {guest} vs host {host}"
+        );
+    }
+    randoms.sort();
+    randoms.dedup();
+    assert_eq!(randoms.len(), 3, "clones must not share randomness");
+}
