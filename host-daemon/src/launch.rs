@@ -67,6 +67,10 @@ pub enum RootKind {
     Pmem,
     /// virtio-blk `/dev/vda`, read-only; the root stays read-only.
     Blk,
+    /// virtio-blk `/dev/vda` holding a writable ext4 file system, mounted
+    /// read-write: the guest writes to the image file itself, so each VM
+    /// needs its own copy (the pmem benchmark compares with it).
+    BlkExt4Rw,
 }
 
 impl RootKind {
@@ -75,6 +79,7 @@ impl RootKind {
         match self {
             Self::Pmem => "pmem",
             Self::Blk => "blk",
+            Self::BlkExt4Rw => "blk-ext4-rw",
         }
     }
 
@@ -83,6 +88,7 @@ impl RootKind {
         match self {
             Self::Pmem => "root=/dev/pmem0 rootfstype=erofs ro rootflags=dax shoal.overlay=1",
             Self::Blk => "root=/dev/vda rootfstype=erofs ro",
+            Self::BlkExt4Rw => "root=/dev/vda rootfstype=ext4 rw",
         }
     }
 }
@@ -110,11 +116,12 @@ pub struct BootSpec {
 }
 
 impl BootSpec {
-    /// How `monitor` gets the root: as asked for our VMM, virtio-blk for QEMU.
+    /// How `monitor` gets the root: as asked for our VMM, virtio-blk for
+    /// QEMU (which has no virtio-pmem on microvm).
     pub fn root_kind_for(&self, monitor: &Monitor) -> RootKind {
-        match monitor {
-            Monitor::Shoal(_) => self.root_kind,
-            Monitor::QemuMicrovm { .. } => RootKind::Blk,
+        match (monitor, self.root_kind) {
+            (Monitor::Shoal(_), k) | (Monitor::QemuMicrovm { .. }, k @ RootKind::BlkExt4Rw) => k,
+            (Monitor::QemuMicrovm { .. }, _) => RootKind::Blk,
         }
     }
 
@@ -143,6 +150,7 @@ impl BootSpec {
                 match self.root_kind {
                     RootKind::Pmem => c.arg("--pmem").arg(&self.root),
                     RootKind::Blk => c.arg("--disk").arg(format!("{},ro", self.root.display())),
+                    RootKind::BlkExt4Rw => c.arg("--disk").arg(&self.root),
                 };
                 c.arg("--memory")
                     .arg(self.memory_mib.to_string())
@@ -164,8 +172,13 @@ impl BootSpec {
                 // to); it also ignores reboot=k on microvm, so reboot by
                 // triple fault, which -no-reboot turns into an exit.
                 let extra = format!("{kernel_args} virtio_mmio.device=512@0xfeb00e00:12 reboot=t");
-                let cmdline =
-                    vmm::boot::insert_kernel_args(&self.full_cmdline(RootKind::Blk), extra.trim());
+                let root = self.root_kind_for(monitor);
+                let cmdline = vmm::boot::insert_kernel_args(&self.full_cmdline(root), extra.trim());
+                let readonly = if root == RootKind::Blk {
+                    ",readonly=on"
+                } else {
+                    ""
+                };
                 c.args([
                     "-M",
                     "microvm,acpi=off,auto-kernel-cmdline=off",
@@ -181,7 +194,7 @@ impl BootSpec {
                 .arg(&self.kernel)
                 .arg("-drive")
                 .arg(format!(
-                    "file={},if=none,id=root,format=raw,readonly=on",
+                    "file={},if=none,id=root,format=raw{readonly}",
                     self.root.display()
                 ))
                 .args(["-device", "virtio-blk-device,drive=root"])

@@ -74,6 +74,8 @@ pub struct RestoreReport {
     pub pss_vms: usize,
     /// Failed restores in the latency runs.
     pub latency_errors: usize,
+    /// Restores into pre-warmed VMs (no new KVM VM per restore).
+    pub prewarmed: Option<super::prewarm::PrewarmReport>,
 }
 
 fn pss_kib(pid: u32) -> Option<f64> {
@@ -235,6 +237,18 @@ pub fn run(
     for r in vms {
         r.shutdown();
     }
+    progress("restores into pre-warmed VMs...");
+    let workers = o.concurrency.iter().copied().max().unwrap_or(2).clamp(1, 8);
+    let prewarmed = super::prewarm::run(
+        &o.vmm,
+        &idle_dir,
+        &o.workdir,
+        o.spec.memory_mib,
+        o.restores,
+        workers,
+        (o.rate_restores / workers).max(1),
+    )
+    .ok();
     Ok(RestoreReport {
         bench: "restore",
         host_kvm: vmm::host::kvm_kind().as_str(),
@@ -252,6 +266,7 @@ pub fn run(
         pss_kib_max: pss.iter().cloned().fold(0.0, f64::max),
         pss_vms: pss.len(),
         latency_errors: errors,
+        prewarmed,
     })
 }
 
@@ -278,6 +293,24 @@ impl RestoreReport {
             self.pss_kib_mean / 1024.0,
             self.pss_kib_max / 1024.0
         ));
+        if let Some(p) = &self.prewarmed {
+            if let Some(r) = &p.restore_ms {
+                s.push_str(&format!(
+                    "pre-warmed VM restore (request to vCPUs running): median {:.2} ms, p99 {:.2} ms (n={})\n",
+                    r.median, r.p99, r.n
+                ));
+            }
+            if let Some(r) = &p.request_rtt_ms {
+                s.push_str(&format!(
+                    "pre-warmed VM restore request round trip: median {:.2} ms, p99 {:.2} ms\n",
+                    r.median, r.p99
+                ));
+            }
+            s.push_str(&format!(
+                "pre-warmed pool of {}: {:.0} restores/s ({} errors)\n",
+                p.workers, p.rate_per_second, p.errors
+            ));
+        }
         s
     }
 }
