@@ -64,7 +64,14 @@ pub fn make(
         return Err(TemplateError::NotReady(ready.into()));
     }
     let t = Duration::from_secs(60);
-    let info = api::call(&sock, &Request::Snapshot { dir: dir.into(), diff: false }, t);
+    let info = api::call(
+        &sock,
+        &Request::Snapshot {
+            dir: dir.into(),
+            diff: false,
+        },
+        t,
+    );
     let _ = api::call(&sock, &Request::Shutdown, t);
     let _ = child.wait();
     let _ = std::fs::remove_file(&sock);
