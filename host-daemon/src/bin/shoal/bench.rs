@@ -65,7 +65,9 @@ pub fn boot(
     let spec = BootSpec {
         kernel: artifacts::kernel()?,
         root: image_path(image)?,
-        root_kind: RootKind::default(),
+        // The QEMU peer boots from virtio-blk: so does Shoal here, for a
+        // like-for-like comparison.
+        root_kind: RootKind::Blk,
         cmdline: artifacts::base_cmdline(),
         init_args: vec!["@reboot".into()],
         memory_mib: memory,
