@@ -97,7 +97,10 @@ const QUIET_MAX: Duration = Duration::from_secs(10);
 /// CPU time (ns) all threads of `pid` have run, from schedstat.
 fn cpu_ns(pid: u32) -> Option<u64> {
     let mut total = 0u64;
-    for t in std::fs::read_dir(format!("/proc/{pid}/task")).ok()?.flatten() {
+    for t in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .ok()?
+        .flatten()
+    {
         let s = std::fs::read_to_string(t.path().join("schedstat")).ok()?;
         total += s.split_whitespace().next()?.parse::<u64>().ok()?;
     }

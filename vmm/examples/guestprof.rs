@@ -53,7 +53,7 @@ fn main() -> anyhow::Result<()> {
         std::thread::sleep(every);
     }
     let mut v: Vec<_> = hist.into_iter().collect();
-    v.sort_by(|a, b| b.1.cmp(&a.1));
+    v.sort_by_key(|e| std::cmp::Reverse(e.1));
     println!("{taken} samples");
     for (name, c) in v.iter().take(40) {
         println!(
