@@ -423,6 +423,8 @@ fn spec(o: &PmemBenchOpts, root: &Path, kind: RootKind, vsock: PathBuf) -> BootS
         memory_mib: o.memory_mib,
         vcpus: 1,
         vsock_uds: Some(vsock),
+        extra_pmem: vec![],
+        upper_disk: None,
     }
 }
 

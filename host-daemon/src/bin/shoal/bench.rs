@@ -35,6 +35,8 @@ pub fn restore(
             memory_mib: memory,
             vcpus: 1,
             vsock_uds: None,
+            extra_pmem: vec![],
+            upper_disk: None,
         },
         vmm: artifacts::vmm_binary()?,
         workdir: work.clone(),
@@ -73,6 +75,8 @@ pub fn boot(
         memory_mib: memory,
         vcpus: 1,
         vsock_uds: None,
+        extra_pmem: vec![],
+        upper_disk: None,
     };
     let opts = BootBenchOpts {
         spec,
