@@ -63,11 +63,9 @@ pub enum RootKind {
     /// cache copy, and the agent runs commands in a writable overlay
     /// (tmpfs upper layer). Needs an image padded to 2 MiB
     /// (`scripts/build-images.sh` and `image::build_image` make them).
+    #[default]
     Pmem,
     /// virtio-blk `/dev/vda`, read-only; the root stays read-only.
-    /// The default for now: clones of a snapshot of a pmem-rooted sandbox
-    /// have hung on their first exec (open bug), blk-rooted ones do not.
-    #[default]
     Blk,
     /// virtio-blk `/dev/vda` holding a writable ext4 file system, mounted
     /// read-write: the guest writes to the image file itself, so each VM
