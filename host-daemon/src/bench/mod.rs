@@ -4,6 +4,7 @@
 
 pub mod boot;
 pub mod exec;
+pub mod hostmem;
 pub mod pmem;
 pub mod prewarm;
 pub mod restore;
