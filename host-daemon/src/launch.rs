@@ -63,11 +63,9 @@ pub enum RootKind {
     /// cache copy, and the agent runs commands in a writable overlay
     /// (tmpfs upper layer). Needs an image padded to 2 MiB
     /// (`scripts/build-images.sh` and `image::build_image` make them).
+    #[default]
     Pmem,
     /// virtio-blk `/dev/vda`, read-only; the root stays read-only.
-    /// The default for now: clones of a snapshot of a pmem-rooted sandbox
-    /// have hung on their first exec (open bug), blk-rooted ones do not.
-    #[default]
     Blk,
     /// virtio-blk `/dev/vda` holding a writable ext4 file system, mounted
     /// read-write: the guest writes to the image file itself, so each VM
@@ -115,6 +113,16 @@ pub struct BootSpec {
     pub vcpus: u8,
     /// vsock host socket (our VMM only).
     pub vsock_uds: Option<PathBuf>,
+    /// More read-only layers over a pmem root (e.g. a toolkit over the
+    /// base): `/dev/pmem1`, `/dev/pmem2`, ... in this order, each over the
+    /// one before in the guest's overlay. Images like `root` (DAX-ready,
+    /// padded to 2 MiB). Pmem roots on our VMM only; ignored otherwise.
+    pub extra_pmem: Vec<PathBuf>,
+    /// A writable virtio-blk disk holding a pre-formatted ext4 file system
+    /// for the overlay's upper layer (large writes), instead of the default
+    /// size-limited tmpfs: `/dev/vda`, `shoal.upper=/dev/vda`. Pmem roots on
+    /// our VMM only; ignored otherwise. Never share one between running VMs.
+    pub upper_disk: Option<PathBuf>,
 }
 
 impl BootSpec {
@@ -133,6 +141,10 @@ impl BootSpec {
             self.cmdline,
             root.kernel_args()
         );
+        if root == RootKind::Pmem && self.upper_disk.is_some() {
+            // The only virtio-blk disk of a pmem-rooted VM.
+            c.push_str(" shoal.upper=/dev/vda");
+        }
         // A bare "--" with no command makes the agent serve requests;
         // it also keeps unknown kernel words from reaching init as a command.
         c.push_str(" --");
@@ -150,9 +162,21 @@ impl BootSpec {
                 let mut c = Command::new(vmm);
                 c.arg("--kernel").arg(&self.kernel);
                 match self.root_kind {
-                    RootKind::Pmem => c.arg("--pmem").arg(&self.root),
-                    RootKind::Blk => c.arg("--disk").arg(format!("{},ro", self.root.display())),
-                    RootKind::BlkExt4Rw => c.arg("--disk").arg(&self.root),
+                    RootKind::Pmem => {
+                        c.arg("--pmem").arg(&self.root);
+                        for p in &self.extra_pmem {
+                            c.arg("--pmem").arg(p);
+                        }
+                        if let Some(d) = &self.upper_disk {
+                            c.arg("--disk").arg(d);
+                        }
+                    }
+                    RootKind::Blk => {
+                        c.arg("--disk").arg(format!("{},ro", self.root.display()));
+                    }
+                    RootKind::BlkExt4Rw => {
+                        c.arg("--disk").arg(&self.root);
+                    }
                 };
                 c.arg("--memory")
                     .arg(self.memory_mib.to_string())

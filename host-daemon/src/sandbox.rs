@@ -123,6 +123,8 @@ pub fn template(
         memory_mib: spec.memory_mib,
         vcpus: spec.vcpus,
         vsock_uds: Some(tmp.join("boot.vsock")),
+        extra_pmem: vec![],
+        upper_disk: None,
     };
     let res = template::make(&boot, &vmm, &tmp, INIT_MARKER, Duration::from_secs(900));
     let _ = std::fs::remove_file(tmp.join("boot.vsock"));

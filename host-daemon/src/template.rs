@@ -29,7 +29,7 @@ pub enum TemplateError {
 }
 
 /// Boots `spec` with our VMM, waits for a console line containing `ready`,
-/// snapshots into `dir` and shuts the VM down.
+/// waits until the guest is idle, snapshots into `dir` and shuts the VM down.
 pub fn make(
     spec: &BootSpec,
     vmm: &Path,

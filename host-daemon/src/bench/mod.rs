@@ -4,7 +4,9 @@
 
 pub mod boot;
 pub mod exec;
+pub mod hostmem;
 pub mod pmem;
+pub mod pmem_report;
 pub mod prewarm;
 pub mod restore;
 

@@ -8,9 +8,12 @@
 //!   memory they cost is the sum over the VMM processes of their private
 //!   memory (`Pss_Anon` + `Pss_Shmem` of `/proc/PID/smaps_rollup`: guest
 //!   RAM pages the guest wrote, VMM heap) plus the growth of the host page
-//!   cache (`Cached` of `/proc/meminfo`, which holds the shared pages once:
-//!   the template memory file and the image). File pages mapped by the VMMs
-//!   are in the page cache figure, so `Pss_File` is not added again. On
+//!   cache, which holds the shared pages once: the pages of the template
+//!   memory file and of the image resident in it (counted per file with
+//!   `mincore`, so other work on a shared host does not blur the figure;
+//!   the growth of `Cached` in `/proc/meminfo` is reported too). File pages
+//!   mapped by the VMMs are in the page cache figure, so `Pss_File` is not
+//!   added again. On
 //!   virtio-blk each guest copies the files into its own page cache (guest
 //!   RAM, private to the VM); with DAX the guests read the host's single
 //!   copy of the image. The image and the template memory file are evicted
@@ -31,14 +34,15 @@
 //! restored with [`crate::template`]. Slow on PVM hosts, where each guest
 //! read of 5 MB is seconds of emulated kernel work: VM counts are options.
 
-use super::{table, Row};
+use super::hostmem::{cached_kib, evict, meminfo_kib, pss_kib, write_bytes};
+use super::pmem_report::{mib, reduction_pct};
+pub use super::pmem_report::{MemoryRow, PmemReport, WriteRow};
+use super::Row;
 use crate::image::{build_image_with, AgentSource, BuildOptions, ImageError};
 use crate::launch::{BootSpec, RootKind, INIT_MARKER};
 use crate::stats::summarize;
 use crate::template::{self, Restored, TemplateError};
 use guest_agent::client::{Client, ClientError, ExecRequest, ExitStatus};
-use serde::Serialize;
-use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -143,81 +147,6 @@ fn host_err(what: impl std::fmt::Display) -> impl FnOnce(std::io::Error) -> Pmem
     move |e| PmemBenchError::Host(format!("{what}: {e}"))
 }
 
-/// Host memory of N live VMs after their reads, for one root kind.
-#[derive(Debug, Clone, Serialize)]
-pub struct MemoryRow {
-    /// "pmem" or "blk".
-    pub root: String,
-    /// VMs alive at the measurement.
-    pub vms: usize,
-    /// VMs whose read failed (they still count in the memory figures).
-    pub read_errors: usize,
-    /// Sum of the VMMs' `Pss_Anon` + `Pss_Shmem` (KiB).
-    pub vmm_private_kib: u64,
-    /// Sum of the VMMs' whole PSS (KiB), for reference (includes their
-    /// share of mapped page-cache pages).
-    pub vmm_pss_kib: u64,
-    /// Growth of the host page cache from before the first restore (KiB).
-    pub page_cache_growth_kib: i64,
-    /// `vmm_private_kib + page_cache_growth_kib`: the host memory the VMs
-    /// cost at the peak (KiB).
-    pub host_total_kib: i64,
-    /// `host_total_kib / vms`.
-    pub host_per_vm_kib: f64,
-    /// Drop of `MemAvailable` over the same interval (KiB): includes the
-    /// kernel's own per-VM memory (KVM, page tables), and any noise.
-    pub mem_available_drop_kib: i64,
-    /// Guest time of the reads, per VM (ms): min, median, p99, max.
-    pub read_ms: Option<crate::stats::Summary>,
-}
-
-/// Host disk bytes one VM costs for a write workload.
-#[derive(Debug, Clone, Serialize)]
-pub struct WriteRow {
-    /// "pmem" (tmpfs upper) or "blk-ext4-rw" (a writable per-VM copy).
-    pub root: String,
-    /// Bytes the guest wrote (and synced).
-    pub guest_bytes: u64,
-    /// VMs measured.
-    pub vms: usize,
-    /// Bytes written to make the VM's private root copy (mean).
-    pub copy_bytes: f64,
-    /// Bytes the VMM process wrote to storage (`write_bytes`, mean).
-    pub vmm_write_bytes: f64,
-    /// `copy_bytes + vmm_write_bytes`.
-    pub host_bytes_per_vm: f64,
-    /// Guest time of the write (ms, mean).
-    pub write_ms: f64,
-}
-
-/// The JSON report.
-#[derive(Debug, Serialize)]
-pub struct PmemReport {
-    /// Always "pmem".
-    pub bench: &'static str,
-    /// "pvm" or "hardware".
-    pub host_kvm: &'static str,
-    /// Always "MiB" (rows).
-    pub unit: &'static str,
-    /// Host memory per VM and VMM PSS per VM, per root kind and VM count.
-    pub rows: Vec<Row>,
-    /// The benchmark image's size (bytes).
-    pub image_bytes: u64,
-    /// Bytes each guest read.
-    pub read_bytes: u64,
-    /// Files they were in.
-    pub read_files: usize,
-    /// Guest RAM the guest kernel spends on `struct page`s for the pmem
-    /// device: image size / 64 (bytes).
-    pub pmem_guest_memmap_bytes: u64,
-    /// Guest memory of each VM (MiB).
-    pub memory_mib: u32,
-    /// Memory measurements.
-    pub memory: Vec<MemoryRow>,
-    /// Disk-write measurements.
-    pub writes: Vec<WriteRow>,
-}
-
 /// A VM restored for the benchmark.
 struct Vm {
     restored: Restored,
@@ -280,53 +209,6 @@ fn guest_sh(c: &Client, script: &str, timeout: Duration) -> Result<String, PmemB
         });
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
-/// `key:` of /proc/meminfo, KiB.
-fn meminfo_kib(key: &str) -> i64 {
-    std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with(key))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|v| v.parse().ok())
-        })
-        .unwrap_or(0)
-}
-
-/// (Pss_Anon + Pss_Shmem, Pss) of a process, KiB.
-fn pss_kib(pid: u32) -> (u64, u64) {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).unwrap_or_default();
-    let field = |k: &str| -> u64 {
-        s.lines()
-            .find(|l| l.starts_with(k))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0)
-    };
-    (field("Pss_Anon:") + field("Pss_Shmem:"), field("Pss:"))
-}
-
-/// `write_bytes` of /proc/PID/io.
-fn write_bytes(pid: &str) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/io"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("write_bytes:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|v| v.parse().ok())
-        })
-        .unwrap_or(0)
-}
-
-/// Drops the clean page-cache pages of `path` (advisory).
-fn evict(path: &Path) {
-    if let Ok(f) = std::fs::File::open(path) {
-        // SAFETY: an advisory call on an fd we own.
-        unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
-    }
 }
 
 fn run_tool(cmd: &mut Command) -> Result<(), PmemBenchError> {
@@ -403,7 +285,9 @@ fn build_images(
         let _ = std::fs::remove_file(&ext4);
         run_tool(
             Command::new("mkfs.ext4")
-                .args(["-q", "-F", "-b", "4096", "-d"])
+                .args(["-q", "-F", "-b", "4096"])
+                // Inode tables and journal zeroed here, not by the guest.
+                .args(["-E", "lazy_itable_init=0,lazy_journal_init=0", "-d"])
                 .arg(&root)
                 .arg(&ext4)
                 .arg(format!("{size_mib}M")),
@@ -423,6 +307,8 @@ fn spec(o: &PmemBenchOpts, root: &Path, kind: RootKind, vsock: PathBuf) -> BootS
         memory_mib: o.memory_mib,
         vcpus: 1,
         vsock_uds: Some(vsock),
+        extra_pmem: vec![],
+        upper_disk: None,
     }
 }
 
@@ -454,38 +340,57 @@ fn make_template(
     Ok(dir)
 }
 
-/// N VMs from `tpl`, each reading the read set; measured with all alive.
-fn memory_run(
+/// One pass over `counts` (ascending) VMs from `tpl`: VMs are restored and
+/// read `o.concurrency` at a time, each paused once its read is done, and
+/// the host memory of all of them (alive, paused) is measured whenever
+/// their number reaches the next count. Pausing changes no memory; it keeps
+/// the finished VMs from competing for the CPU with the ones being read (on
+/// a 2-core PVM host 200 restored guests running at once starved each
+/// other: no read finished in 10 minutes). A count's figures are those of
+/// a separate run with that many VMs: the VMs are independent.
+fn memory_pass(
     o: &PmemBenchOpts,
     tpl: &Path,
     image: &Path,
     kind: RootKind,
-    n: usize,
+    counts: &[usize],
     progress: &mut dyn FnMut(&str),
-) -> Result<(MemoryRow, Vec<f64>), PmemBenchError> {
-    let dir = o.workdir.join(format!("run-{}-{n}", kind.name()));
+) -> Result<Vec<(MemoryRow, Vec<f64>)>, PmemBenchError> {
+    let dir = o.workdir.join(format!("run-{}", kind.name()));
     std::fs::create_dir_all(&dir).map_err(host_err(dir.display()))?;
     evict(image);
     evict(&tpl.join("memory"));
+    let files = || (cached_kib(image) + cached_kib(&tpl.join("memory"))) as i64;
     let cached0 = meminfo_kib("Cached:");
+    let files0 = files();
     let avail0 = meminfo_kib("MemAvailable:");
-    let mut vms = Vec::with_capacity(n);
-    let result = (|| {
-        for i in 0..n {
-            vms.push(Vm::start(&o.vmm, tpl, &dir, &format!("vm{i}"))?);
-        }
-        progress(&format!("{}: {n} VMs restored; reading...", kind.name()));
-        let next = AtomicUsize::new(0);
-        let times = Mutex::new(Vec::with_capacity(n));
-        let errors = AtomicUsize::new(0);
-        let first_err = Mutex::new(None);
-        let script = format!("cat {READ_DIR}/* > /dev/null");
+    let vms: Mutex<Vec<Vm>> = Mutex::new(Vec::new());
+    let times = Mutex::new(Vec::new());
+    let errors = AtomicUsize::new(0);
+    let first_err = Mutex::new(None);
+    let next = AtomicUsize::new(0);
+    let script = format!("cat {READ_DIR}/* > /dev/null");
+    let mut out = Vec::new();
+    let t0 = Instant::now();
+    for &n in counts {
         std::thread::scope(|s| {
             for _ in 0..o.concurrency.max(1) {
                 s.spawn(|| loop {
                     let i = next.fetch_add(1, Ordering::Relaxed);
-                    let Some(vm) = vms.get(i) else { break };
-                    let r = vm.connect(Duration::from_secs(120)).and_then(|c| {
+                    if i >= n {
+                        // Not taken: the next checkpoint's workers start here.
+                        next.fetch_min(n, Ordering::Relaxed);
+                        break;
+                    }
+                    let vm = match Vm::start(&o.vmm, tpl, &dir, &format!("vm{i}")) {
+                        Ok(vm) => vm,
+                        Err(e) => {
+                            errors.fetch_add(1, Ordering::Relaxed);
+                            lock(&first_err).get_or_insert(e.to_string());
+                            continue;
+                        }
+                    };
+                    let r = vm.connect(Duration::from_secs(300)).and_then(|c| {
                         let t = Instant::now();
                         guest_sh(&c, &script, o.guest_timeout)?;
                         Ok(t.elapsed().as_secs_f64() * 1e3)
@@ -497,47 +402,63 @@ fn memory_run(
                             lock(&first_err).get_or_insert(e.to_string());
                         }
                     }
+                    let _ = vmm::api::call(
+                        &vm.restored.sock,
+                        &vmm::api::Request::Pause,
+                        Duration::from_secs(30),
+                    );
+                    lock(&vms).push(vm);
                 });
             }
         });
         if let Some(e) = lock(&first_err).take() {
-            progress(&format!("{}: a read failed: {e}", kind.name()));
+            progress(&format!("{}: a VM failed: {e}", kind.name()));
         }
         // Let the VMMs settle (vsock buffers, freed pages) before sampling.
         std::thread::sleep(Duration::from_millis(500));
+        let vms = lock(&vms);
         let (mut private, mut pss) = (0u64, 0u64);
-        let mut per_vm = Vec::with_capacity(n);
-        for vm in &vms {
+        let mut per_vm = Vec::with_capacity(vms.len());
+        for vm in vms.iter() {
             let (p, all) = pss_kib(vm.pid());
             private += p;
             pss += all;
             per_vm.push(all as f64 / 1024.0);
         }
-        let growth = meminfo_kib("Cached:") - cached0;
-        let drop = avail0 - meminfo_kib("MemAvailable:");
+        let growth = files() - files0;
         let total = private as i64 + growth;
-        let times = std::mem::take(&mut *lock(&times));
-        Ok((
-            MemoryRow {
-                root: kind.name().into(),
-                vms: n,
-                read_errors: errors.load(Ordering::Relaxed),
-                vmm_private_kib: private,
-                vmm_pss_kib: pss,
-                page_cache_growth_kib: growth,
-                host_total_kib: total,
-                host_per_vm_kib: total as f64 / n.max(1) as f64,
-                mem_available_drop_kib: drop,
-                read_ms: summarize(&times),
-            },
-            per_vm,
-        ))
-    })();
-    for vm in vms {
+        let m = MemoryRow {
+            root: kind.name().into(),
+            vms: vms.len(),
+            read_errors: errors.load(Ordering::Relaxed),
+            vmm_private_kib: private,
+            vmm_pss_kib: pss,
+            page_cache_growth_kib: growth,
+            host_cached_growth_kib: meminfo_kib("Cached:") - cached0,
+            host_total_kib: total,
+            host_per_vm_kib: total as f64 / vms.len().max(1) as f64,
+            mem_available_drop_kib: avail0 - meminfo_kib("MemAvailable:"),
+            read_ms: summarize(&lock(&times)),
+        };
+        progress(&format!(
+            "{} x{}: host {:.1} MiB ({:.2} MiB/VM: VMM private {:.1} MiB + page cache {:+.1} MiB), \
+             {} errors, {:.0} s so far",
+            kind.name(),
+            m.vms,
+            mib(m.host_total_kib as f64),
+            mib(m.host_per_vm_kib),
+            mib(m.vmm_private_kib as f64),
+            mib(m.page_cache_growth_kib as f64),
+            m.read_errors,
+            t0.elapsed().as_secs_f64()
+        ));
+        out.push((m, per_vm));
+    }
+    for vm in std::mem::take(&mut *lock(&vms)) {
         vm.stop();
     }
     let _ = std::fs::remove_dir_all(&dir);
-    result
+    Ok(out)
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -602,10 +523,6 @@ fn write_run(
     })
 }
 
-fn mib(kib: f64) -> f64 {
-    kib / 1024.0
-}
-
 /// Runs the benchmark.
 pub fn run(
     o: &PmemBenchOpts,
@@ -621,21 +538,12 @@ pub fn run(
 
     let mut memory = Vec::new();
     let mut rows = Vec::new();
-    for &n in &o.vm_counts {
-        for (kind, tpl) in [(RootKind::Pmem, &pmem_tpl), (RootKind::Blk, &blk_tpl)] {
-            let t = Instant::now();
-            let (m, per_vm) = memory_run(o, tpl, &erofs, kind, n, progress)?;
-            progress(&format!(
-                "{} x{n}: host {:.1} MiB ({:.2} MiB/VM: VMM private {:.1} MiB + page cache {:+.1} MiB), \
-                 {} read errors, {:.0} s",
-                kind.name(),
-                mib(m.host_total_kib as f64),
-                mib(m.host_per_vm_kib),
-                mib(m.vmm_private_kib as f64),
-                mib(m.page_cache_growth_kib as f64),
-                m.read_errors,
-                t.elapsed().as_secs_f64()
-            ));
+    let mut counts = o.vm_counts.clone();
+    counts.sort_unstable();
+    counts.dedup();
+    for (kind, tpl) in [(RootKind::Pmem, &pmem_tpl), (RootKind::Blk, &blk_tpl)] {
+        for (m, per_vm) in memory_pass(o, tpl, &erofs, kind, &counts, progress)? {
+            let n = m.vms;
             rows.push(Row {
                 system: kind.name().into(),
                 metric: format!("host_mem_per_vm@{n}"),
@@ -701,6 +609,23 @@ pub fn run(
         }
         let _ = std::fs::remove_file(&link);
     }
+    let host_memory_reduction_pct = o
+        .vm_counts
+        .iter()
+        .filter_map(|&n| {
+            let of = |root: &str| {
+                memory
+                    .iter()
+                    .find(|m| m.vms == n && m.root == root)
+                    .map(|m| m.host_total_kib as f64)
+            };
+            Some((n, reduction_pct(of("pmem")?, of("blk")?)))
+        })
+        .collect();
+    let disk_write_reduction_pct = match writes.as_slice() {
+        [p, b] => Some(reduction_pct(p.host_bytes_per_vm, b.host_bytes_per_vm)),
+        _ => None,
+    };
     Ok(PmemReport {
         bench: "pmem",
         host_kvm: vmm::host::kvm_kind().as_str(),
@@ -713,64 +638,7 @@ pub fn run(
         memory_mib: o.memory_mib,
         memory,
         writes,
+        host_memory_reduction_pct,
+        disk_write_reduction_pct,
     })
-}
-
-impl PmemReport {
-    /// Human-readable summary.
-    pub fn render(&self) -> String {
-        let mut s = format!(
-            "pmem benchmark, host KVM: {}; image {:.1} MiB, each guest reads {:.1} MB in {} files\n",
-            self.host_kvm,
-            self.image_bytes as f64 / 1048576.0,
-            self.read_bytes as f64 / 1e6,
-            self.read_files
-        );
-        s.push_str(&table(&self.rows, self.unit));
-        s.push_str(&format!(
-            "{:<6} {:>5} {:>12} {:>14} {:>14} {:>12} {:>14} {:>12}\n",
-            "ROOT",
-            "VMS",
-            "HOST MiB",
-            "MiB/VM",
-            "VMM PRIV MiB",
-            "CACHE MiB",
-            "MEMAVAIL MiB",
-            "READ ms"
-        ));
-        for m in &self.memory {
-            s.push_str(&format!(
-                "{:<6} {:>5} {:>12.1} {:>14.2} {:>14.1} {:>+12.1} {:>14.1} {:>12}\n",
-                m.root,
-                m.vms,
-                mib(m.host_total_kib as f64),
-                mib(m.host_per_vm_kib),
-                mib(m.vmm_private_kib as f64),
-                mib(m.page_cache_growth_kib as f64),
-                mib(m.mem_available_drop_kib as f64),
-                m.read_ms
-                    .as_ref()
-                    .map_or("-".into(), |r| format!("{:.0}", r.median)),
-            ));
-            if m.read_errors > 0 {
-                s.push_str(&format!("       ({} reads failed)\n", m.read_errors));
-            }
-        }
-        s.push_str(&format!(
-            "pmem guest page metadata (struct pages, 1/64 of the image): {:.2} MiB per VM\n",
-            self.pmem_guest_memmap_bytes as f64 / 1048576.0
-        ));
-        for w in &self.writes {
-            s.push_str(&format!(
-                "guest writes {:.0} MB, root {:<12}: host disk {:.1} MB per VM (root copy {:.1} MB + VMM writes {:.1} MB), guest {:.0} ms\n",
-                w.guest_bytes as f64 / 1e6,
-                w.root,
-                w.host_bytes_per_vm / 1e6,
-                w.copy_bytes / 1e6,
-                w.vmm_write_bytes / 1e6,
-                w.write_ms
-            ));
-        }
-        s
-    }
 }

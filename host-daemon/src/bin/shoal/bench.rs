@@ -35,6 +35,8 @@ pub fn restore(
             memory_mib: memory,
             vcpus: 1,
             vsock_uds: None,
+            extra_pmem: vec![],
+            upper_disk: None,
         },
         vmm: artifacts::vmm_binary()?,
         workdir: work.clone(),
@@ -73,6 +75,8 @@ pub fn boot(
         memory_mib: memory,
         vcpus: 1,
         vsock_uds: None,
+        extra_pmem: vec![],
+        upper_disk: None,
     };
     let opts = BootBenchOpts {
         spec,
@@ -110,6 +114,60 @@ pub fn exec(execs: usize, restores: usize, bytes: u64, json: &PathBuf) -> Result
         host_agent,
     };
     let report = shoal_host::bench::exec::run(&opts, &mut |l| eprintln!("{l}"))?;
+    print!("{}", report.render());
+    std::fs::write(json, serde_json::to_string_pretty(&report)?)
+        .with_context(|| format!("cannot write {}", json.display()))?;
+    eprintln!("wrote {}", json.display());
+    Ok(())
+}
+
+/// `shoal bench pmem` options.
+pub struct PmemArgs {
+    pub vms: String,
+    pub read_bytes: Option<u64>,
+    pub read_files: usize,
+    pub concurrency: usize,
+    pub write_bytes: u64,
+    pub memory: u32,
+    pub workdir: Option<PathBuf>,
+}
+
+pub fn pmem(a: PmemArgs, json: &PathBuf) -> Result<()> {
+    use shoal_host::bench::pmem::{self as pb, PmemBenchOpts};
+    let hw = vmm::host::kvm_kind() == vmm::host::KvmKind::Hardware;
+    let vm_counts = a
+        .vms
+        .split(',')
+        .map(|k| {
+            k.trim()
+                .parse::<usize>()
+                .ok()
+                .filter(|&n| n > 0)
+                .with_context(|| format!("bad VM count {k:?}"))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    // Not /tmp: often tmpfs, where disk-write figures would mean nothing.
+    let work = a.workdir.unwrap_or_else(|| {
+        shoal_host::sandbox::state_dir().join(format!("bench-pmem-{}", std::process::id()))
+    });
+    let mut o = PmemBenchOpts::new(
+        artifacts::kernel()?,
+        image_path("tiny")?,
+        artifacts::vmm_binary()?,
+        artifacts::base_cmdline(),
+        work.clone(),
+    );
+    o.vm_counts = vm_counts;
+    o.read_bytes = a
+        .read_bytes
+        .unwrap_or(if hw { 50_000_000 } else { 5_000_000 });
+    o.read_files = a.read_files.max(1);
+    o.concurrency = a.concurrency.max(1);
+    o.write_bytes = a.write_bytes;
+    o.memory_mib = a.memory;
+    let report = pb::run(&o, &mut |l| eprintln!("{l}"));
+    let _ = std::fs::remove_dir_all(&work);
+    let report = report?;
     print!("{}", report.render());
     std::fs::write(json, serde_json::to_string_pretty(&report)?)
         .with_context(|| format!("cannot write {}", json.display()))?;
