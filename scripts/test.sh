@@ -15,8 +15,6 @@ cargo clippy --workspace --all-targets -- -D warnings
 cargo clippy -p guest-agent --target x86_64-unknown-linux-musl -- -D warnings
 echo "== tests" >&2
 # Sandboxes in the integration tests run the optimised VMM (as users do).
-# Known issue: guests restored from a template booted by the debug build
-# have hung on their first exec on PVM hosts; under investigation.
 cargo build --release -p vmm --bin shoal-vmm
 export SHOAL_VMM="$PWD/target/release/shoal-vmm"
 cargo test --workspace

@@ -198,9 +198,6 @@ fn guest_flood_does_not_grow_vmm_memory() {
 }
 
 #[test]
-#[ignore = "regression found at the end of the 2026-11-30 session: clones of a snapshot \
-            of a running sandbox (vsock connection open at snapshot time) time out on \
-            their first exec; this test passed earlier that session. Run with --ignored."]
 fn snapshot_clones_keep_state_and_diverge() {
     let dir = tempfile::tempdir().unwrap();
     let snap = dir.path().join("snap");

@@ -178,9 +178,15 @@ fn restore_vcpu(fd: &VcpuFd, s: &VcpuState) -> Result<(), StateError> {
     if s.msrs.len() > MAX_SAVED_MSRS {
         return Err(StateError::TooMany("MSR"));
     }
+    // The TSC deadline is written after the LAPIC: KVM ignores the MSR
+    // while the LVT timer is not in TSC-deadline mode, which a fresh vCPU's
+    // is not until KVM_SET_LAPIC, so written earlier an armed guest timer
+    // would be lost and the restored guest would wait for it forever.
+    let deadline = s.msrs.iter().find(|(i, _)| *i == MSR_TSC_DEADLINE);
     let entries: Vec<kvm_msr_entry> = s
         .msrs
         .iter()
+        .filter(|(i, _)| *i != MSR_TSC_DEADLINE)
         .map(|&(index, data)| kvm_msr_entry {
             index,
             data,
@@ -211,6 +217,17 @@ fn restore_vcpu(fd: &VcpuFd, s: &VcpuState) -> Result<(), StateError> {
     fd.set_debug_regs(&s.debugregs)
         .map_err(kvm("KVM_SET_DEBUGREGS"))?;
     fd.set_lapic(&s.lapic).map_err(kvm("KVM_SET_LAPIC"))?;
+    if let Some(&(index, data)) = deadline {
+        let e = [kvm_msr_entry {
+            index,
+            data,
+            ..Default::default()
+        }];
+        let msrs = Msrs::from_entries(&e).map_err(|_| StateError::TooMany("MSR"))?;
+        if fd.set_msrs(&msrs).map_err(kvm("KVM_SET_MSRS"))? != 1 {
+            return Err(StateError::Msr(index));
+        }
+    }
     fd.set_mp_state(s.mp_state)
         .map_err(kvm("KVM_SET_MP_STATE"))?;
     fd.set_vcpu_events(&s.events)
