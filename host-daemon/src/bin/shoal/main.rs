@@ -1,14 +1,17 @@
 //! `shoal`: the Shoal command-line tool.
 //!
 //! - `shoal run [--image base|tiny] -- CMD...`: run CMD in a fresh sandbox
-//!   (restored from the image's template, created on first use), stream its
-//!   output, exit with its exit code.
-//! - `shoal vm start|ls|stop|pause|resume|stats`, `shoal exec`, `shoal cp`:
-//!   long-lived sandboxes.
-//! - `shoal snapshot`, `shoal restore`: snapshots of running sandboxes.
+//!   through the daemon (`shoald`, started on demand), stream its output,
+//!   exit with its exit code.
+//! - `shoal create|ls|exec|cp|snapshot|pause|resume|rm`, `shoal template
+//!   ...`, `shoal pool ...`, `shoal stats`: sandboxes through the daemon.
+//! - `shoal vm ...`: sandboxes without the daemon (one VMM process each).
+//! - `shoal restore`: a snapshot in the foreground.
 //! - `shoal doctor`: what this host offers. `shoal bench ...`: benchmarks.
 
 mod bench;
+mod daemon_client;
+mod daemon_cmds;
 mod sandbox_cmds;
 
 use anyhow::{bail, Context, Result};
@@ -23,6 +26,8 @@ use std::path::PathBuf;
     about = "Shoal: KVM microVM sandboxes for RL agents"
 )]
 struct Cli {
+    #[command(flatten)]
+    g: daemon_cmds::Global,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -60,42 +65,94 @@ pub struct ExecArgs {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Run a command in a fresh sandbox and exit with its exit code.
+    /// Run a command in a fresh sandbox (through the daemon) and exit with
+    /// its exit code.
     Run {
         #[command(flatten)]
         sandbox: SandboxArgs,
         #[command(flatten)]
         exec: ExecArgs,
+        /// Forward our standard input to the command (read to its end first).
+        #[arg(long, short = 'i')]
+        stdin: bool,
+        /// Without the daemon: restore a VMM here, run, stop it.
+        #[arg(long)]
+        direct: bool,
     },
-    /// Run a command in a running sandbox.
+    /// Create a sandbox; prints its id.
+    Create {
+        #[command(flatten)]
+        args: daemon_cmds::CreateArgs,
+    },
+    /// List sandboxes.
+    Ls {
+        /// Only this state (running, paused, failed, ...).
+        #[arg(long)]
+        state: Option<String>,
+        /// Only this template.
+        #[arg(long)]
+        template: Option<String>,
+        /// Only with label KEY=VALUE (repeatable).
+        #[arg(long = "meta", short = 'm')]
+        meta: Vec<String>,
+    },
+    /// Run a command in a sandbox (a paused one is resumed first).
     Exec {
-        /// Sandbox id (`shoal vm ls`).
+        /// Sandbox id (`shoal ls`).
         id: String,
         #[command(flatten)]
         exec: ExecArgs,
+        /// Forward our standard input to the command (read to its end first).
+        #[arg(long, short = 'i')]
+        stdin: bool,
     },
-    /// Copy files: `shoal cp LOCAL ID:PATH` or `shoal cp ID:PATH LOCAL`.
+    /// Copy files: `shoal cp LOCAL ID:/PATH` or `shoal cp ID:/PATH LOCAL`.
     Cp {
         /// Source.
         src: String,
         /// Destination.
         dst: String,
     },
-    /// Long-lived sandboxes.
-    Vm {
-        #[command(subcommand)]
-        op: VmCmd,
-    },
-    /// Snapshot a running sandbox into DIR (it stays paused; `shoal vm resume` continues it).
+    /// Snapshot a running sandbox into a new template (it keeps running).
     Snapshot {
         /// Sandbox id.
         id: String,
-        /// Target directory.
-        dir: PathBuf,
-        /// Only the pages changed since the sandbox's template (small, fast;
-        /// the template must stay in place).
+        /// Template name (default snap-ID-TIME).
         #[arg(long)]
-        diff: bool,
+        template: Option<String>,
+    },
+    /// Pause a sandbox: its state goes to disk and its VMM ends.
+    Pause {
+        /// Sandbox id.
+        id: String,
+    },
+    /// Resume a paused sandbox (exec and cp also do).
+    Resume {
+        /// Sandbox id.
+        id: String,
+    },
+    /// Kill sandboxes and remove everything they had.
+    Rm {
+        /// Sandbox ids.
+        #[arg(required = true)]
+        ids: Vec<String>,
+    },
+    /// Templates: images booted once and snapshotted.
+    Template {
+        #[command(subcommand)]
+        op: TemplateCmd,
+    },
+    /// Warm pools of restored sandboxes per template.
+    Pool {
+        #[command(subcommand)]
+        op: PoolCmd,
+    },
+    /// What the daemon holds: sandboxes, reservations, host memory, pools.
+    Stats,
+    /// Sandboxes without the daemon (one VMM process each, driven here).
+    Vm {
+        #[command(subcommand)]
+        op: VmCmd,
     },
     /// Start a VM from a snapshot directory in the foreground.
     Restore {
@@ -110,15 +167,56 @@ enum Cmd {
     },
     /// Report what this host offers (KVM type, nesting, userfaultfd, core
     /// scheduling, vhost-vsock, DAMON, cgroup v2) and what Shoal does about each.
-    Doctor {
-        /// JSON output.
-        #[arg(long)]
-        json: bool,
-    },
+    Doctor,
     /// Benchmarks.
     Bench {
         #[command(subcommand)]
         which: BenchCmd,
+    },
+}
+
+/// `shoal template ...`.
+#[derive(Subcommand)]
+pub enum TemplateCmd {
+    /// Boot an image once and snapshot it (progress shown; cached).
+    Create {
+        /// Name.
+        name: String,
+        /// Image: tiny or base.
+        #[arg(long, default_value = "base")]
+        image: String,
+        /// vCPUs.
+        #[arg(long, default_value_t = 1)]
+        cpus: u32,
+        /// Memory in MiB.
+        #[arg(long, default_value_t = 128)]
+        memory: u32,
+    },
+    /// List templates.
+    Ls,
+    /// Delete a template and its pool.
+    Rm {
+        /// Name.
+        name: String,
+    },
+}
+
+/// `shoal pool ...`.
+#[derive(Subcommand)]
+pub enum PoolCmd {
+    /// Keep N restored sandboxes of TEMPLATE ready (0 removes the pool).
+    Set {
+        /// Template name.
+        template: String,
+        /// Target size.
+        target: u32,
+    },
+    /// List pools.
+    Ls,
+    /// Remove a pool and its warm sandboxes.
+    Rm {
+        /// Template name.
+        template: String,
     },
 }
 
@@ -150,6 +248,31 @@ enum VmCmd {
     Stats {
         /// Sandbox id.
         id: String,
+    },
+    /// Run a command in a running sandbox.
+    Exec {
+        /// Sandbox id (`shoal vm ls`).
+        id: String,
+        #[command(flatten)]
+        exec: ExecArgs,
+    },
+    /// Copy files: `shoal vm cp LOCAL ID:PATH` or `shoal vm cp ID:PATH LOCAL`.
+    Cp {
+        /// Source.
+        src: String,
+        /// Destination.
+        dst: String,
+    },
+    /// Snapshot a running sandbox into DIR (it stays paused; `shoal vm resume` continues it).
+    Snapshot {
+        /// Sandbox id.
+        id: String,
+        /// Target directory.
+        dir: PathBuf,
+        /// Only the pages changed since the sandbox's template (small, fast;
+        /// the template must stay in place).
+        #[arg(long)]
+        diff: bool,
     },
 }
 
@@ -245,11 +368,37 @@ fn restore_fg(dir: PathBuf, sock: Option<PathBuf>, vsock: Option<PathBuf>) -> Re
 
 fn main() {
     let cli = Cli::parse();
+    use daemon_cmds as dc;
     use sandbox_cmds as sb;
+    let g = &cli.g;
     let res = match cli.cmd {
-        Cmd::Run { sandbox, exec } => sb::run(&sandbox, &exec),
-        Cmd::Exec { id, exec } => sb::exec(&id, &exec),
-        Cmd::Cp { src, dst } => sb::cp(&src, &dst),
+        Cmd::Run {
+            sandbox,
+            exec,
+            direct: true,
+            ..
+        } => sb::run(&sandbox, &exec),
+        Cmd::Run {
+            sandbox,
+            exec,
+            stdin,
+            ..
+        } => dc::run(g, &sandbox, &exec, stdin),
+        Cmd::Create { args } => dc::create(g, &args),
+        Cmd::Ls {
+            state,
+            template,
+            meta,
+        } => dc::ls(g, state.as_deref(), template.as_deref(), &meta),
+        Cmd::Exec { id, exec, stdin } => dc::exec(g, &id, &exec, stdin),
+        Cmd::Cp { src, dst } => dc::cp(g, &src, &dst),
+        Cmd::Snapshot { id, template } => dc::snapshot(g, &id, template.as_deref()),
+        Cmd::Pause { id } => dc::lifecycle(g, &id, "pause"),
+        Cmd::Resume { id } => dc::lifecycle(g, &id, "resume"),
+        Cmd::Rm { ids } => dc::rm(g, &ids),
+        Cmd::Template { op } => dc::template(g, &op),
+        Cmd::Pool { op } => dc::pool(g, &op),
+        Cmd::Stats => dc::stats(g),
         Cmd::Vm { op } => match op {
             VmCmd::Start { sandbox } => sb::start(&sandbox),
             VmCmd::Ls => sb::ls(),
@@ -257,13 +406,15 @@ fn main() {
             VmCmd::Pause { id } => sb::control(&id, vmm::api::Request::Pause),
             VmCmd::Resume { id } => sb::control(&id, vmm::api::Request::Resume),
             VmCmd::Stats { id } => sb::control(&id, vmm::api::Request::Stats),
+            VmCmd::Exec { id, exec } => sb::exec(&id, &exec),
+            VmCmd::Cp { src, dst } => sb::cp(&src, &dst),
+            VmCmd::Snapshot { id, dir, diff } => {
+                let dir = std::path::absolute(&dir).unwrap_or(dir);
+                sb::control(&id, vmm::api::Request::Snapshot { dir, diff })
+            }
         },
-        Cmd::Snapshot { id, dir, diff } => {
-            let dir = std::path::absolute(&dir).unwrap_or(dir);
-            sb::control(&id, vmm::api::Request::Snapshot { dir, diff })
-        }
         Cmd::Restore { dir, sock, vsock } => restore_fg(dir, sock, vsock),
-        Cmd::Doctor { json } => doctor(json),
+        Cmd::Doctor => doctor(g.json),
         Cmd::Bench {
             which:
                 BenchCmd::Boot {
