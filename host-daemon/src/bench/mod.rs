@@ -4,6 +4,7 @@
 
 pub mod boot;
 pub mod exec;
+pub mod load;
 pub mod pmem;
 pub mod prewarm;
 pub mod restore;

@@ -175,6 +175,11 @@ impl DaemonClient {
         }
     }
 
+    /// Where it connects, for messages.
+    pub fn target_display(&self) -> String {
+        self.at()
+    }
+
     fn at(&self) -> String {
         match &self.target {
             Target::Unix(p) => p.display().to_string(),

@@ -278,6 +278,41 @@ enum VmCmd {
 
 #[derive(Subcommand)]
 enum BenchCmd {
+    /// shoald under load: create -> exec -> destroy at each concurrency,
+    /// the create rate from a warm template, idle sandboxes held until
+    /// admission refuses.
+    Load {
+        /// Image whose template the sandboxes restore from.
+        #[arg(long, default_value = "tiny")]
+        image: String,
+        /// Concurrency levels (comma-separated).
+        #[arg(long, default_value = "1,10,100,500")]
+        concurrency: String,
+        /// Cycles per level (at least the level).
+        #[arg(long, default_value_t = 20)]
+        cycles: usize,
+        /// The exec step's command (the cheapest: busybox `true`).
+        #[arg(long, default_value = "true")]
+        exec: String,
+        /// Skip the exec step.
+        #[arg(long)]
+        no_exec: bool,
+        /// Creates per create-rate burst (0 skips).
+        #[arg(long, default_value_t = 200)]
+        burst: usize,
+        /// Clients in the bursts and the idle fill.
+        #[arg(long, default_value_t = 16)]
+        burst_concurrency: usize,
+        /// Most idle sandboxes to hold (0 skips the idle test).
+        #[arg(long, default_value_t = 2000)]
+        idle_max: usize,
+        /// Extra shoald arguments for the private daemon (e.g. "--memory-overcommit 16").
+        #[arg(long, default_value = "")]
+        daemon_args: String,
+        /// Where to write the JSON report.
+        #[arg(long, default_value = "bench-load.json")]
+        json: PathBuf,
+    },
     /// VMM start to first instruction, console, init and exit; vs QEMU microvm.
     Boot {
         /// Boots per system (>= 20 on hardware KVM; each takes seconds on PVM hosts).
@@ -415,6 +450,39 @@ fn main() {
         },
         Cmd::Restore { dir, sock, vsock } => restore_fg(dir, sock, vsock),
         Cmd::Doctor => doctor(g.json),
+        Cmd::Bench {
+            which:
+                BenchCmd::Load {
+                    image,
+                    concurrency,
+                    cycles,
+                    exec,
+                    no_exec,
+                    burst,
+                    burst_concurrency,
+                    idle_max,
+                    daemon_args,
+                    json,
+                },
+        } => bench::load(
+            g,
+            &bench::LoadArgs {
+                image,
+                concurrency,
+                cycles,
+                exec: if no_exec {
+                    vec![]
+                } else {
+                    exec.split_whitespace().map(String::from).collect()
+                },
+                burst,
+                burst_concurrency,
+                idle_max,
+                daemon_args,
+            },
+            &json,
+        )
+        .map(|_| 0),
         Cmd::Bench {
             which:
                 BenchCmd::Boot {
