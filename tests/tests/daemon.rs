@@ -508,6 +508,20 @@ fn killed_vmms_are_noticed_and_reclaimed_and_pools_refill() {
     wait_for("the pool to replace its dead member", 120, || {
         ready() == 3 && d.get(pooled[0]["id"].as_str().unwrap()).is_none()
     });
+    // Idle sandboxes get their vCPUs paused (no CPU while idle) and are
+    // continued by their next request.
+    let metrics = || {
+        String::from_utf8(
+            d.c.request("GET", "/metrics", Body::Empty)
+                .unwrap()
+                .bytes()
+                .unwrap(),
+        )
+        .unwrap()
+    };
+    wait_for("idle sandboxes to be frozen", 20, || {
+        metrics().contains("shoal_sandboxes_frozen 4")
+    });
     // The pooled sandbox handed out works.
     let id2 = s2["id"].as_str().unwrap();
     assert_eq!(d.sh(id2, "echo pooled")["stdout"], "pooled\n");

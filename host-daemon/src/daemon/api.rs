@@ -330,6 +330,7 @@ fn gauges(d: &Daemon) -> Res<metrics::Gauges> {
         ),
         reserved: (u.memory_mib << 20, u.vcpus),
         budget: (l.memory_budget_mib() << 20, l.vcpu_budget()),
+        frozen: super::freeze::frozen_count(d),
     })
 }
 

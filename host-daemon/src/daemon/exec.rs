@@ -162,7 +162,7 @@ const SLACK: Duration = Duration::from_secs(30);
 /// One-shot exec: waits for the exit and returns all output.
 pub async fn exec(d: &Arc<Daemon>, id: &str, b: ExecBody) -> ApiResult<ExecOutput> {
     let t0 = Instant::now();
-    let (row, live) = ensure_running(d, id).await?;
+    let (row, live, _busy) = ensure_running(d, id).await?;
     let p = prepare(&row.env, b)?;
     let c = agent(d, &live).await?;
     let out = blocking("exec", p.timeout + SLACK, move || {
@@ -232,7 +232,7 @@ fn output_line(kind: &str, data: &[u8]) -> Bytes {
 /// `stderr`, then `exit` or `error`).
 pub async fn exec_stream(d: &Arc<Daemon>, id: &str, b: ExecBody) -> ApiResult<Body> {
     let t0 = Instant::now();
-    let (row, live) = ensure_running(d, id).await?;
+    let (row, live, busy) = ensure_running(d, id).await?;
     let p = prepare(&row.env, b)?;
     let c = agent(d, &live).await?;
     let deadline = tokio::time::Instant::now() + p.timeout + SLACK;
@@ -241,6 +241,7 @@ pub async fn exec_stream(d: &Arc<Daemon>, id: &str, b: ExecBody) -> ApiResult<Bo
     std::thread::Builder::new()
         .name("exec-stream".into())
         .spawn(move || {
+            let _busy = busy;
             let send = |b: Bytes| tx.blocking_send(b).is_ok();
             let mut h = match c.exec(&p.req) {
                 Ok(h) => h,
@@ -357,7 +358,7 @@ const FILE_OP: Duration = Duration::from_secs(120);
 /// `stat`.
 pub async fn stat(d: &Arc<Daemon>, id: &str, path: String) -> ApiResult<StatView> {
     check_path(&path)?;
-    let (_, live) = ensure_running(d, id).await?;
+    let (_, live, _busy) = ensure_running(d, id).await?;
     let c = agent(d, &live).await?;
     blocking("stat", FILE_OP, move || Ok(c.stat(&path)?.into())).await
 }
@@ -365,7 +366,7 @@ pub async fn stat(d: &Arc<Daemon>, id: &str, path: String) -> ApiResult<StatView
 /// Directory listing.
 pub async fn list(d: &Arc<Daemon>, id: &str, path: String) -> ApiResult<Vec<EntryView>> {
     check_path(&path)?;
-    let (_, live) = ensure_running(d, id).await?;
+    let (_, live, _busy) = ensure_running(d, id).await?;
     let c = agent(d, &live).await?;
     blocking("list", FILE_OP, move || {
         let mut v: Vec<EntryView> = c
@@ -385,7 +386,7 @@ pub async fn list(d: &Arc<Daemon>, id: &str, path: String) -> ApiResult<Vec<Entr
 /// Removes a file (or a tree with `recursive`).
 pub async fn remove(d: &Arc<Daemon>, id: &str, path: String, recursive: bool) -> ApiResult<()> {
     check_path(&path)?;
-    let (_, live) = ensure_running(d, id).await?;
+    let (_, live, _busy) = ensure_running(d, id).await?;
     let c = agent(d, &live).await?;
     blocking("remove", FILE_OP, move || Ok(c.remove(&path, recursive)?)).await
 }
@@ -422,7 +423,7 @@ pub async fn upload(
 ) -> ApiResult<u64> {
     use futures_util::StreamExt;
     check_path(&path)?;
-    let (_, live) = ensure_running(d, id).await?;
+    let (_, live, _busy) = ensure_running(d, id).await?;
     let c = agent(d, &live).await?;
     let (tx, rx) = mpsc::channel(16);
     let pump = tokio::spawn(async move {
@@ -482,12 +483,13 @@ pub async fn download(d: &Arc<Daemon>, id: &str, path: String) -> ApiResult<(u64
             st.r#type
         )));
     }
-    let (_, live) = ensure_running(d, id).await?;
+    let (_, live, busy) = ensure_running(d, id).await?;
     let c = agent(d, &live).await?;
     let (tx, rx) = mpsc::channel(8);
     std::thread::Builder::new()
         .name("download".into())
         .spawn(move || {
+            let _busy = busy;
             let mut w = ChanWriter {
                 tx: tx.clone(),
                 buf: Vec::new(),

@@ -82,6 +82,8 @@ pub struct Gauges {
     pub reserved: (u64, u64),
     /// Budgets: guest memory (bytes) and vCPUs.
     pub budget: (u64, u64),
+    /// Sandboxes whose vCPUs are paused while idle.
+    pub frozen: u64,
 }
 
 impl Metrics {
@@ -155,6 +157,12 @@ impl Metrics {
             "shoal_reserved_vcpus",
             "vCPUs reserved.",
             g.reserved.1,
+        );
+        gauge(
+            &mut o,
+            "shoal_sandboxes_frozen",
+            "Idle sandboxes whose vCPUs are paused until their next request.",
+            g.frozen,
         );
         gauge(
             &mut o,
@@ -250,6 +258,7 @@ mod tests {
             host_memory: (100, 50),
             reserved: (10, 1),
             budget: (1000, 100),
+            frozen: 0,
         };
         let t = m.render(&g);
         assert!(t.contains("shoal_sandboxes{state=\"running\"} 3"));

@@ -17,6 +17,7 @@ pub mod api;
 pub mod client;
 pub mod db;
 pub mod exec;
+pub mod freeze;
 pub mod metrics;
 pub mod openapi;
 pub mod ops;
@@ -30,7 +31,7 @@ use db::Db;
 use guest_agent::client::Client;
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -49,6 +50,8 @@ pub struct Config {
     pub sweep_interval: Duration,
     /// Refill pools (off in some tests).
     pub pools: bool,
+    /// Pause the vCPUs of sandboxes idle this long (see [`freeze`]).
+    pub freeze_after: Option<Duration>,
 }
 
 impl Config {
@@ -175,6 +178,12 @@ pub struct Live {
     pub client: tokio::sync::Mutex<Option<Client>>,
     /// Serializes lifecycle operations (pause, resume, snapshot, kill).
     pub op: tokio::sync::Mutex<()>,
+    /// Operations in flight (a busy sandbox is never frozen).
+    pub busy: AtomicUsize,
+    /// The vCPUs are paused by the freezer.
+    pub frozen: tokio::sync::Mutex<bool>,
+    /// Last activity (monotonic ms).
+    pub last_active_ms: AtomicU64,
 }
 
 impl Live {
@@ -189,6 +198,9 @@ impl Live {
             needs_post_restore: AtomicBool::new(post_restore),
             client: tokio::sync::Mutex::new(None),
             op: tokio::sync::Mutex::new(()),
+            busy: AtomicUsize::new(0),
+            frozen: tokio::sync::Mutex::new(false),
+            last_active_ms: AtomicU64::new(freeze::now_ms()),
         }
     }
 
@@ -335,6 +347,9 @@ pub async fn serve(
     tokio::spawn(supervisor::sweep_loop(d.clone()));
     if d.cfg.pools {
         tokio::spawn(pool::run(d.clone()));
+    }
+    if let Some(after) = d.cfg.freeze_after {
+        tokio::spawn(freeze::run(d.clone(), after));
     }
     let stop = async {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())

@@ -175,6 +175,9 @@ pub async fn start_vmm(
         .live(&row.id)
         .unwrap_or_else(|| Arc::new(Live::new(&row.id, &row.dir, None, true)));
     live.set_proc(Some(p));
+    *live.frozen.lock().await = false;
+    live.last_active_ms
+        .store(super::freeze::now_ms(), Ordering::Release);
     live.needs_post_restore.store(true, Ordering::Release);
     live.expect_exit.store(false, Ordering::Release);
     // Killed while it was starting: do not resurrect it.
@@ -343,7 +346,10 @@ pub async fn kill(d: &Arc<Daemon>, id: &str, reason: &str) -> ApiResult<()> {
 }
 
 /// The sandbox, running: a paused one is resumed first.
-pub async fn ensure_running(d: &Arc<Daemon>, id: &str) -> ApiResult<(SandboxRow, Arc<Live>)> {
+pub async fn ensure_running(
+    d: &Arc<Daemon>,
+    id: &str,
+) -> ApiResult<(SandboxRow, Arc<Live>, super::freeze::Busy)> {
     for _ in 0..3 {
         let r = row(d, id)?;
         match r.state {
@@ -355,7 +361,8 @@ pub async fn ensure_running(d: &Arc<Daemon>, id: &str) -> ApiResult<(SandboxRow,
                 if now - r.last_active > 1.0 {
                     d.db(|db| db.touch(id, now))?;
                 }
-                return Ok((r, live));
+                let busy = super::freeze::busy(&live).await?;
+                return Ok((r, live, busy));
             }
             State::Paused | State::Pausing => {
                 resume(d, id).await?;
@@ -555,7 +562,7 @@ pub async fn snapshot(d: &Arc<Daemon>, id: &str, req: SnapshotRequest) -> ApiRes
     if d.db(|db| db.template(&name))?.is_some() {
         return Err(ApiError::Conflict(format!("template '{name}' exists")));
     }
-    let (r, live) = ensure_running(d, id).await?;
+    let (r, live, _busy) = ensure_running(d, id).await?;
     let _g = live.op.lock().await;
     *live.client.lock().await = None;
     let dir = d.cfg.templates_dir().join(&name);

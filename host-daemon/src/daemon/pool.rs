@@ -115,6 +115,7 @@ async fn fill_one(d: &Arc<Daemon>, tpl: &str) -> bool {
         let live = d
             .live(&r.id)
             .ok_or_else(|| ApiError::Internal("pooled sandbox vanished".into()))?;
+        let _busy = super::freeze::busy(&live).await?;
         ops::agent(d, &live).await?;
         d.db(|db| {
             // Only a sandbox still starting joins the pool (not one killed

@@ -169,21 +169,30 @@ pub async fn recover(d: &Arc<Daemon>) -> Recovery {
                     .zip(r.pid_start)
                     .map(|(pid, start)| vm::Proc { pid, start });
                 let sock = r.dir.join("api.sock");
-                let usable = match p {
+                let usable: Option<bool> = match p {
                     Some(p) if p.alive() && matches!(r.state, State::Running | State::Pooled) => {
                         tokio::task::spawn_blocking(move || {
-                            vmm_api::call(&sock, &Request::Stats, Duration::from_secs(3))
-                                .is_ok_and(|s| s.stats.is_some_and(|s| s.state == "running"))
+                            // Running, or frozen (vCPUs paused by the freezer).
+                            let st = vmm_api::call(&sock, &Request::Stats, Duration::from_secs(3))
+                                .ok()
+                                .and_then(|s| s.stats)
+                                .map(|s| s.state);
+                            match st.as_deref() {
+                                Some("running") => Some(false),
+                                Some("paused") => Some(true),
+                                _ => None,
+                            }
                         })
                         .await
-                        .unwrap_or(false)
+                        .unwrap_or(None)
                     }
-                    _ => false,
+                    _ => None,
                 };
                 match (p, usable) {
-                    (Some(p), true) => {
+                    (Some(p), Some(frozen)) => {
                         let live =
                             Arc::new(Live::new(&r.id, &r.dir, Some(p), r.needs_post_restore));
+                        *live.frozen.lock().await = frozen;
                         d.insert_live(live.clone());
                         watch(d.clone(), live, p);
                         keep_dirs.insert(r.dir.clone());

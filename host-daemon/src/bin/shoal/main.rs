@@ -310,8 +310,8 @@ enum BenchCmd {
         #[arg(long, default_value = "")]
         daemon_args: String,
         /// Where to write the JSON report.
-        #[arg(long, default_value = "bench-load.json")]
-        json: PathBuf,
+        #[arg(long = "out", default_value = "bench-load.json")]
+        out: PathBuf,
     },
     /// VMM start to first instruction, console, init and exit; vs QEMU microvm.
     Boot {
@@ -328,8 +328,8 @@ enum BenchCmd {
         #[arg(long)]
         no_qemu: bool,
         /// Where to write the JSON report.
-        #[arg(long, default_value = "bench-boot.json")]
-        json: PathBuf,
+        #[arg(long = "out", default_value = "bench-boot.json")]
+        out: PathBuf,
     },
     /// Exec round trip, stdout/upload/download throughput, restore to
     /// agent-ready, and the agent's syscalls per exec and per MiB.
@@ -344,8 +344,8 @@ enum BenchCmd {
         #[arg(long, default_value_t = 8 << 20)]
         bytes: u64,
         /// Where to write the JSON report.
-        #[arg(long, default_value = "bench-exec.json")]
-        json: PathBuf,
+        #[arg(long = "out", default_value = "bench-exec.json")]
+        out: PathBuf,
     },
     /// Snapshot size/time, restore latency, restore rate and PSS per restored VM.
     Restore {
@@ -365,8 +365,8 @@ enum BenchCmd {
         #[arg(long, default_value_t = 128)]
         memory: u32,
         /// Where to write the JSON report.
-        #[arg(long, default_value = "bench-restore.json")]
-        json: PathBuf,
+        #[arg(long = "out", default_value = "bench-restore.json")]
+        out: PathBuf,
     },
 }
 
@@ -462,7 +462,7 @@ fn main() {
                     burst_concurrency,
                     idle_max,
                     daemon_args,
-                    json,
+                    out: json,
                 },
         } => bench::load(
             g,
@@ -490,7 +490,7 @@ fn main() {
                     image,
                     memory,
                     no_qemu,
-                    json,
+                    out: json,
                 },
         } => bench::boot(runs, &image, memory, no_qemu, &json).map(|_| 0),
         Cmd::Bench {
@@ -499,7 +499,7 @@ fn main() {
                     execs,
                     restores,
                     bytes,
-                    json,
+                    out: json,
                 },
         } => bench::exec(execs, restores, bytes, &json).map(|_| 0),
         Cmd::Bench {
@@ -510,7 +510,7 @@ fn main() {
                     rate_restores,
                     pss_vms,
                     memory,
-                    json,
+                    out: json,
                 },
         } => bench::restore(
             restores,
