@@ -46,6 +46,9 @@ struct Args {
     /// CPU each on PVM hosts.
     #[arg(long, default_value_t = 2000)]
     freeze_idle_ms: u64,
+    /// VMM restores in flight at most (default: 2 per CPU); more creates queue.
+    #[arg(long)]
+    max_restores: Option<usize>,
     /// Do not refill warm pools.
     #[arg(long)]
     no_pools: bool,
@@ -104,6 +107,9 @@ fn main() -> Result<()> {
         agent_timeout: Duration::from_secs(a.agent_timeout),
         sweep_interval: Duration::from_secs(1),
         pools: !a.no_pools,
+        max_restores: a
+            .max_restores
+            .unwrap_or_else(|| 2 * std::thread::available_parallelism().map_or(1, |n| n.get())),
         freeze_after: (a.freeze_idle_ms > 0).then(|| Duration::from_millis(a.freeze_idle_ms)),
     };
     let d = Daemon::open(cfg).map_err(anyhow::Error::msg)?;

@@ -120,6 +120,8 @@ pub struct SandboxRow {
     pub env: BTreeMap<String, String>,
     /// The next agent connection must send fresh entropy and time.
     pub needs_post_restore: bool,
+    /// Never frozen while idle (background work keeps running).
+    pub keep_running: bool,
     /// Why it failed.
     pub error: Option<String>,
 }
@@ -176,7 +178,7 @@ pub struct Db {
 }
 
 const SANDBOX_COLS: &str = "id, template, state, vcpus, memory_mib, pid, pid_start, dir, \
-     created_at, last_active, ttl_s, idle_timeout_s, metadata, env, needs_post_restore, error";
+     created_at, last_active, ttl_s, idle_timeout_s, metadata, env, needs_post_restore, error, keep_running";
 
 fn sandbox_row(r: &Row<'_>) -> rusqlite::Result<SandboxRow> {
     let state: String = r.get(2)?;
@@ -201,6 +203,7 @@ fn sandbox_row(r: &Row<'_>) -> rusqlite::Result<SandboxRow> {
         env: json(13)?,
         needs_post_restore: r.get(14)?,
         error: r.get(15)?,
+        keep_running: r.get(16)?,
     })
 }
 
@@ -221,7 +224,7 @@ fn template_row(r: &Row<'_>) -> rusqlite::Result<TemplateRow> {
 fn put(conn: &Connection, s: &SandboxRow) -> Result<()> {
     conn.prepare_cached(&format!(
         "INSERT OR REPLACE INTO sandboxes ({SANDBOX_COLS}) \
-         VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16)"
+         VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17)"
     ))?
     .execute(params![
         s.id,
@@ -240,6 +243,7 @@ fn put(conn: &Connection, s: &SandboxRow) -> Result<()> {
         serde_json::to_string(&s.env).unwrap_or_default(),
         s.needs_post_restore,
         s.error,
+        s.keep_running,
     ])?;
     Ok(())
 }
@@ -300,7 +304,8 @@ impl Db {
                     created_at REAL NOT NULL, last_active REAL NOT NULL,
                     ttl_s INTEGER NOT NULL, idle_timeout_s INTEGER NOT NULL,
                     metadata TEXT NOT NULL, env TEXT NOT NULL,
-                    needs_post_restore INTEGER NOT NULL, error TEXT);
+                    needs_post_restore INTEGER NOT NULL, error TEXT,
+                    keep_running INTEGER NOT NULL DEFAULT 0);
                  CREATE INDEX sandboxes_state ON sandboxes(state, template);
                  CREATE TABLE templates (
                     name TEXT PRIMARY KEY, source TEXT NOT NULL, vcpus INTEGER NOT NULL,
@@ -597,6 +602,7 @@ mod tests {
             metadata: [("run".to_string(), "a".to_string())].into(),
             env: BTreeMap::new(),
             needs_post_restore: true,
+            keep_running: false,
             error: None,
         }
     }

@@ -65,6 +65,7 @@ pub async fn run(d: Arc<Daemon>, after: Duration) {
         let now = now_ms();
         for l in lives {
             if l.proc().is_none()
+                || l.keep_running.load(Ordering::Acquire)
                 || l.busy.load(Ordering::Acquire) > 0
                 || now.saturating_sub(l.last_active_ms.load(Ordering::Acquire)) < after_ms
             {

@@ -52,6 +52,8 @@ pub struct Config {
     pub pools: bool,
     /// Pause the vCPUs of sandboxes idle this long (see [`freeze`]).
     pub freeze_after: Option<Duration>,
+    /// VMM restores in flight at most.
+    pub max_restores: usize,
 }
 
 impl Config {
@@ -184,6 +186,8 @@ pub struct Live {
     pub frozen: tokio::sync::Mutex<bool>,
     /// Last activity (monotonic ms).
     pub last_active_ms: AtomicU64,
+    /// Never frozen.
+    pub keep_running: AtomicBool,
 }
 
 impl Live {
@@ -201,6 +205,7 @@ impl Live {
             busy: AtomicUsize::new(0),
             frozen: tokio::sync::Mutex::new(false),
             last_active_ms: AtomicU64::new(freeze::now_ms()),
+            keep_running: AtomicBool::new(false),
         }
     }
 
@@ -235,6 +240,10 @@ pub struct Daemon {
     pub pool_wake: tokio::sync::Notify,
     /// Serializes template builds.
     pub building: tokio::sync::Mutex<()>,
+    /// Bounds concurrent VMM restores: past a few per CPU they only slow
+    /// each other down (KVM VM set-up and the guests' first instructions
+    /// compete for the same cores), so excess creates queue here.
+    pub restores: tokio::sync::Semaphore,
 }
 
 impl Daemon {
@@ -244,6 +253,7 @@ impl Daemon {
             std::fs::create_dir_all(d).map_err(|e| format!("{}: {e}", d.display()))?;
         }
         let db = Db::open(&cfg.state_dir.join("state.db")).map_err(|e| e.to_string())?;
+        let permits = cfg.max_restores.max(1);
         Ok(Arc::new(Daemon {
             cfg,
             db: Mutex::new(db),
@@ -251,6 +261,7 @@ impl Daemon {
             metrics: metrics::Metrics::default(),
             pool_wake: tokio::sync::Notify::new(),
             building: tokio::sync::Mutex::new(()),
+            restores: tokio::sync::Semaphore::new(permits),
         }))
     }
 

@@ -56,7 +56,8 @@ fn schemas() -> Value {
         "CreateSandbox": obj(json!({
             "template": s("string"), "image": {"type": "string", "enum": ["tiny", "base"]},
             "vcpus": s("integer"), "memory_mib": s("integer"), "ttl_s": s("integer"),
-            "idle_timeout_s": s("integer"), "metadata": map, "env": map}), &[]),
+            "idle_timeout_s": s("integer"), "metadata": map, "env": map,
+            "keep_running": s("boolean")}), &[]),
         "Sandbox": obj(json!({
             "id": s("string"), "template": s("string"),
             "state": {"type": "string", "enum": ["starting", "running", "pausing", "paused", "failed", "pooled"]},

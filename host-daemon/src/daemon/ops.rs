@@ -48,6 +48,10 @@ pub struct CreateSandbox {
     /// Environment for every exec in the sandbox.
     #[serde(default)]
     pub env: BTreeMap<String, String>,
+    /// Never freeze it while idle (background processes keep running; it
+    /// then costs CPU while idle).
+    #[serde(default)]
+    pub keep_running: bool,
 }
 
 /// A sandbox as the API shows it.
@@ -79,6 +83,8 @@ pub struct SandboxView {
     pub env: BTreeMap<String, String>,
     /// Why it failed.
     pub error: Option<String>,
+    /// Never frozen while idle.
+    pub keep_running: bool,
     /// Served from a warm pool (create only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub from_pool: Option<bool>,
@@ -100,6 +106,7 @@ impl From<SandboxRow> for SandboxView {
             metadata: r.metadata,
             env: r.env,
             error: r.error,
+            keep_running: r.keep_running,
             from_pool: None,
         }
     }
@@ -152,6 +159,14 @@ pub async fn start_vmm(
     let vmm = d.cfg.vmm.clone();
     let t0 = Instant::now();
     let p2 = paths.clone();
+    let permit = tokio::time::timeout(Duration::from_secs(60), d.restores.acquire())
+        .await
+        .map_err(|_| {
+            ApiError::Refused(super::admission::Refusal::HostPressure(
+                "too many restores queued for 60 s; retry later".into(),
+            ))
+        })?
+        .map_err(|e| ApiError::Internal(e.to_string()))?;
     let res = blocking("restore", Duration::from_secs(90), move || {
         let p = vm::spawn_restore(&vmm, &snapshot, &p2)
             .map_err(|e| ApiError::Internal(format!("cannot start {}: {e}", vmm.display())))?;
@@ -163,6 +178,7 @@ pub async fn start_vmm(
         Ok(p)
     })
     .await;
+    drop(permit);
     let p = match res {
         Ok(p) => p,
         Err(e) => {
@@ -176,8 +192,10 @@ pub async fn start_vmm(
         .unwrap_or_else(|| Arc::new(Live::new(&row.id, &row.dir, None, true)));
     live.set_proc(Some(p));
     *live.frozen.lock().await = false;
-    live.last_active_ms
-        .store(super::freeze::now_ms(), Ordering::Release);
+    // Nothing runs in a fresh guest until it is asked to: it may be frozen
+    // at once (the next request continues it in ~1 ms).
+    live.last_active_ms.store(0, Ordering::Release);
+    live.keep_running.store(row.keep_running, Ordering::Release);
     live.needs_post_restore.store(true, Ordering::Release);
     live.expect_exit.store(false, Ordering::Release);
     // Killed while it was starting: do not resurrect it.
@@ -266,9 +284,16 @@ pub async fn create(d: &Arc<Daemon>, req: CreateSandbox) -> ApiResult<SandboxVie
         metadata: req.metadata,
         env: req.env,
         needs_post_restore: true,
+        keep_running: req.keep_running,
         error: None,
     };
     if let Some(r) = d.db(|db| db.take_pooled(&tpl.name, &row))? {
+        if let Some(live) = d.live(&r.id) {
+            live.keep_running.store(r.keep_running, Ordering::Release);
+            if r.keep_running {
+                drop(super::freeze::busy(&live).await?);
+            }
+        }
         d.metrics.pool_hits.fetch_add(1, Ordering::Relaxed);
         d.pool_wake.notify_one();
         d.metrics.create.observe(t0.elapsed().as_secs_f64());

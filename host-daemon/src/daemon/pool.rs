@@ -97,6 +97,7 @@ async fn fill_one(d: &Arc<Daemon>, tpl: &str) -> bool {
         metadata: Default::default(),
         env: Default::default(),
         needs_post_restore: true,
+        keep_running: false,
         error: None,
     };
     match ops::admit_and_insert(d, &row, false) {

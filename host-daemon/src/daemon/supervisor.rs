@@ -106,6 +106,8 @@ pub async fn sweep_loop(d: Arc<Daemon>) {
             } else if r.state == State::Running
                 && r.idle_timeout_s > 0
                 && now > r.last_active + r.idle_timeout_s as f64
+                && d.live(&r.id)
+                    .is_some_and(|l| l.busy.load(Ordering::Acquire) == 0)
             {
                 tokio::spawn(async move {
                     d.event(
@@ -193,6 +195,7 @@ pub async fn recover(d: &Arc<Daemon>) -> Recovery {
                         let live =
                             Arc::new(Live::new(&r.id, &r.dir, Some(p), r.needs_post_restore));
                         *live.frozen.lock().await = frozen;
+                        live.keep_running.store(r.keep_running, Ordering::Release);
                         d.insert_live(live.clone());
                         watch(d.clone(), live, p);
                         keep_dirs.insert(r.dir.clone());

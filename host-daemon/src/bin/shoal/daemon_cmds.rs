@@ -161,13 +161,17 @@ pub struct CreateArgs {
     /// Environment NAME=VALUE for every exec (repeatable).
     #[arg(long = "env", short = 'e')]
     pub env: Vec<String>,
+    /// Never freeze it while idle (background work keeps running).
+    #[arg(long)]
+    pub keep_running: bool,
 }
 
 /// `shoal create`.
 pub fn create(g: &Global, a: &CreateArgs) -> Result<i32> {
     let c = connect(g.daemon.as_deref())?;
     let mut body = json!({"ttl_s": a.ttl, "idle_timeout_s": a.idle_timeout,
-        "metadata": pairs(&a.meta, "--meta")?, "env": pairs(&a.env, "--env")?});
+        "metadata": pairs(&a.meta, "--meta")?, "env": pairs(&a.env, "--env")?,
+        "keep_running": a.keep_running});
     match (&a.template, &a.image) {
         (Some(t), _) => body["template"] = json!(t),
         (None, img) => {
