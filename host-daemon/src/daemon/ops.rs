@@ -148,13 +148,19 @@ pub fn admit_and_insert(d: &Daemon, r: &SandboxRow, count: bool) -> ApiResult<()
 }
 
 /// Restores `snapshot` into a new VMM for `row` (already inserted), waits
-/// until it answers, records it as `state` and starts watching it.
+/// until it answers, records it as `state` and starts watching it. With
+/// `freeze` (and unless the sandbox is `keep_running`) its vCPUs are
+/// paused at once, before the guest has done anything: on PVM hosts a
+/// freshly restored guest's first moments cost the host far more than its
+/// restore, and nothing needs to run until the first request.
 pub async fn start_vmm(
     d: &Arc<Daemon>,
     mut row: SandboxRow,
     snapshot: PathBuf,
     state: State,
+    freeze: bool,
 ) -> ApiResult<SandboxRow> {
+    let freeze = freeze && !row.keep_running && d.cfg.freeze_after.is_some();
     let paths = vm::Paths::new(&row.dir);
     let vmm = d.cfg.vmm.clone();
     let t0 = Instant::now();
@@ -175,11 +181,13 @@ pub async fn start_vmm(
             p.wait_gone(Duration::from_secs(2));
             ApiError::Sandbox(format!("restore failed: {e}: {}", vm::log_tail(&p2)))
         })?;
-        Ok(p)
+        let frozen =
+            freeze && vmm_api::call(&p2.api_sock, &Request::Pause, Duration::from_secs(5)).is_ok();
+        Ok((p, frozen))
     })
     .await;
     drop(permit);
-    let p = match res {
+    let (p, frozen) = match res {
         Ok(p) => p,
         Err(e) => {
             d.event(&row.id, "restore_failed", &e.to_string());
@@ -191,7 +199,7 @@ pub async fn start_vmm(
         .live(&row.id)
         .unwrap_or_else(|| Arc::new(Live::new(&row.id, &row.dir, None, true)));
     live.set_proc(Some(p));
-    *live.frozen.lock().await = false;
+    *live.frozen.lock().await = frozen;
     // Nothing runs in a fresh guest until it is asked to: it may be frozen
     // at once (the next request continues it in ~1 ms).
     live.last_active_ms.store(0, Ordering::Release);
@@ -309,7 +317,7 @@ pub async fn create(d: &Arc<Daemon>, req: CreateSandbox) -> ApiResult<SandboxVie
     d.metrics.pool_misses.fetch_add(1, Ordering::Relaxed);
     admit_and_insert(d, &row, true)?;
     let id = row.id.clone();
-    let r = match start_vmm(d, row, tpl.dir.clone(), State::Running).await {
+    let r = match start_vmm(d, row, tpl.dir.clone(), State::Running, true).await {
         Ok(r) => r,
         Err(e) => {
             let _ = d.db(|db| db.delete_sandbox(&id));
@@ -553,7 +561,7 @@ pub async fn resume(d: &Arc<Daemon>, id: &str) -> ApiResult<SandboxView> {
     r.state = State::Starting;
     admit_and_insert(d, &r, true)?;
     let t0 = Instant::now();
-    match start_vmm(d, r, snap, State::Running).await {
+    match start_vmm(d, r, snap, State::Running, true).await {
         Ok(r) => {
             d.event(
                 id,

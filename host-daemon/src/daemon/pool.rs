@@ -112,7 +112,7 @@ async fn fill_one(d: &Arc<Daemon>, tpl: &str) -> bool {
         }
     }
     let res = async {
-        let r = ops::start_vmm(d, row, t.dir.clone(), State::Starting).await?;
+        let r = ops::start_vmm(d, row, t.dir.clone(), State::Starting, false).await?;
         let live = d
             .live(&r.id)
             .ok_or_else(|| ApiError::Internal("pooled sandbox vanished".into()))?;
