@@ -18,6 +18,7 @@ pub mod client;
 pub mod db;
 pub mod exec;
 pub mod freeze;
+pub mod lifecycle;
 pub mod metrics;
 pub mod openapi;
 pub mod ops;
