@@ -84,7 +84,9 @@ pub fn template(
     let kernel = artifacts::kernel()?;
     let image = artifacts::image(&format!("{}_erofs", spec.image))?;
     let vmm = artifacts::vmm_binary()?;
-    let cmdline = artifacts::base_cmdline();
+    // `quiet`: a sandbox's boot log is read by no one, and every console
+    // byte is a VM exit (errors still print).
+    let cmdline = format!("{} quiet", artifacts::base_cmdline());
     let key = hash_hex(&[
         kernel.as_os_str().as_encoded_bytes(),
         image.as_os_str().as_encoded_bytes(),

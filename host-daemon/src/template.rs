@@ -63,6 +63,10 @@ pub fn make(
         let _ = child.wait();
         return Err(TemplateError::NotReady(ready.into()));
     }
+    // The guest goes on working for a while after its ready line (the
+    // agent's set-up, kernel deferred work); every clone would redo that
+    // work after its restore, so snapshot once the guest is idle.
+    wait_until_idle(child.id(), QUIET_WINDOW, QUIET_MAX);
     let t = Duration::from_secs(60);
     let info = api::call(
         &sock,
@@ -82,6 +86,45 @@ pub fn make(
         pause_ms: 0.0,
         save_ms: 0.0,
     }))
+}
+
+/// Idle means under 2% of a CPU over this window.
+const QUIET_WINDOW: Duration = Duration::from_millis(250);
+/// Give up waiting for an idle guest after this long (a guest that never
+/// idles, e.g. one printing continuously, is snapshotted as it is).
+const QUIET_MAX: Duration = Duration::from_secs(10);
+
+/// CPU time (ns) all threads of `pid` have run, from schedstat.
+fn cpu_ns(pid: u32) -> Option<u64> {
+    let mut total = 0u64;
+    for t in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .ok()?
+        .flatten()
+    {
+        let s = std::fs::read_to_string(t.path().join("schedstat")).ok()?;
+        total += s.split_whitespace().next()?.parse::<u64>().ok()?;
+    }
+    Some(total)
+}
+
+/// Waits (at most `max`) until process `pid` used under 2% of a CPU over
+/// `window`; returns whether it did.
+pub fn wait_until_idle(pid: u32, window: Duration, max: Duration) -> bool {
+    let end = Instant::now() + max;
+    let Some(mut last) = cpu_ns(pid) else {
+        return false;
+    };
+    while Instant::now() < end {
+        std::thread::sleep(window);
+        let Some(now) = cpu_ns(pid) else {
+            return false;
+        };
+        if now.saturating_sub(last) < window.as_nanos() as u64 / 50 {
+            return true;
+        }
+        last = now;
+    }
+    false
 }
 
 /// A VMM process restored from a template, with a control socket.

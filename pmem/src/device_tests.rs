@@ -456,3 +456,31 @@ fn fingerprint_of_small_and_large_images() {
         PmemMapping::restore(&s).unwrap();
     }
 }
+
+#[test]
+fn unmodified_file_is_recognised_without_reading_it() {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("i.img");
+    let f = std::fs::File::create(&p).unwrap();
+    f.set_len(2 * MIB).unwrap();
+    drop(f);
+    let m = PmemMapping::open(Path::new(&p), GPA).unwrap();
+    let s = save(&m);
+    drop(m);
+    let meta = std::fs::metadata(&p).unwrap();
+    assert!(s.image.same_file_unmodified(&meta), "same file, untouched");
+    // A copy (new inode) and an in-place write (new mtime) are not the
+    // same unmodified file: restore then samples the content.
+    let copy = d.path().join("copy.img");
+    std::fs::copy(&p, &copy).unwrap();
+    assert!(!s
+        .image
+        .same_file_unmodified(&std::fs::metadata(&copy).unwrap()));
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    let f = std::fs::OpenOptions::new().write(true).open(&p).unwrap();
+    f.write_all_at(b"y", 4096).unwrap();
+    drop(f);
+    assert!(!s
+        .image
+        .same_file_unmodified(&std::fs::metadata(&p).unwrap()));
+}

@@ -103,6 +103,26 @@ pub fn fingerprint(file: &File) -> io::Result<ImageFingerprint> {
 }
 
 impl ImageFingerprint {
+    /// Whether `meta` describes the very file this fingerprint was taken
+    /// of, unmodified since: same device, inode, size and mtime. Content
+    /// sampling is then unnecessary (a writer changes the mtime; setting it
+    /// back by hand is a deliberate act this check does not defend against).
+    pub fn same_file_unmodified(&self, meta: &std::fs::Metadata) -> bool {
+        (
+            meta.len(),
+            meta.dev(),
+            meta.ino(),
+            meta.mtime(),
+            meta.mtime_nsec(),
+        ) == (
+            self.len,
+            self.dev,
+            self.ino,
+            self.mtime_sec,
+            self.mtime_nsec,
+        )
+    }
+
     /// Compares `self` (saved) with `now` (the file found at restore).
     pub fn compare(&self, now: &ImageFingerprint) -> Result<(), ImageChange> {
         if self.len != now.len {

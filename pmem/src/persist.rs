@@ -143,14 +143,22 @@ impl PmemMapping {
             return Err(bad("guest address is not 2 MiB-aligned or the range wraps"));
         }
         let file = File::open(&state.path).map_err(io_err(&state.path, "cannot open"))?;
-        let now = fingerprint(&file).map_err(io_err(&state.path, "cannot fingerprint"))?;
-        state
-            .image
-            .compare(&now)
-            .map_err(|change| PmemPersistError::Changed {
-                path: state.path.clone(),
-                change,
-            })?;
+        let meta = file
+            .metadata()
+            .map_err(io_err(&state.path, "cannot stat"))?;
+        // The very file the snapshot saw, never modified since (same
+        // device, inode, size and mtime): no need to read and hash samples,
+        // which would cost a restore milliseconds.
+        if !state.image.same_file_unmodified(&meta) {
+            let now = fingerprint(&file).map_err(io_err(&state.path, "cannot fingerprint"))?;
+            state
+                .image
+                .compare(&now)
+                .map_err(|change| PmemPersistError::Changed {
+                    path: state.path.clone(),
+                    change,
+                })?;
+        }
         Ok(PmemMapping::from_file(file, &state.path, state.guest_addr)?)
     }
 }

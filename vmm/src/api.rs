@@ -45,6 +45,9 @@ pub enum Request {
     Shutdown,
     /// Counters.
     Stats,
+    /// Where each vCPU is right now (instruction pointers; the vCPUs are
+    /// stopped for a moment): a sampling profiler for the guest.
+    Sample,
 }
 
 /// VM counters.
@@ -101,6 +104,9 @@ pub struct Response {
     /// For `restore`: request to vCPUs started (ms).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restore_ms: Option<f64>,
+    /// For `sample`: each vCPU's instruction pointer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rips: Option<Vec<u64>>,
 }
 
 impl Response {

@@ -75,6 +75,9 @@ pub fn load_kernel(mem: &GuestMemoryMmap, path: &Path) -> Result<LoadedKernel, B
         path: path.into(),
         source,
     })?;
+    if let Some((entry, end)) = crate::kernel_map::map_kernel(mem, &f, HIGH_RAM_START) {
+        return Ok(LoadedKernel { entry, end });
+    }
     let r = Elf::load(mem, None, &mut f, Some(GuestAddress(HIGH_RAM_START))).map_err(|source| {
         BootError::Kernel {
             path: path.into(),

@@ -7,6 +7,7 @@ pub mod config;
 pub mod cpu;
 pub mod events;
 pub mod host;
+mod kernel_map;
 pub mod layout;
 pub mod persist;
 pub mod vcpu;

@@ -280,6 +280,9 @@ fn pause_resume_and_stats() {
         std::thread::sleep(Duration::from_millis(5));
     }
     call(&sock, &Request::Pause, t).unwrap();
+    // Sampling a paused guest leaves it paused.
+    let rips = call(&sock, &Request::Sample, t).unwrap().rips.unwrap();
+    assert!((0x1000..0x1000 + program().len() as u64).contains(&rips[0]));
     let a = call(&sock, &Request::Stats, t).unwrap().stats.unwrap();
     std::thread::sleep(Duration::from_millis(300));
     let b = call(&sock, &Request::Stats, t).unwrap().stats.unwrap();
@@ -292,6 +295,43 @@ fn pause_resume_and_stats() {
         ExitReason::Reset,
         "resumed guest ran to completion"
     );
+}
+
+#[test]
+fn sampling_a_running_guest_finds_it_and_leaves_it_running() {
+    require_kvm();
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("api.sock");
+    let mut cfg = config();
+    cfg.boot = BootSource::RealMode {
+        // 1: in al,0x80; jmp 1b. (A real-mode `jmp $` would be emulated
+        // in-kernel on PVM hosts, which never leave KVM_RUN for a signal.)
+        code: vec![0xe4, 0x80, 0xeb, 0xfc],
+        addr: 0x1000,
+    };
+    let vm = Vm::new(&cfg, Some(Box::new(Capture::default()))).unwrap();
+    let s2 = sock.clone();
+    let runner = std::thread::spawn(move || {
+        vm.run_with(RunOptions {
+            timeout: Some(Duration::from_secs(120)),
+            api_sock: Some(s2),
+            keep_alive: false,
+        })
+        .unwrap()
+    });
+    let t = Duration::from_secs(10);
+    while call(&sock, &Request::Stats, t).is_err() {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    for _ in 0..3 {
+        let rips = call(&sock, &Request::Sample, t).unwrap().rips.unwrap();
+        assert_eq!(rips.len(), 1);
+        assert!((0x1000..0x1004).contains(&rips[0]), "rip {:#x}", rips[0]);
+        let st = call(&sock, &Request::Stats, t).unwrap().stats.unwrap();
+        assert_eq!(st.state, "running");
+    }
+    call(&sock, &Request::Shutdown, t).unwrap();
+    assert_eq!(runner.join().unwrap().exit, ExitReason::Stopped);
 }
 
 #[test]

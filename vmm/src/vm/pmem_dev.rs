@@ -35,7 +35,6 @@ use devices::BusDevice;
 use kvm_bindings::{kvm_userspace_memory_region, KVMIO, KVM_MEM_READONLY};
 use snapshot::Persist;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -179,17 +178,10 @@ fn same_image(dev: &PmemDev, st: &PmemState) -> bool {
     if (m.path(), m.guest_addr(), m.len()) != (st.path.as_path(), st.guest_addr, st.len) {
         return false;
     }
-    let Ok(meta) = m.backing().file.metadata() else {
-        return false;
-    };
-    let f = &st.image;
-    (
-        meta.len(),
-        meta.dev(),
-        meta.ino(),
-        meta.mtime(),
-        meta.mtime_nsec(),
-    ) == (f.len, f.dev, f.ino, f.mtime_sec, f.mtime_nsec)
+    m.backing()
+        .file
+        .metadata()
+        .is_ok_and(|meta| st.image.same_file_unmodified(&meta))
 }
 
 impl Vm {

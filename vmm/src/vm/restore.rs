@@ -152,6 +152,10 @@ impl Vm {
         let base = create_base()?;
         let sink = console_sink(&cfg, console)?;
         let (mut vm, _) = Self::shell(&cfg, base, mem, sink)?;
+        // Every slot before the irqchip (see `create_base`); load_state
+        // then keeps these mappings.
+        vm.map_pmem_saved(&st.pmem)?;
+        vm.finish_shell()?;
         vm.load_state(&st)?;
         vm.memory_base = Some(mem_dir);
         Ok(vm)
@@ -188,6 +192,7 @@ impl Vm {
         let base = create_base()?;
         let sink = console_sink(&cfg, console)?;
         let (mut vm, _) = Self::shell(&cfg, base, mem, sink)?;
+        vm.finish_shell()?;
         vm.vsock_path = opts.vsock_uds;
         Ok(vm)
     }

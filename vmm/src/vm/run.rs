@@ -200,7 +200,7 @@ impl Vm {
     ) -> Response {
         let idle = ctl.vcpus.is_empty();
         match req {
-            Request::Pause | Request::Snapshot { .. } if idle => {
+            Request::Pause | Request::Snapshot { .. } | Request::Sample if idle => {
                 Response::error("no guest is running")
             }
             Request::Pause => match ctl.pause_all(rx) {
@@ -210,6 +210,24 @@ impl Vm {
             Request::Resume => {
                 ctl.resume_all();
                 Response::ok()
+            }
+            Request::Sample => {
+                let was_paused = ctl.paused;
+                if let Err(e) = ctl.pause_all(rx) {
+                    return Response::error(e);
+                }
+                let res = ctl.save_vcpus();
+                if !was_paused {
+                    ctl.resume_all();
+                }
+                match res {
+                    Ok(v) => Response {
+                        ok: true,
+                        rips: Some(v.iter().map(|s| s.regs.rip).collect()),
+                        ..Default::default()
+                    },
+                    Err(e) => Response::error(format!("sample failed: {e}")),
+                }
             }
             Request::Shutdown => {
                 ctl.exit = Some(ExitReason::Stopped);
