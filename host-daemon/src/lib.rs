@@ -1,9 +1,10 @@
 //! Host side of Shoal: locating and building guest artifacts, launching
-//! `shoal-vmm` processes, and the benchmarks. (The `shoald` daemon will live
-//! here too.)
+//! `shoal-vmm` processes, the benchmarks, and the `shoald` daemon
+//! ([`daemon`]).
 
 pub mod artifacts;
 pub mod bench;
+pub mod daemon;
 pub mod image;
 pub mod launch;
 pub mod sandbox;

@@ -174,3 +174,107 @@ pub fn pmem(a: PmemArgs, json: &PathBuf) -> Result<()> {
     eprintln!("wrote {}", json.display());
     Ok(())
 }
+
+/// `shoal bench load` settings.
+pub struct LoadArgs {
+    pub image: String,
+    pub concurrency: String,
+    pub cycles: usize,
+    pub exec: Vec<String>,
+    pub burst: usize,
+    pub burst_concurrency: usize,
+    pub idle_max: usize,
+    pub daemon_args: String,
+}
+
+/// A private shoald on a temporary state directory, stopped (with every
+/// VMM it left) when dropped.
+struct PrivateDaemon {
+    child: std::process::Child,
+    dir: PathBuf,
+}
+
+impl Drop for PrivateDaemon {
+    fn drop(&mut self) {
+        // SAFETY: SIGTERM to our own child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let _ = self.child.wait();
+        for p in shoal_host::daemon::vm::vmms_under(&self.dir) {
+            p.kill();
+            p.wait_gone(Duration::from_secs(2));
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+pub fn load(g: &crate::daemon_cmds::Global, a: &LoadArgs, json: &PathBuf) -> Result<()> {
+    use shoal_host::daemon::client::DaemonClient;
+    let concurrency = a
+        .concurrency
+        .split(',')
+        .map(|k| {
+            k.trim()
+                .parse::<usize>()
+                .with_context(|| format!("bad concurrency {k:?}"))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let mut private = None;
+    let c = match &g.daemon {
+        Some(_) => crate::daemon_client::connect(g.daemon.as_deref())?,
+        None => {
+            let dir = std::env::temp_dir().join(format!("shoal-bench-load-{}", std::process::id()));
+            std::fs::create_dir_all(&dir)?;
+            let bin = std::env::current_exe()?.with_file_name("shoald");
+            let log = std::fs::File::create(dir.join("shoald.log"))?;
+            let child = std::process::Command::new(&bin)
+                .arg("--state-dir")
+                .arg(&dir)
+                .args(a.daemon_args.split_whitespace())
+                .stdin(std::process::Stdio::null())
+                .stdout(log.try_clone()?)
+                .stderr(log)
+                .spawn()
+                .with_context(|| format!("cannot start {}", bin.display()))?;
+            let c = DaemonClient::unix(dir.join("shoald.sock"));
+            private = Some(PrivateDaemon { child, dir });
+            let end = std::time::Instant::now() + Duration::from_secs(30);
+            while !c.ping() {
+                if std::time::Instant::now() > end {
+                    bail!("the private shoald did not come up");
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            eprintln!("private shoald on {}", c.target_display());
+            c
+        }
+    };
+    // The template (booted once and cached), then a warm-up sandbox.
+    let name = format!("{}-1c-128m", a.image);
+    let sb: serde_json::Value = c.call(
+        "POST",
+        "/v1/sandboxes",
+        Some(&serde_json::json!({"image": a.image, "vcpus": 1, "memory_mib": 128})),
+    )?;
+    let id = sb["id"].as_str().unwrap_or_default();
+    let _ = c.request(
+        "DELETE",
+        &format!("/v1/sandboxes/{id}"),
+        shoal_host::daemon::client::Body::Empty,
+    );
+    let opts = shoal_host::bench::load::LoadOpts {
+        template: name,
+        concurrency,
+        min_cycles: a.cycles,
+        exec: a.exec.clone(),
+        burst: a.burst,
+        burst_concurrency: a.burst_concurrency,
+        idle_max: a.idle_max,
+    };
+    let report = shoal_host::bench::load::run(&c, &opts, &mut |l| eprintln!("{l}"));
+    drop(private);
+    print!("{}", report.render());
+    std::fs::write(json, serde_json::to_string_pretty(&report)?)
+        .with_context(|| format!("cannot write {}", json.display()))?;
+    eprintln!("wrote {}", json.display());
+    Ok(())
+}

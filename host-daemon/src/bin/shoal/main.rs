@@ -1,16 +1,19 @@
 //! `shoal`: the Shoal command-line tool.
 //!
 //! - `shoal run [--image base|tiny] -- CMD...`: run CMD in a fresh sandbox
-//!   (restored from the image's template, created on first use), stream its
-//!   output, exit with its exit code.
-//! - `shoal vm start|ls|stop|pause|resume|stats`, `shoal exec`, `shoal cp`:
-//!   long-lived sandboxes.
-//! - `shoal snapshot`, `shoal restore`: snapshots of running sandboxes.
+//!   through the daemon (`shoald`, started on demand), stream its output,
+//!   exit with its exit code.
+//! - `shoal create|ls|exec|cp|snapshot|pause|resume|rm`, `shoal template
+//!   ...`, `shoal pool ...`, `shoal stats`: sandboxes through the daemon.
+//! - `shoal vm ...`: sandboxes without the daemon (one VMM process each).
+//! - `shoal restore`: a snapshot in the foreground.
 //! - `shoal image build SRC -o OUT`: a DAX-ready root image (erofs, 4 KiB
 //!   blocks, padded to 2 MiB) from `base`, a directory or a tar archive.
 //! - `shoal doctor`: what this host offers. `shoal bench ...`: benchmarks.
 
 mod bench;
+mod daemon_client;
+mod daemon_cmds;
 mod image_cmd;
 mod sandbox_cmds;
 
@@ -26,6 +29,8 @@ use std::path::PathBuf;
     about = "Shoal: KVM microVM sandboxes for RL agents"
 )]
 struct Cli {
+    #[command(flatten)]
+    g: daemon_cmds::Global,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -63,42 +68,94 @@ pub struct ExecArgs {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Run a command in a fresh sandbox and exit with its exit code.
+    /// Run a command in a fresh sandbox (through the daemon) and exit with
+    /// its exit code.
     Run {
         #[command(flatten)]
         sandbox: SandboxArgs,
         #[command(flatten)]
         exec: ExecArgs,
+        /// Forward our standard input to the command (read to its end first).
+        #[arg(long, short = 'i')]
+        stdin: bool,
+        /// Without the daemon: restore a VMM here, run, stop it.
+        #[arg(long)]
+        direct: bool,
     },
-    /// Run a command in a running sandbox.
+    /// Create a sandbox; prints its id.
+    Create {
+        #[command(flatten)]
+        args: daemon_cmds::CreateArgs,
+    },
+    /// List sandboxes.
+    Ls {
+        /// Only this state (running, paused, failed, ...).
+        #[arg(long)]
+        state: Option<String>,
+        /// Only this template.
+        #[arg(long)]
+        template: Option<String>,
+        /// Only with label KEY=VALUE (repeatable).
+        #[arg(long = "meta", short = 'm')]
+        meta: Vec<String>,
+    },
+    /// Run a command in a sandbox (a paused one is resumed first).
     Exec {
-        /// Sandbox id (`shoal vm ls`).
+        /// Sandbox id (`shoal ls`).
         id: String,
         #[command(flatten)]
         exec: ExecArgs,
+        /// Forward our standard input to the command (read to its end first).
+        #[arg(long, short = 'i')]
+        stdin: bool,
     },
-    /// Copy files: `shoal cp LOCAL ID:PATH` or `shoal cp ID:PATH LOCAL`.
+    /// Copy files: `shoal cp LOCAL ID:/PATH` or `shoal cp ID:/PATH LOCAL`.
     Cp {
         /// Source.
         src: String,
         /// Destination.
         dst: String,
     },
-    /// Long-lived sandboxes.
-    Vm {
-        #[command(subcommand)]
-        op: VmCmd,
-    },
-    /// Snapshot a running sandbox into DIR (it stays paused; `shoal vm resume` continues it).
+    /// Snapshot a running sandbox into a new template (it keeps running).
     Snapshot {
         /// Sandbox id.
         id: String,
-        /// Target directory.
-        dir: PathBuf,
-        /// Only the pages changed since the sandbox's template (small, fast;
-        /// the template must stay in place).
+        /// Template name (default snap-ID-TIME).
         #[arg(long)]
-        diff: bool,
+        template: Option<String>,
+    },
+    /// Pause a sandbox: its state goes to disk and its VMM ends.
+    Pause {
+        /// Sandbox id.
+        id: String,
+    },
+    /// Resume a paused sandbox (exec and cp also do).
+    Resume {
+        /// Sandbox id.
+        id: String,
+    },
+    /// Kill sandboxes and remove everything they had.
+    Rm {
+        /// Sandbox ids.
+        #[arg(required = true)]
+        ids: Vec<String>,
+    },
+    /// Templates: images booted once and snapshotted.
+    Template {
+        #[command(subcommand)]
+        op: TemplateCmd,
+    },
+    /// Warm pools of restored sandboxes per template.
+    Pool {
+        #[command(subcommand)]
+        op: PoolCmd,
+    },
+    /// What the daemon holds: sandboxes, reservations, host memory, pools.
+    Stats,
+    /// Sandboxes without the daemon (one VMM process each, driven here).
+    Vm {
+        #[command(subcommand)]
+        op: VmCmd,
     },
     /// Start a VM from a snapshot directory in the foreground.
     Restore {
@@ -113,11 +170,7 @@ enum Cmd {
     },
     /// Report what this host offers (KVM type, nesting, userfaultfd, core
     /// scheduling, vhost-vsock, DAMON, cgroup v2) and what Shoal does about each.
-    Doctor {
-        /// JSON output.
-        #[arg(long)]
-        json: bool,
-    },
+    Doctor,
     /// Root images.
     Image {
         #[command(subcommand)]
@@ -127,6 +180,51 @@ enum Cmd {
     Bench {
         #[command(subcommand)]
         which: BenchCmd,
+    },
+}
+
+/// `shoal template ...`.
+#[derive(Subcommand)]
+pub enum TemplateCmd {
+    /// Boot an image once and snapshot it (progress shown; cached).
+    Create {
+        /// Name.
+        name: String,
+        /// Image: tiny or base.
+        #[arg(long, default_value = "base")]
+        image: String,
+        /// vCPUs.
+        #[arg(long, default_value_t = 1)]
+        cpus: u32,
+        /// Memory in MiB.
+        #[arg(long, default_value_t = 128)]
+        memory: u32,
+    },
+    /// List templates.
+    Ls,
+    /// Delete a template and its pool.
+    Rm {
+        /// Name.
+        name: String,
+    },
+}
+
+/// `shoal pool ...`.
+#[derive(Subcommand)]
+pub enum PoolCmd {
+    /// Keep N restored sandboxes of TEMPLATE ready (0 removes the pool).
+    Set {
+        /// Template name.
+        template: String,
+        /// Target size.
+        target: u32,
+    },
+    /// List pools.
+    Ls,
+    /// Remove a pool and its warm sandboxes.
+    Rm {
+        /// Template name.
+        template: String,
     },
 }
 
@@ -182,10 +280,70 @@ enum VmCmd {
         /// Sandbox id.
         id: String,
     },
+    /// Run a command in a running sandbox.
+    Exec {
+        /// Sandbox id (`shoal vm ls`).
+        id: String,
+        #[command(flatten)]
+        exec: ExecArgs,
+    },
+    /// Copy files: `shoal vm cp LOCAL ID:PATH` or `shoal vm cp ID:PATH LOCAL`.
+    Cp {
+        /// Source.
+        src: String,
+        /// Destination.
+        dst: String,
+    },
+    /// Snapshot a running sandbox into DIR (it stays paused; `shoal vm resume` continues it).
+    Snapshot {
+        /// Sandbox id.
+        id: String,
+        /// Target directory.
+        dir: PathBuf,
+        /// Only the pages changed since the sandbox's template (small, fast;
+        /// the template must stay in place).
+        #[arg(long)]
+        diff: bool,
+    },
 }
 
 #[derive(Subcommand)]
 enum BenchCmd {
+    /// shoald under load: create -> exec -> destroy at each concurrency,
+    /// the create rate from a warm template, idle sandboxes held until
+    /// admission refuses.
+    Load {
+        /// Image whose template the sandboxes restore from.
+        #[arg(long, default_value = "tiny")]
+        image: String,
+        /// Concurrency levels (comma-separated).
+        #[arg(long, default_value = "1,10,100,500")]
+        concurrency: String,
+        /// Cycles per level (at least the level).
+        #[arg(long, default_value_t = 20)]
+        cycles: usize,
+        /// The exec step's command (the cheapest: busybox `true`).
+        #[arg(long, default_value = "true")]
+        exec: String,
+        /// Skip the exec step.
+        #[arg(long)]
+        no_exec: bool,
+        /// Creates per create-rate burst (0 skips).
+        #[arg(long, default_value_t = 200)]
+        burst: usize,
+        /// Clients in the bursts and the idle fill.
+        #[arg(long, default_value_t = 16)]
+        burst_concurrency: usize,
+        /// Most idle sandboxes to hold (0 skips the idle test).
+        #[arg(long, default_value_t = 2000)]
+        idle_max: usize,
+        /// Extra shoald arguments for the private daemon (e.g. "--memory-overcommit 16").
+        #[arg(long, default_value = "")]
+        daemon_args: String,
+        /// Where to write the JSON report.
+        #[arg(long = "out", default_value = "bench-load.json")]
+        out: PathBuf,
+    },
     /// VMM start to first instruction, console, init and exit; vs QEMU microvm.
     Boot {
         /// Boots per system (>= 20 on hardware KVM; each takes seconds on PVM hosts).
@@ -201,8 +359,8 @@ enum BenchCmd {
         #[arg(long)]
         no_qemu: bool,
         /// Where to write the JSON report.
-        #[arg(long, default_value = "bench-boot.json")]
-        json: PathBuf,
+        #[arg(long = "out", default_value = "bench-boot.json")]
+        out: PathBuf,
     },
     /// Exec round trip, stdout/upload/download throughput, restore to
     /// agent-ready, and the agent's syscalls per exec and per MiB.
@@ -217,8 +375,8 @@ enum BenchCmd {
         #[arg(long, default_value_t = 8 << 20)]
         bytes: u64,
         /// Where to write the JSON report.
-        #[arg(long, default_value = "bench-exec.json")]
-        json: PathBuf,
+        #[arg(long = "out", default_value = "bench-exec.json")]
+        out: PathBuf,
     },
     /// Snapshot size/time, restore latency, restore rate and PSS per restored VM.
     Restore {
@@ -238,8 +396,8 @@ enum BenchCmd {
         #[arg(long, default_value_t = 128)]
         memory: u32,
         /// Where to write the JSON report.
-        #[arg(long, default_value = "bench-restore.json")]
-        json: PathBuf,
+        #[arg(long = "out", default_value = "bench-restore.json")]
+        out: PathBuf,
     },
     /// Host memory of N VMs reading the same files from one image (pmem+DAX
     /// vs virtio-blk), guest page metadata, host disk writes per VM.
@@ -267,8 +425,8 @@ enum BenchCmd {
         #[arg(long)]
         workdir: Option<PathBuf>,
         /// Where to write the JSON report.
-        #[arg(long, default_value = "bench-pmem.json")]
-        json: PathBuf,
+        #[arg(long = "out", default_value = "bench-pmem.json")]
+        out: PathBuf,
     },
 }
 
@@ -305,11 +463,37 @@ fn restore_fg(dir: PathBuf, sock: Option<PathBuf>, vsock: Option<PathBuf>) -> Re
 
 fn main() {
     let cli = Cli::parse();
+    use daemon_cmds as dc;
     use sandbox_cmds as sb;
+    let g = &cli.g;
     let res = match cli.cmd {
-        Cmd::Run { sandbox, exec } => sb::run(&sandbox, &exec),
-        Cmd::Exec { id, exec } => sb::exec(&id, &exec),
-        Cmd::Cp { src, dst } => sb::cp(&src, &dst),
+        Cmd::Run {
+            sandbox,
+            exec,
+            direct: true,
+            ..
+        } => sb::run(&sandbox, &exec),
+        Cmd::Run {
+            sandbox,
+            exec,
+            stdin,
+            ..
+        } => dc::run(g, &sandbox, &exec, stdin),
+        Cmd::Create { args } => dc::create(g, &args),
+        Cmd::Ls {
+            state,
+            template,
+            meta,
+        } => dc::ls(g, state.as_deref(), template.as_deref(), &meta),
+        Cmd::Exec { id, exec, stdin } => dc::exec(g, &id, &exec, stdin),
+        Cmd::Cp { src, dst } => dc::cp(g, &src, &dst),
+        Cmd::Snapshot { id, template } => dc::snapshot(g, &id, template.as_deref()),
+        Cmd::Pause { id } => dc::lifecycle(g, &id, "pause"),
+        Cmd::Resume { id } => dc::lifecycle(g, &id, "resume"),
+        Cmd::Rm { ids } => dc::rm(g, &ids),
+        Cmd::Template { op } => dc::template(g, &op),
+        Cmd::Pool { op } => dc::pool(g, &op),
+        Cmd::Stats => dc::stats(g),
         Cmd::Vm { op } => match op {
             VmCmd::Start { sandbox } => sb::start(&sandbox),
             VmCmd::Ls => sb::ls(),
@@ -317,13 +501,15 @@ fn main() {
             VmCmd::Pause { id } => sb::control(&id, vmm::api::Request::Pause),
             VmCmd::Resume { id } => sb::control(&id, vmm::api::Request::Resume),
             VmCmd::Stats { id } => sb::control(&id, vmm::api::Request::Stats),
+            VmCmd::Exec { id, exec } => sb::exec(&id, &exec),
+            VmCmd::Cp { src, dst } => sb::cp(&src, &dst),
+            VmCmd::Snapshot { id, dir, diff } => {
+                let dir = std::path::absolute(&dir).unwrap_or(dir);
+                sb::control(&id, vmm::api::Request::Snapshot { dir, diff })
+            }
         },
-        Cmd::Snapshot { id, dir, diff } => {
-            let dir = std::path::absolute(&dir).unwrap_or(dir);
-            sb::control(&id, vmm::api::Request::Snapshot { dir, diff })
-        }
         Cmd::Restore { dir, sock, vsock } => restore_fg(dir, sock, vsock),
-        Cmd::Doctor { json } => doctor(json),
+        Cmd::Doctor => doctor(g.json),
         Cmd::Image {
             op:
                 ImageCmd::Build {
@@ -335,12 +521,45 @@ fn main() {
         } => image_cmd::build(&source, &output, agent, no_agent),
         Cmd::Bench {
             which:
+                BenchCmd::Load {
+                    image,
+                    concurrency,
+                    cycles,
+                    exec,
+                    no_exec,
+                    burst,
+                    burst_concurrency,
+                    idle_max,
+                    daemon_args,
+                    out: json,
+                },
+        } => bench::load(
+            g,
+            &bench::LoadArgs {
+                image,
+                concurrency,
+                cycles,
+                exec: if no_exec {
+                    vec![]
+                } else {
+                    exec.split_whitespace().map(String::from).collect()
+                },
+                burst,
+                burst_concurrency,
+                idle_max,
+                daemon_args,
+            },
+            &json,
+        )
+        .map(|_| 0),
+        Cmd::Bench {
+            which:
                 BenchCmd::Boot {
                     runs,
                     image,
                     memory,
                     no_qemu,
-                    json,
+                    out: json,
                 },
         } => bench::boot(runs, &image, memory, no_qemu, &json).map(|_| 0),
         Cmd::Bench {
@@ -349,7 +568,7 @@ fn main() {
                     execs,
                     restores,
                     bytes,
-                    json,
+                    out: json,
                 },
         } => bench::exec(execs, restores, bytes, &json).map(|_| 0),
         Cmd::Bench {
@@ -360,7 +579,7 @@ fn main() {
                     rate_restores,
                     pss_vms,
                     memory,
-                    json,
+                    out: json,
                 },
         } => bench::restore(
             restores,
@@ -381,7 +600,7 @@ fn main() {
                     write_bytes,
                     memory,
                     workdir,
-                    json,
+                    out: json,
                 },
         } => bench::pmem(
             bench::PmemArgs {

@@ -1,4 +1,4 @@
-//! `shoal run`, `shoal exec`, `shoal cp` and `shoal vm ...` (no daemon yet:
+//! `shoal run --direct` and `shoal vm ...` (without the daemon:
 //! each sandbox is a `shoal-vmm` process restored from a template).
 
 use crate::{ExecArgs, SandboxArgs};

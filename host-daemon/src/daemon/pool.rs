@@ -1,0 +1,142 @@
+//! Warm pools: per template, a target number of sandboxes restored ahead
+//! of time, refilled in the background.
+//!
+//! A pool holds fully restored sandboxes whose agent is already connected
+//! and past `post_restore` (fresh entropy and clock per clone), rather
+//! than pre-warmed empty VMMs waiting for a `restore` request: handing one
+//! out is then a database update (microseconds), and the first exec pays
+//! neither the restore (~1 ms pre-warmed, ~11 ms cold here) nor the agent
+//! connection and post-restore round trip (tens of ms of emulated guest
+//! kernel time on PVM hosts). An idle restored sandbox costs ~1-2 MiB of
+//! host memory (its template's clean pages are shared), so holding them is
+//! cheap; they count against admission like any sandbox.
+
+use super::db::{self, SandboxRow, State};
+use super::{ops, random_id, ApiError, Daemon};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Restores in flight per pool at most.
+const PARALLEL: usize = 4;
+
+/// Refills pools, forever.
+pub async fn run(d: Arc<Daemon>) {
+    let mut inflight: HashMap<String, Arc<AtomicUsize>> = HashMap::new();
+    loop {
+        tokio::select! {
+            _ = d.pool_wake.notified() => {}
+            _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+        }
+        let (pools, counts) = match d.db(|db| Ok((db.pools()?, db.pooled_counts()?))) {
+            Ok(x) => x,
+            Err(e) => {
+                tracing::error!("pool: {e}");
+                continue;
+            }
+        };
+        for (tpl, target) in pools {
+            let fl = inflight.entry(tpl.clone()).or_default().clone();
+            let have = counts.get(&tpl).copied().unwrap_or(0) as usize;
+            let busy = fl.load(Ordering::Acquire);
+            let want = (target as usize).saturating_sub(have + busy);
+            for _ in 0..want.min(PARALLEL.saturating_sub(busy)) {
+                fl.fetch_add(1, Ordering::AcqRel);
+                let (d, tpl, fl) = (d.clone(), tpl.clone(), fl.clone());
+                tokio::spawn(async move {
+                    let ok = fill_one(&d, &tpl).await;
+                    fl.fetch_sub(1, Ordering::AcqRel);
+                    if ok {
+                        d.pool_wake.notify_one();
+                    } else {
+                        // Refused or failed: back off before the next try.
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                    }
+                });
+            }
+            if have > target as usize && busy == 0 {
+                trim(&d, &tpl, have - target as usize).await;
+            }
+        }
+    }
+}
+
+async fn trim(d: &Arc<Daemon>, tpl: &str, n: usize) {
+    let f = db::Filter {
+        state: Some(State::Pooled),
+        template: Some(tpl.into()),
+        ..Default::default()
+    };
+    let rows = d.db(|db| db.list_sandboxes(&f)).unwrap_or_default();
+    for r in rows.into_iter().rev().take(n) {
+        let _ = ops::kill(d, &r.id, "pool above target").await;
+    }
+}
+
+/// Restores one sandbox into the pool of `tpl`; false if it could not.
+async fn fill_one(d: &Arc<Daemon>, tpl: &str) -> bool {
+    let Ok(t) = ops::ready_template(d, tpl) else {
+        return false;
+    };
+    let now = db::now();
+    let id = random_id();
+    let row = SandboxRow {
+        dir: d.cfg.sandboxes_dir().join(&id),
+        id: id.clone(),
+        template: t.name.clone(),
+        state: State::Starting,
+        vcpus: t.vcpus,
+        memory_mib: t.memory_mib,
+        pid: None,
+        pid_start: None,
+        created_at: now,
+        last_active: now,
+        ttl_s: 0,
+        idle_timeout_s: 0,
+        metadata: Default::default(),
+        env: Default::default(),
+        needs_post_restore: true,
+        keep_running: false,
+        error: None,
+    };
+    match ops::admit_and_insert(d, &row, false) {
+        Ok(()) => {}
+        Err(ApiError::Refused(e)) => {
+            tracing::debug!(template = tpl, "pool refill refused: {e}");
+            return false;
+        }
+        Err(e) => {
+            tracing::warn!(template = tpl, "pool refill: {e}");
+            return false;
+        }
+    }
+    let res = async {
+        let r = ops::start_vmm(d, row, t.dir.clone(), State::Starting, false).await?;
+        let live = d
+            .live(&r.id)
+            .ok_or_else(|| ApiError::Internal("pooled sandbox vanished".into()))?;
+        let _busy = super::freeze::busy(&live).await?;
+        ops::agent(d, &live).await?;
+        d.db(|db| {
+            // Only a sandbox still starting joins the pool (not one killed
+            // meanwhile).
+            if db
+                .sandbox(&r.id)?
+                .is_some_and(|x| x.state == State::Starting)
+            {
+                db.set_state(&r.id, State::Pooled, None)?;
+            }
+            Ok(())
+        })
+    }
+    .await;
+    match res {
+        Ok(()) => true,
+        Err(e) => {
+            tracing::warn!(sandbox = %id, template = tpl, "pool refill failed: {e}");
+            let _ = ops::kill(d, &id, "pool refill failed").await;
+            false
+        }
+    }
+}

@@ -1,0 +1,642 @@
+//! shoald end to end: a real daemon process on a temporary state
+//! directory, real VMs restored from the `tiny` template on /dev/kvm.
+//! The API contract (and clear 4xx answers to bad requests), a daemon
+//! restart with sandboxes running (reattached or reclaimed, nothing
+//! leaked), kill -9 of VMMs (noticed and reclaimed), pause and resume on
+//! the next exec with files and processes intact, TTL, idle timeout,
+//! snapshot to a template, warm pools and admission.
+//!
+//! Each guest exec costs ~1 s on PVM hosts, so execs are few.
+
+use serde_json::{json, Value};
+use shoal_host::daemon::client::{enc, Body, ClientError, DaemonClient, Target};
+use shoal_host::daemon::vm;
+use shoal_host::sandbox::{self, TemplateSpec};
+use shoal_tests::require_kvm;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+/// Boots the tiny template into the shared cache once per test binary, so
+/// that daemons started in parallel find it instead of each booting it.
+fn prime_template() {
+    static T: OnceLock<PathBuf> = OnceLock::new();
+    T.get_or_init(|| {
+        require_kvm();
+        let spec = TemplateSpec {
+            image: "tiny".into(),
+            vcpus: 1,
+            memory_mib: 128,
+        };
+        sandbox::template(&spec, &mut |l| eprintln!("{l}")).expect("template")
+    });
+}
+
+fn shoald_bin() -> PathBuf {
+    static B: OnceLock<PathBuf> = OnceLock::new();
+    B.get_or_init(|| {
+        let exe = std::env::current_exe().unwrap();
+        let dir = exe.parent().unwrap().parent().unwrap();
+        let bin = dir.join("shoald");
+        let debug = dir.file_name().is_some_and(|n| n == "debug");
+        // Always build: cargo is a no-op when it is up to date, and a stale
+        // daemon would test old code.
+        let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+        c.args(["build", "-q", "-p", "host-daemon", "--bin", "shoald"]);
+        if !debug {
+            c.arg("--release");
+        }
+        let st = c.status().expect("cargo build shoald");
+        assert!(st.success(), "building shoald failed");
+        assert!(bin.is_file(), "{} missing", bin.display());
+        bin
+    })
+    .clone()
+}
+
+/// A shoald process; on drop it is stopped and every VMM it left is killed.
+struct Daemon {
+    child: Option<Child>,
+    dir: PathBuf,
+    args: Vec<String>,
+    c: DaemonClient,
+    _tmp: Option<tempfile::TempDir>,
+}
+
+impl Daemon {
+    fn start(args: &[&str]) -> Daemon {
+        prime_template();
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().to_path_buf();
+        let mut d = Daemon {
+            child: None,
+            c: DaemonClient::unix(dir.join("shoald.sock")),
+            dir,
+            args: args.iter().map(|s| s.to_string()).collect(),
+            _tmp: Some(tmp),
+        };
+        d.spawn();
+        d
+    }
+
+    fn spawn(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("shoald.log"))
+            .unwrap();
+        let child = Command::new(shoald_bin())
+            .arg("--state-dir")
+            .arg(&self.dir)
+            .args(&self.args)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("start shoald");
+        self.child = Some(child);
+        let end = Instant::now() + Duration::from_secs(30);
+        while !self.c.ping() {
+            assert!(
+                Instant::now() < end,
+                "shoald did not come up: {}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("shoald.log")).unwrap_or_default()
+    }
+
+    fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    fn call(&self, method: &str, path: &str, body: Option<Value>) -> Result<Value, ClientError> {
+        self.c.call(method, path, body.as_ref())
+    }
+
+    fn ok(&self, method: &str, path: &str, body: Option<Value>) -> Value {
+        self.call(method, path, body)
+            .unwrap_or_else(|e| panic!("{method} {path}: {e}\n{}", self.log()))
+    }
+
+    /// Status and error code of a request expected to fail.
+    fn err(&self, method: &str, path: &str, body: &str) -> (u16, String, String) {
+        let b = if body.is_empty() {
+            Body::Empty
+        } else {
+            Body::Json(body.as_bytes().to_vec())
+        };
+        match self.c.request(method, path, b).unwrap().ok() {
+            Err(ClientError::Http {
+                status,
+                code,
+                message,
+            }) => (status, code, message),
+            other => panic!(
+                "{method} {path} {body}: expected an error, got {:?}",
+                other.map(|r| r.status)
+            ),
+        }
+    }
+
+    fn create(&self, extra: Value) -> Value {
+        let mut b = json!({"image": "tiny"});
+        for (k, v) in extra.as_object().unwrap() {
+            b[k] = v.clone();
+        }
+        self.ok("POST", "/v1/sandboxes", Some(b))
+    }
+
+    fn sh(&self, id: &str, script: &str) -> Value {
+        self.ok(
+            "POST",
+            &format!("/v1/sandboxes/{id}/exec"),
+            Some(json!({"shell": script, "timeout_s": 120})),
+        )
+    }
+
+    fn get(&self, id: &str) -> Option<Value> {
+        match self.call("GET", &format!("/v1/sandboxes/{id}"), None) {
+            Ok(v) => Some(v),
+            Err(ClientError::Http { status: 404, .. }) => None,
+            Err(e) => panic!("GET {id}: {e}"),
+        }
+    }
+
+    fn vmms(&self) -> Vec<vm::Proc> {
+        vm::vmms_under(&self.dir)
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Some(c) = &self.child {
+            // SAFETY: SIGTERM to our own child.
+            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+        }
+        if let Some(mut c) = self.child.take() {
+            let _ = c.wait();
+        }
+        for p in vm::vmms_under(&self.dir) {
+            p.kill();
+            p.wait_gone(Duration::from_secs(2));
+        }
+    }
+}
+
+fn wait_for(what: &str, secs: u64, mut f: impl FnMut() -> bool) {
+    let end = Instant::now() + Duration::from_secs(secs);
+    while !f() {
+        assert!(Instant::now() < end, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn alive(v: &Value) -> Option<vm::Proc> {
+    let pid = v["pid"].as_i64()? as i32;
+    vm::pid_start(pid).map(|start| vm::Proc { pid, start })
+}
+
+#[test]
+fn api_contract_end_to_end() {
+    let token_dir = tempfile::tempdir().unwrap();
+    let token_file = token_dir.path().join("token");
+    std::fs::write(&token_file, "0123456789abcdef-secret\n").unwrap();
+    let port = 20000 + (std::process::id() % 20000) as u16;
+    let addr = format!("127.0.0.1:{port}");
+    let d = Daemon::start(&[
+        "--listen",
+        &addr,
+        "--token-file",
+        token_file.to_str().unwrap(),
+    ]);
+
+    // The OpenAPI document lists what we use.
+    let doc = d.ok("GET", "/openapi.json", None);
+    for p in [
+        "/v1/sandboxes",
+        "/v1/sandboxes/{id}/exec/stream",
+        "/v1/sandboxes/{id}/files",
+        "/v1/pools/{template}",
+    ] {
+        assert!(doc["paths"][p].is_object(), "{p} undocumented");
+    }
+
+    // Bad requests: 4xx with a clear message.
+    let (s, code, m) = d.err("POST", "/v1/sandboxes", "{not json");
+    assert_eq!((s, code.as_str()), (400, "bad_request"));
+    assert!(m.contains("invalid JSON"), "{m}");
+    let (s, _, m) = d.err(
+        "POST",
+        "/v1/sandboxes",
+        r#"{"image":"tiny","template":"x"}"#,
+    );
+    assert!(s == 400 && m.contains("not both"), "{m}");
+    let (s, _, m) = d.err("POST", "/v1/sandboxes", r#"{"image":"tiny","cpus":2}"#);
+    assert!(s == 400 && m.contains("unknown field"), "{m}");
+    let (s, _, m) = d.err("POST", "/v1/sandboxes", r#"{"image":"windows"}"#);
+    assert!(s == 400 && m.contains("unknown image"), "{m}");
+    let (s, _, m) = d.err(
+        "POST",
+        "/v1/sandboxes",
+        r#"{"image":"tiny","memory_mib":1}"#,
+    );
+    assert!(s == 400 && m.contains("memory_mib"), "{m}");
+    let (s, _, m) = d.err("POST", "/v1/sandboxes", r#"{"template":"nope"}"#);
+    assert!(s == 404 && m.contains("no template"), "{m}");
+    assert_eq!(d.err("GET", "/v1/sandboxes/abc", "").0, 404);
+    assert_eq!(d.err("GET", "/v1/nothing", "").0, 404);
+    let (s, _, m) = d.err("GET", "/v1/sandboxes?state=sleepy", "");
+    assert!(s == 400 && m.contains("state=sleepy"), "{m}");
+    let (s, _, _) = d.err("PUT", "/v1/pools/nope", r#"{"target":1}"#);
+    assert_eq!(s, 404);
+
+    // Create, get, list with filters.
+    let sb = d.create(json!({"metadata": {"run": "contract"}, "env": {"FOO": "bar"}}));
+    let id = sb["id"].as_str().unwrap().to_string();
+    assert_eq!(sb["state"], "running");
+    let p = alive(&sb).expect("VMM running");
+    assert_eq!(
+        d.ok("GET", &format!("/v1/sandboxes/{id}"), None)["id"],
+        id.as_str()
+    );
+    let l = d.ok(
+        "GET",
+        "/v1/sandboxes?metadata=run:contract&state=running",
+        None,
+    );
+    assert_eq!(l.as_array().unwrap().len(), 1);
+    let l = d.ok("GET", "/v1/sandboxes?metadata=run:other", None);
+    assert!(l.as_array().unwrap().is_empty());
+
+    // Exec: one-shot with the sandbox environment, then streamed.
+    let out = d.sh(&id, "echo $FOO; echo e >&2; exit 3");
+    assert_eq!(
+        (
+            out["stdout"].as_str(),
+            out["stderr"].as_str(),
+            out["exit_code"].as_i64()
+        ),
+        (Some("bar\n"), Some("e\n"), Some(3))
+    );
+    let (s, _, m) = d.err("POST", &format!("/v1/sandboxes/{id}/exec"), r#"{"cmd":[]}"#);
+    assert!(s == 400 && m.contains("empty"), "{m}");
+    let mut r =
+        d.c.request(
+            "POST",
+            &format!("/v1/sandboxes/{id}/exec/stream"),
+            Body::Json(br#"{"cmd":["echo","streamed"]}"#.to_vec()),
+        )
+        .unwrap()
+        .ok()
+        .unwrap();
+    let mut text = String::new();
+    std::io::Read::read_to_string(r.reader(), &mut text).unwrap();
+    let events: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(events[0]["type"], "start", "{text}");
+    assert!(
+        events
+            .iter()
+            .any(|e| e["type"] == "stdout" && e["data"] == "streamed\n"),
+        "{text}"
+    );
+    assert_eq!(events.last().unwrap()["type"], "exit", "{text}");
+    assert_eq!(events.last().unwrap()["exit_code"], 0);
+
+    // Files: streamed upload and download, stat, list, remove.
+    let data: Vec<u8> = (0..1u32 << 20)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    let f = format!("/v1/sandboxes/{id}/files?path={}", enc("/tmp/blob"));
+    let up =
+        d.c.request("PUT", &f, Body::Stream(&mut &data[..]))
+            .unwrap()
+            .ok()
+            .unwrap();
+    assert_eq!(up.status, 201);
+    let st = d.ok(
+        "GET",
+        &format!("/v1/sandboxes/{id}/files/stat?path=/tmp/blob"),
+        None,
+    );
+    assert_eq!(
+        (st["type"].as_str(), st["size"].as_u64()),
+        (Some("file"), Some(data.len() as u64))
+    );
+    let ls = d.ok(
+        "GET",
+        &format!("/v1/sandboxes/{id}/files/list?path=/tmp"),
+        None,
+    );
+    assert!(
+        ls.as_array().unwrap().iter().any(|e| e["name"] == "blob"),
+        "{ls}"
+    );
+    let down =
+        d.c.request("GET", &f, Body::Empty)
+            .unwrap()
+            .ok()
+            .unwrap()
+            .bytes()
+            .unwrap();
+    assert!(down == data, "download differs from upload");
+    let (s, _, m) = d.err("GET", &format!("/v1/sandboxes/{id}/files"), "");
+    assert!(s == 400 && m.contains("path"), "{m}");
+    let (s, _, m) = d.err(
+        "GET",
+        &format!("/v1/sandboxes/{id}/files/stat?path=tmp"),
+        "",
+    );
+    assert!(s == 400 && m.contains("absolute"), "{m}");
+    d.c.request("DELETE", &f, Body::Empty)
+        .unwrap()
+        .ok()
+        .unwrap();
+    assert_eq!(
+        d.err(
+            "GET",
+            &format!("/v1/sandboxes/{id}/files/stat?path=/tmp/blob"),
+            ""
+        )
+        .0,
+        404
+    );
+
+    // TCP needs the bearer token.
+    let mut tcp = DaemonClient {
+        target: Target::Tcp(addr.clone(), None),
+        timeout: Some(Duration::from_secs(30)),
+    };
+    let r = tcp.request("GET", "/v1/sandboxes", Body::Empty).unwrap();
+    assert_eq!(r.status, 401);
+    tcp.target = Target::Tcp(addr.clone(), Some("wrong-token-wrong-token".into()));
+    assert_eq!(
+        tcp.request("GET", "/v1/sandboxes", Body::Empty)
+            .unwrap()
+            .status,
+        401
+    );
+    tcp.target = Target::Tcp(addr, Some("0123456789abcdef-secret".into()));
+    let l: Value = tcp.call("GET", "/v1/sandboxes", None::<&()>).unwrap();
+    assert_eq!(l.as_array().unwrap().len(), 1);
+
+    // Metrics.
+    let m = String::from_utf8(
+        d.c.request("GET", "/metrics", Body::Empty)
+            .unwrap()
+            .bytes()
+            .unwrap(),
+    )
+    .unwrap();
+    for want in [
+        "shoal_sandboxes{state=\"running\"} 1",
+        "shoal_create_seconds_count 1",
+        "shoal_exec_seconds_count 2",
+        "shoal_host_memory_available_bytes",
+        "shoal_restore_seconds_bucket",
+    ] {
+        assert!(m.contains(want), "metrics lack {want}:\n{m}");
+    }
+
+    // Kill: gone, process and files too.
+    let r =
+        d.c.request("DELETE", &format!("/v1/sandboxes/{id}"), Body::Empty)
+            .unwrap();
+    assert_eq!(r.status, 204);
+    assert!(d.get(&id).is_none());
+    wait_for("the VMM to exit", 10, || !p.alive());
+    assert!(!d.dir.join("sandboxes").join(&id).exists());
+    assert!(d.vmms().is_empty());
+}
+
+#[test]
+fn restart_reattaches_running_and_reclaims_dead() {
+    let mut d = Daemon::start(&["--no-pools"]);
+    let a = d.create(json!({}));
+    let b = d.create(json!({}));
+    let (ida, idb) = (
+        a["id"].as_str().unwrap().to_string(),
+        b["id"].as_str().unwrap().to_string(),
+    );
+    assert_eq!(d.sh(&ida, "echo kept > /tmp/f")["exit_code"], 0);
+    d.kill9();
+    // While the daemon is down: B's VMM dies, and junk appears.
+    let pb = alive(&b).unwrap();
+    pb.kill();
+    wait_for("B's VMM to exit", 10, || !pb.alive());
+    let stray = d.dir.join("sandboxes/0000deadbeef");
+    std::fs::create_dir_all(&stray).unwrap();
+    d.spawn();
+    let a2 = d.get(&ida).unwrap();
+    assert_eq!(a2["state"], "running", "{a2}");
+    assert_eq!(a2["pid"], a["pid"], "the same VMM, reattached");
+    let b2 = d.get(&idb).unwrap();
+    assert_eq!(b2["state"], "failed", "{b2}");
+    assert!(
+        b2["error"].as_str().unwrap().contains("daemon was down"),
+        "{b2}"
+    );
+    assert!(
+        !d.dir.join("sandboxes").join(&idb).exists(),
+        "B's files reclaimed"
+    );
+    assert!(!stray.exists(), "stray directory removed");
+    assert_eq!(d.sh(&ida, "cat /tmp/f")["stdout"], "kept\n");
+    // The reattached VMM is supervised like any other.
+    let pa = alive(&a2).unwrap();
+    pa.kill();
+    wait_for("A marked failed", 10, || {
+        d.get(&ida).unwrap()["state"] == "failed"
+    });
+    assert!(d.vmms().is_empty(), "no VMM leaked");
+    let ev = d.ok("GET", &format!("/v1/events?sandbox={ida}"), None);
+    let kinds: Vec<&str> = ev
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(kinds, ["created", "reattached", "failed"], "{ev}");
+}
+
+#[test]
+fn killed_vmms_are_noticed_and_reclaimed_and_pools_refill() {
+    let d = Daemon::start(&[]);
+    let tpl = "tiny-1c-128m";
+    let s1 = d.create(json!({}));
+    assert_eq!(s1["from_pool"], false);
+    d.ok(
+        "PUT",
+        &format!("/v1/pools/{tpl}"),
+        Some(json!({"target": 3})),
+    );
+    let ready = || d.ok("GET", "/v1/pools", None)[0]["ready"].as_u64().unwrap();
+    wait_for("the pool to fill", 120, || ready() == 3);
+    let s2 = d.create(json!({"metadata": {"n": "2"}}));
+    assert_eq!(s2["from_pool"], true, "{s2}");
+    assert_eq!(s2["metadata"]["n"], "2");
+    wait_for("the pool to refill", 120, || ready() == 3);
+    // kill -9 a created sandbox's VMM and a pooled one.
+    let pooled = d.ok("GET", "/v1/sandboxes?state=pooled", None);
+    let victim = alive(&pooled[0]).unwrap();
+    let p1 = alive(&s1).unwrap();
+    let t0 = Instant::now();
+    p1.kill();
+    victim.kill();
+    let id1 = s1["id"].as_str().unwrap();
+    wait_for("the death to be noticed", 5, || {
+        d.get(id1).unwrap()["state"] == "failed"
+    });
+    eprintln!("VMM death noticed in {:?}", t0.elapsed());
+    let f = d.get(id1).unwrap();
+    assert!(
+        f["error"].as_str().unwrap().contains("exited unexpectedly"),
+        "{f}"
+    );
+    assert!(!d.dir.join("sandboxes").join(id1).exists());
+    wait_for("the pool to replace its dead member", 120, || {
+        ready() == 3 && d.get(pooled[0]["id"].as_str().unwrap()).is_none()
+    });
+    // Idle sandboxes get their vCPUs paused (no CPU while idle) and are
+    // continued by their next request.
+    let metrics = || {
+        String::from_utf8(
+            d.c.request("GET", "/metrics", Body::Empty)
+                .unwrap()
+                .bytes()
+                .unwrap(),
+        )
+        .unwrap()
+    };
+    wait_for("idle sandboxes to be frozen", 20, || {
+        metrics().contains("shoal_sandboxes_frozen 4")
+    });
+    // The pooled sandbox handed out works.
+    let id2 = s2["id"].as_str().unwrap();
+    assert_eq!(d.sh(id2, "echo pooled")["stdout"], "pooled\n");
+    let m = String::from_utf8(
+        d.c.request("GET", "/metrics", Body::Empty)
+            .unwrap()
+            .bytes()
+            .unwrap(),
+    )
+    .unwrap();
+    assert!(m.contains("shoal_vmm_deaths_total 2"), "{m}");
+    assert!(
+        m.contains(&format!("shoal_pool_size{{template=\"{tpl}\"}} 3")),
+        "{m}"
+    );
+    // Removing the pool ends its VMMs.
+    d.c.request("DELETE", &format!("/v1/pools/{tpl}"), Body::Empty)
+        .unwrap()
+        .ok()
+        .unwrap();
+    d.c.request("DELETE", &format!("/v1/sandboxes/{id2}"), Body::Empty)
+        .unwrap()
+        .ok()
+        .unwrap();
+    wait_for("every VMM to end", 10, || d.vmms().is_empty());
+}
+
+#[test]
+fn pause_resume_on_exec_snapshot_ttl_idle() {
+    let d = Daemon::start(&["--no-pools"]);
+    let sb = d.create(json!({}));
+    let id = sb["id"].as_str().unwrap().to_string();
+    let out = d.sh(
+        &id,
+        "echo persisted > /tmp/p; setsid sleep 1000 </dev/null >/dev/null 2>&1 & echo $!",
+    );
+    assert_eq!(out["exit_code"], 0, "{out}");
+    let p = alive(&sb).unwrap();
+    let v = d.ok("POST", &format!("/v1/sandboxes/{id}/pause"), None);
+    assert_eq!(v["state"], "paused");
+    wait_for("the VMM to end", 10, || !p.alive());
+    assert!(d.vmms().is_empty(), "a paused sandbox has no VMM");
+    // The next exec resumes it, with its files and processes.
+    let out = d.sh(&id, "cat /tmp/p; pidof sleep");
+    let text = out["stdout"].as_str().unwrap();
+    let mut lines = text.lines();
+    assert_eq!(lines.next(), Some("persisted"), "{out}");
+    assert!(
+        lines
+            .next()
+            .is_some_and(|l| l.trim().parse::<u32>().is_ok()),
+        "the background process survived pause and resume: {out}"
+    );
+    assert_eq!(d.get(&id).unwrap()["state"], "running");
+
+    // Snapshot into a template; a clone of it has the file too.
+    let t = d.ok(
+        "POST",
+        &format!("/v1/sandboxes/{id}/snapshot"),
+        Some(json!({"template": "snap1"})),
+    );
+    assert_eq!(t["state"], "ready");
+    let clone = d.ok("POST", "/v1/sandboxes", Some(json!({"template": "snap1"})));
+    let cid = clone["id"].as_str().unwrap();
+    assert_eq!(d.sh(cid, "cat /tmp/p")["stdout"], "persisted\n");
+
+    // TTL and idle timeout.
+    let ttl = d.create(json!({"ttl_s": 2}));
+    let idle = d.create(json!({"idle_timeout_s": 2}));
+    let (tid, iid) = (ttl["id"].as_str().unwrap(), idle["id"].as_str().unwrap());
+    wait_for("the TTL kill", 20, || d.get(tid).is_none());
+    wait_for("the idle pause", 20, || {
+        d.get(iid).unwrap()["state"] == "paused"
+    });
+    assert!(alive(&ttl).is_none_or(|p| !p.alive()));
+    for x in [&id, cid, iid] {
+        d.c.request("DELETE", &format!("/v1/sandboxes/{x}"), Body::Empty)
+            .unwrap()
+            .ok()
+            .unwrap();
+    }
+    wait_for("every VMM to end", 10, || d.vmms().is_empty());
+    let left: Vec<_> = std::fs::read_dir(d.dir.join("sandboxes"))
+        .unwrap()
+        .collect();
+    assert!(left.is_empty(), "sandbox directories left: {left:?}");
+}
+
+#[test]
+fn admission_refuses_with_429_and_503() {
+    let d = Daemon::start(&["--no-pools", "--max-sandboxes", "2"]);
+    d.create(json!({}));
+    d.create(json!({}));
+    let (s, code, m) = d.err("POST", "/v1/sandboxes", r#"{"image":"tiny"}"#);
+    assert_eq!((s, code.as_str()), (429, "host_full"));
+    assert!(m.contains("host is full") && m.contains("limit 2"), "{m}");
+    let m = String::from_utf8(
+        d.c.request("GET", "/metrics", Body::Empty)
+            .unwrap()
+            .bytes()
+            .unwrap(),
+    )
+    .unwrap();
+    assert!(
+        m.contains("shoal_admission_refusals_total{reason=\"max_sandboxes\"} 1"),
+        "{m}"
+    );
+    drop(d);
+    let d = Daemon::start(&["--no-pools", "--min-available-mib", "100000000"]);
+    let (s, code, m) = d.err("POST", "/v1/sandboxes", r#"{"image":"tiny"}"#);
+    assert_eq!((s, code.as_str()), (503, "host_memory_low"));
+    assert!(m.contains("MiB available"), "{m}");
+    let l = d.ok("GET", "/v1/sandboxes", None);
+    assert!(
+        l.as_array().unwrap().is_empty(),
+        "a refused create leaves nothing"
+    );
+}
