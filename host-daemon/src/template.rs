@@ -37,6 +37,20 @@ pub fn make(
     ready: &str,
     timeout: Duration,
 ) -> Result<SnapshotInfo, TemplateError> {
+    make_with(spec, vmm, dir, ready, timeout, true)
+}
+
+/// [`make`], choosing whether to wait for an idle guest after the ready
+/// line (`false`: snapshot at the ready line, for guests that never idle,
+/// such as the restore benchmark's continuous printer).
+pub fn make_with(
+    spec: &BootSpec,
+    vmm: &Path,
+    dir: &Path,
+    ready: &str,
+    timeout: Duration,
+    wait_idle: bool,
+) -> Result<SnapshotInfo, TemplateError> {
     std::fs::create_dir_all(dir).map_err(|e| TemplateError::Io(dir.into(), e))?;
     let sock = dir.join("template-boot.sock");
     let mut cmd = spec.command(&Monitor::Shoal(vmm.into()));
@@ -50,13 +64,18 @@ pub fn make(
     let mut child = cmd.spawn().map_err(TemplateError::Spawn)?;
     let mut seen = false;
     if let Some(out) = child.stdout.take() {
-        for line in BufReader::new(out).split(b'\n') {
+        let mut lines = BufReader::new(out).split(b'\n');
+        for line in lines.by_ref() {
             let Ok(line) = line else { break };
             if String::from_utf8_lossy(&line).contains(ready) {
                 seen = true;
                 break;
             }
         }
+        // Keep draining the console until the VMM exits: a closed pipe
+        // would fail the guest's console writes while it settles, and that
+        // state would be in the snapshot.
+        std::thread::spawn(move || lines.for_each(drop));
     }
     if !seen {
         let _ = child.kill();
@@ -66,7 +85,9 @@ pub fn make(
     // The guest goes on working for a while after its ready line (the
     // agent's set-up, kernel deferred work); every clone would redo that
     // work after its restore, so snapshot once the guest is idle.
-    wait_until_idle(child.id(), QUIET_WINDOW, QUIET_MAX);
+    if wait_idle {
+        wait_until_idle(child.id(), QUIET_WINDOW, QUIET_MAX);
+    }
     let t = Duration::from_secs(60);
     let info = api::call(
         &sock,

@@ -174,7 +174,7 @@ pub fn run(
     printer.init_args = ["/bin/busybox", "sh", "-c", "\"while :; do echo x; done\""]
         .map(String::from)
         .to_vec();
-    template::make(&printer, &o.vmm, &printer_dir, "x", boot_limit)?;
+    template::make_with(&printer, &o.vmm, &printer_dir, "x", boot_limit, false)?;
 
     let sock = o.workdir.join("lat.sock");
     let (mut run_ms, mut out_ms, mut errors) = (vec![], vec![], 0);
