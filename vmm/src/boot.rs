@@ -75,7 +75,8 @@ pub fn load_kernel(mem: &GuestMemoryMmap, path: &Path) -> Result<LoadedKernel, B
         path: path.into(),
         source,
     })?;
-    if let Some((entry, end)) = crate::kernel_map::map_kernel(mem, &f, HIGH_RAM_START) {
+    let populate = crate::host::kvm_kind() == crate::host::KvmKind::Pvm;
+    if let Some((entry, end)) = crate::kernel_map::map_kernel(mem, &f, HIGH_RAM_START, populate) {
         return Ok(LoadedKernel { entry, end });
     }
     let r = Elf::load(mem, None, &mut f, Some(GuestAddress(HIGH_RAM_START))).map_err(|source| {
