@@ -260,12 +260,11 @@ fn bad_snapshots_are_refused_clearly() {
     .is_ok());
 }
 
-#[test]
-fn pause_resume_and_stats() {
-    require_kvm();
-    let dir = tempfile::tempdir().unwrap();
-    let sock = dir.path().join("api.sock");
-    let vm = Vm::new(&config(), Some(Box::new(Capture::default()))).unwrap();
+/// Runs `cfg` on a thread with a control socket in `dir`; returns once the
+/// socket answers.
+fn run_with_api(cfg: &VmConfig, dir: &Path) -> (PathBuf, std::thread::JoinHandle<vmm::RunOutcome>) {
+    let sock = dir.join("api.sock");
+    let vm = Vm::new(cfg, Some(Box::new(Capture::default()))).unwrap();
     let s2 = sock.clone();
     let runner = std::thread::spawn(move || {
         vm.run_with(RunOptions {
@@ -275,10 +274,18 @@ fn pause_resume_and_stats() {
         })
         .unwrap()
     });
-    let t = Duration::from_secs(10);
-    while call(&sock, &Request::Stats, t).is_err() {
+    while call(&sock, &Request::Stats, Duration::from_secs(10)).is_err() {
         std::thread::sleep(Duration::from_millis(5));
     }
+    (sock, runner)
+}
+
+#[test]
+fn pause_resume_and_stats() {
+    require_kvm();
+    let dir = tempfile::tempdir().unwrap();
+    let (sock, runner) = run_with_api(&config(), dir.path());
+    let t = Duration::from_secs(10);
     call(&sock, &Request::Pause, t).unwrap();
     // Sampling a paused guest leaves it paused.
     let rips = call(&sock, &Request::Sample, t).unwrap().rips.unwrap();
@@ -301,7 +308,6 @@ fn pause_resume_and_stats() {
 fn sampling_a_running_guest_finds_it_and_leaves_it_running() {
     require_kvm();
     let dir = tempfile::tempdir().unwrap();
-    let sock = dir.path().join("api.sock");
     let mut cfg = config();
     cfg.boot = BootSource::RealMode {
         // 1: in al,0x80; jmp 1b. (A real-mode `jmp $` would be emulated
@@ -309,20 +315,8 @@ fn sampling_a_running_guest_finds_it_and_leaves_it_running() {
         code: vec![0xe4, 0x80, 0xeb, 0xfc],
         addr: 0x1000,
     };
-    let vm = Vm::new(&cfg, Some(Box::new(Capture::default()))).unwrap();
-    let s2 = sock.clone();
-    let runner = std::thread::spawn(move || {
-        vm.run_with(RunOptions {
-            timeout: Some(Duration::from_secs(120)),
-            api_sock: Some(s2),
-            keep_alive: false,
-        })
-        .unwrap()
-    });
+    let (sock, runner) = run_with_api(&cfg, dir.path());
     let t = Duration::from_secs(10);
-    while call(&sock, &Request::Stats, t).is_err() {
-        std::thread::sleep(Duration::from_millis(5));
-    }
     for _ in 0..3 {
         let rips = call(&sock, &Request::Sample, t).unwrap().rips.unwrap();
         assert_eq!(rips.len(), 1);
