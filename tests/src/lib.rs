@@ -16,6 +16,22 @@ pub fn require_kvm() {
     }
 }
 
+/// The cached template of the `tiny` image (1 vCPU, 128 MiB), booted and
+/// snapshotted on first use, once per test binary.
+pub fn tiny_template() -> PathBuf {
+    static T: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    T.get_or_init(|| {
+        require_kvm();
+        let spec = shoal_host::sandbox::TemplateSpec {
+            image: "tiny".into(),
+            vcpus: 1,
+            memory_mib: 128,
+        };
+        shoal_host::sandbox::template(&spec, &mut |l| eprintln!("{l}")).expect("template")
+    })
+    .clone()
+}
+
 /// The guest kernel (built by scripts/build-kernel.sh if missing).
 pub fn kernel() -> PathBuf {
     shoal_host::artifacts::kernel().expect("guest kernel")

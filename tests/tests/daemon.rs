@@ -11,8 +11,6 @@
 use serde_json::{json, Value};
 use shoal_host::daemon::client::{enc, Body, ClientError, DaemonClient, Target};
 use shoal_host::daemon::vm;
-use shoal_host::sandbox::{self, TemplateSpec};
-use shoal_tests::require_kvm;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
@@ -21,16 +19,7 @@ use std::time::{Duration, Instant};
 /// Boots the tiny template into the shared cache once per test binary, so
 /// that daemons started in parallel find it instead of each booting it.
 fn prime_template() {
-    static T: OnceLock<PathBuf> = OnceLock::new();
-    T.get_or_init(|| {
-        require_kvm();
-        let spec = TemplateSpec {
-            image: "tiny".into(),
-            vcpus: 1,
-            memory_mib: 128,
-        };
-        sandbox::template(&spec, &mut |l| eprintln!("{l}")).expect("template")
-    });
+    shoal_tests::tiny_template();
 }
 
 fn shoald_bin() -> PathBuf {

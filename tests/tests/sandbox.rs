@@ -8,27 +8,15 @@
 //! coarse; one template is booted per test binary.
 
 use guest_agent::client::{Client, ExecEvent, ExecRequest, ExitStatus, UploadOptions};
-use shoal_host::sandbox::{self, Sandbox, TemplateSpec};
-use shoal_tests::require_kvm;
+use shoal_host::sandbox::Sandbox;
 use std::path::PathBuf;
 use std::process::Child;
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 const UP: Duration = Duration::from_secs(180);
 
 fn template() -> PathBuf {
-    static T: OnceLock<PathBuf> = OnceLock::new();
-    T.get_or_init(|| {
-        require_kvm();
-        let spec = TemplateSpec {
-            image: "tiny".into(),
-            vcpus: 1,
-            memory_mib: 128,
-        };
-        sandbox::template(&spec, &mut |l| eprintln!("{l}")).expect("template")
-    })
-    .clone()
+    shoal_tests::tiny_template()
 }
 
 /// A running sandbox that is stopped (and reaped) when dropped.
