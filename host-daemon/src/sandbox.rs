@@ -189,6 +189,7 @@ impl Sandbox {
         tpl: &Path,
         detach: bool,
     ) -> Result<(Sandbox, Option<std::process::Child>), SandboxError> {
+        Self::reap_stale();
         let id = random_id();
         let dir = Self::root().join(&id);
         std::fs::create_dir_all(&dir).map_err(|e| SandboxError::Io(dir.clone(), e))?;
@@ -232,6 +233,21 @@ impl Sandbox {
         Ok((sb, Some(child)))
     }
 
+    /// Removes the directories of sandboxes whose VMM is gone (killed with
+    /// its starter, e.g. a `shoal run` interrupted by SIGKILL): a directory
+    /// whose recorded pid is not a live `shoal-vmm`, or which never got a
+    /// pid file and is over a minute old.
+    pub fn reap_stale() {
+        reap_stale_in(&Self::root());
+    }
+
+    /// The last lines the VMM wrote to its log (for error messages).
+    pub fn vmm_log_tail(&self) -> String {
+        let log = std::fs::read_to_string(self.dir.join("vmm.log")).unwrap_or_default();
+        let lines: Vec<&str> = log.lines().rev().take(5).collect();
+        lines.into_iter().rev().collect::<Vec<_>>().join("\n")
+    }
+
     /// An existing sandbox by id.
     pub fn open(id: &str) -> Result<Sandbox, SandboxError> {
         if id.is_empty() || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
@@ -251,6 +267,7 @@ impl Sandbox {
 
     /// Ids of existing sandboxes.
     pub fn list() -> Vec<String> {
+        Self::reap_stale();
         let mut v: Vec<String> = std::fs::read_dir(Self::root())
             .into_iter()
             .flatten()
@@ -306,5 +323,70 @@ impl Sandbox {
             }
         }
         let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// [`Sandbox::reap_stale`] over the sandbox directories under `root`.
+fn reap_stale_in(root: &Path) {
+    let Ok(entries) = std::fs::read_dir(root) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let dir = e.path();
+        let pid: Option<u32> = std::fs::read_to_string(dir.join("pid"))
+            .ok()
+            .and_then(|s| s.trim().parse().ok());
+        let stale = match pid {
+            Some(pid) => !std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| c.windows(9).any(|w| w == b"shoal-vmm")),
+            None => e
+                .metadata()
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.elapsed().ok())
+                .is_some_and(|age| age > Duration::from_secs(60)),
+        };
+        if stale && e.file_type().is_ok_and(|t| t.is_dir()) {
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reap_stale_removes_dirs_of_dead_vmms_only() {
+        let root = tempfile::tempdir().unwrap();
+        let mk = |name: &str, pid: Option<u32>| {
+            let d = root.path().join(name);
+            std::fs::create_dir_all(&d).unwrap();
+            std::fs::write(d.join("vmm.log"), "x").unwrap();
+            if let Some(pid) = pid {
+                std::fs::write(d.join("pid"), pid.to_string()).unwrap();
+            }
+            d
+        };
+        // A live process named shoal-vmm (a copy of sleep).
+        let fake = root.path().join("shoal-vmm");
+        std::fs::copy("/bin/sleep", &fake).unwrap();
+        let mut live = Command::new(&fake).arg("30").spawn().unwrap();
+        // A process that has ended.
+        let mut dead = Command::new("/bin/true").spawn().unwrap();
+        let dead_pid = dead.id();
+        dead.wait().unwrap();
+
+        let alive = mk("a1", Some(live.id()));
+        let gone = mk("d1", Some(dead_pid));
+        let other = mk("o1", Some(std::process::id())); // alive, but not a VMM
+        let fresh = mk("f1", None); // being created: no pid file yet
+        reap_stale_in(root.path());
+        live.kill().unwrap();
+        live.wait().unwrap();
+        assert!(alive.exists(), "a live VMM's directory was removed");
+        assert!(!gone.exists(), "a dead VMM's directory was kept");
+        assert!(!other.exists(), "a non-VMM pid's directory was kept");
+        assert!(fresh.exists(), "a directory without a pid yet was removed");
     }
 }

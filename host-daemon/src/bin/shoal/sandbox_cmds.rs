@@ -94,7 +94,7 @@ pub fn run(a: &SandboxArgs, e: &ExecArgs) -> Result<i32> {
     let res = (|| {
         let client = sb
             .connect(CONNECT_TIMEOUT, true)
-            .with_context(|| format!("sandbox did not come up; see {}", sb.dir.display()))?;
+            .with_context(|| format!("sandbox did not come up; VMM log: {}", sb.vmm_log_tail()))?;
         run_on(&client, e)
     })();
     sb.stop(child.as_mut());
@@ -107,8 +107,9 @@ pub fn start(a: &SandboxArgs) -> Result<i32> {
     let (sb, _child) = Sandbox::start(&tpl, true)?;
     // Make sure it is up (and give it fresh entropy and time) before we say so.
     if let Err(e) = sb.connect(CONNECT_TIMEOUT, true) {
+        let log = sb.vmm_log_tail();
         sb.stop(None);
-        return Err(e).context("sandbox did not come up");
+        return Err(e).context(format!("sandbox did not come up; VMM log: {log}"));
     }
     println!("{}", sb.id);
     Ok(0)
