@@ -143,6 +143,14 @@ pub fn template(
     Ok(dir)
 }
 
+/// The host's wall clock in nanoseconds since the Unix epoch.
+pub fn unix_nanos() -> u64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_nanos() as u64
+}
+
 /// A running sandbox: a restored VMM process and its sockets.
 #[derive(Debug)]
 pub struct Sandbox {
@@ -170,7 +178,8 @@ fn random_id() -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
-fn entropy() -> [u8; 64] {
+/// 64 bytes from the host's CSPRNG, for a clone's post-restore step.
+pub fn entropy() -> [u8; 64] {
     let mut b = [0u8; 64];
     // SAFETY: getrandom writes at most 64 bytes into b.
     unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
@@ -285,11 +294,7 @@ impl Sandbox {
     pub fn connect(&self, timeout: Duration, post_restore: bool) -> Result<Client, SandboxError> {
         let c = Client::connect_vsock_retry(&self.vsock, AGENT_PORT, timeout)?;
         if post_restore {
-            let now = SystemTime::now()
-                .duration_since(SystemTime::UNIX_EPOCH)
-                .unwrap_or_default()
-                .as_nanos() as u64;
-            c.post_restore(entropy(), now)?;
+            c.post_restore(entropy(), unix_nanos())?;
         }
         Ok(c)
     }

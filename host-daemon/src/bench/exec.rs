@@ -58,6 +58,58 @@ pub struct ExecReport {
     pub syscall_note: Option<String>,
 }
 
+/// Times from VMM process start (`t0`) to each step of a first connection.
+struct ReadyPhases {
+    /// The VMM's vsock socket accepts connections.
+    socket_ms: f64,
+    /// The guest kernel accepted the vsock connection (`OK` to `CONNECT`).
+    accepted_ms: f64,
+    /// The agent answered the protocol hello: agent-ready.
+    ready_ms: f64,
+    /// The post-restore step (entropy, clock) answered too.
+    post_restore_ms: f64,
+}
+
+fn ready_phases(sb: &Sandbox, t0: Instant) -> Result<ReadyPhases, SandboxError> {
+    use std::io::{Read, Write};
+    let ms = |t: Instant| t.duration_since(t0).as_secs_f64() * 1e3;
+    let deadline = t0 + Duration::from_secs(120);
+    let mut s = loop {
+        match std::os::unix::net::UnixStream::connect(&sb.vsock) {
+            Ok(s) => break s,
+            Err(e) if Instant::now() >= deadline => {
+                return Err(SandboxError::Io(sb.vsock.clone(), e))
+            }
+            Err(_) => std::thread::sleep(Duration::from_micros(200)),
+        }
+    };
+    let socket = Instant::now();
+    let io = |e| SandboxError::Io(sb.vsock.clone(), e);
+    s.write_all(format!("CONNECT {}\n", sandbox::AGENT_PORT).as_bytes())
+        .map_err(io)?;
+    let mut line = Vec::new();
+    let mut b = [0u8; 1];
+    while s.read(&mut b).map_err(io)? == 1 && b[0] != b'\n' && line.len() < 64 {
+        line.push(b[0]);
+    }
+    if !line.starts_with(b"OK") {
+        return Err(SandboxError::Vmm(format!(
+            "vsock CONNECT answered {:?}",
+            String::from_utf8_lossy(&line)
+        )));
+    }
+    let accepted = Instant::now();
+    let c = Client::from_stream(s)?;
+    let ready = Instant::now();
+    c.post_restore(sandbox::entropy(), sandbox::unix_nanos())?;
+    Ok(ReadyPhases {
+        socket_ms: ms(socket),
+        accepted_ms: ms(accepted),
+        ready_ms: ms(ready),
+        post_restore_ms: ms(Instant::now()),
+    })
+}
+
 fn mb_s(bytes: u64, d: Duration) -> f64 {
     bytes as f64 / 1e6 / d.as_secs_f64().max(1e-9)
 }
@@ -77,14 +129,18 @@ fn row(metric: &str, v: &[f64]) -> Option<Row> {
 /// Runs the benchmark.
 pub fn run(o: &ExecBenchOpts, progress: &mut dyn FnMut(&str)) -> Result<ExecReport, SandboxError> {
     let tpl = sandbox::template(&o.template, progress)?;
-    let mut ready_ms = Vec::new();
+    let (mut ready_ms, mut sock_ms, mut accept_ms, mut post_ms) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for _ in 0..o.restores {
         let t0 = Instant::now();
         let (sb, mut child) = Sandbox::start(&tpl, false)?;
-        let c = sb.connect(Duration::from_secs(120), false);
-        ready_ms.push(t0.elapsed().as_secs_f64() * 1e3);
-        drop(c);
+        let r = ready_phases(&sb, t0);
         sb.stop(child.as_mut());
+        let p = r?;
+        sock_ms.push(p.socket_ms);
+        accept_ms.push(p.accepted_ms);
+        ready_ms.push(p.ready_ms);
+        post_ms.push(p.post_restore_ms);
     }
     progress(&format!(
         "restore to agent-ready: {} samples",
@@ -111,6 +167,9 @@ pub fn run(o: &ExecBenchOpts, progress: &mut dyn FnMut(&str)) -> Result<ExecRepo
     let rows = [
         row("exec_true_rtt", &exec_ms),
         row("restore_to_agent_ready", &ready_ms),
+        row("restore_to_vsock_socket", &sock_ms),
+        row("restore_to_guest_accept", &accept_ms),
+        row("restore_to_post_restore_done", &post_ms),
     ]
     .into_iter()
     .flatten()
