@@ -188,7 +188,6 @@ pub struct CreateArgs {
 
 /// `shoal create`.
 pub fn create(g: &Global, a: &CreateArgs) -> Result<i32> {
-    let c = connect(g.daemon.as_deref())?;
     let mut body = json!({"ttl_s": a.ttl, "idle_timeout_s": a.idle_timeout,
         "metadata": pairs(&a.meta, "--meta")?, "env": pairs(&a.env, "--env")?,
         "keep_running": a.keep_running});
@@ -208,6 +207,7 @@ pub fn create(g: &Global, a: &CreateArgs) -> Result<i32> {
         }
     }
     let img = body["image"].as_str().map(String::from);
+    let c = connect(g.daemon.as_deref())?;
     let sb = create_sandbox(&c, &body, img.as_deref(), &root)?;
     if g.json {
         println!("{}", serde_json::to_string_pretty(&sb)?);
