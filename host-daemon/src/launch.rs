@@ -123,6 +123,11 @@ pub struct BootSpec {
     /// size-limited tmpfs: `/dev/vda`, `shoal.upper=/dev/vda`. Pmem roots on
     /// our VMM only; ignored otherwise. Never share one between running VMs.
     pub upper_disk: Option<PathBuf>,
+    /// Size limit of the overlay's tmpfs upper layer (MiB), always written
+    /// out as `shoal.upper_size=NNm` on a pmem root (also with a scratch
+    /// disk, for the guest's fallback to tmpfs); `None`: half of
+    /// `memory_mib` ([`crate::layers::default_upper_size_mib`]).
+    pub upper_size_mib: Option<u32>,
 }
 
 impl BootSpec {
@@ -135,15 +140,26 @@ impl BootSpec {
         }
     }
 
+    /// The kernel command line our VMM boots this spec with.
+    pub fn kernel_cmdline(&self) -> String {
+        self.full_cmdline(self.root_kind)
+    }
+
     fn full_cmdline(&self, root: RootKind) -> String {
         let mut c = format!(
             "{} {} init=/sbin/shoal-agent",
             self.cmdline,
             root.kernel_args()
         );
-        if root == RootKind::Pmem && self.upper_disk.is_some() {
-            // The only virtio-blk disk of a pmem-rooted VM.
-            c.push_str(" shoal.upper=/dev/vda");
+        if root == RootKind::Pmem {
+            let size = self
+                .upper_size_mib
+                .unwrap_or_else(|| crate::layers::default_upper_size_mib(self.memory_mib));
+            c.push_str(&format!(" shoal.upper_size={size}m"));
+            if self.upper_disk.is_some() {
+                // The only virtio-blk disk of a pmem-rooted VM.
+                c.push_str(" shoal.upper=/dev/vda");
+            }
         }
         // A bare "--" with no command makes the agent serve requests;
         // it also keeps unknown kernel words from reaching init as a command.
@@ -372,4 +388,99 @@ pub fn boot(
         }
     }
     Ok(run)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec() -> BootSpec {
+        BootSpec {
+            kernel: "/k/vmlinux".into(),
+            root: "/i/base.img".into(),
+            root_kind: RootKind::Pmem,
+            cmdline: "console=ttyS0".into(),
+            init_args: vec![],
+            memory_mib: 256,
+            vcpus: 1,
+            vsock_uds: None,
+            extra_pmem: vec![],
+            upper_disk: None,
+            upper_size_mib: None,
+        }
+    }
+
+    fn args(c: &Command) -> Vec<String> {
+        c.get_args()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect()
+    }
+
+    fn cmdline_of(s: &BootSpec) -> String {
+        let a = args(&s.command(&Monitor::Shoal("/vmm".into())));
+        let i = a.iter().position(|x| x == "--cmdline").unwrap();
+        a[i + 1].clone()
+    }
+
+    #[test]
+    fn pmem_root_always_names_the_tmpfs_upper_size() {
+        let s = spec();
+        assert_eq!(
+            cmdline_of(&s),
+            "console=ttyS0 root=/dev/pmem0 rootfstype=erofs ro rootflags=dax shoal.overlay=1 \
+             init=/sbin/shoal-agent shoal.upper_size=128m --"
+        );
+        let s = BootSpec {
+            upper_size_mib: Some(8),
+            init_args: vec!["/bin/sh".into(), "-c".into(), "true".into()],
+            ..spec()
+        };
+        let c = cmdline_of(&s);
+        assert!(
+            c.ends_with(" shoal.upper_size=8m -- /bin/sh -c true"),
+            "{c}"
+        );
+        assert!(!c.contains("shoal.upper="), "{c}");
+    }
+
+    #[test]
+    fn layers_and_scratch_disk_become_devices_and_words() {
+        let s = BootSpec {
+            extra_pmem: vec!["/l/kit.img".into(), "/l/more.img".into()],
+            upper_disk: Some("/t/scratch.ext4".into()),
+            ..spec()
+        };
+        let a = args(&s.command(&Monitor::Shoal("/vmm".into())));
+        let pmem: Vec<&str> = a
+            .windows(2)
+            .filter(|w| w[0] == "--pmem")
+            .map(|w| w[1].as_str())
+            .collect();
+        assert_eq!(pmem, ["/i/base.img", "/l/kit.img", "/l/more.img"]);
+        let disks: Vec<&str> = a
+            .windows(2)
+            .filter(|w| w[0] == "--disk")
+            .map(|w| w[1].as_str())
+            .collect();
+        assert_eq!(disks, ["/t/scratch.ext4"]);
+        let c = cmdline_of(&s);
+        assert!(
+            c.ends_with(" shoal.upper_size=128m shoal.upper=/dev/vda --"),
+            "{c}"
+        );
+    }
+
+    #[test]
+    fn blk_roots_get_no_overlay_words() {
+        for kind in [RootKind::Blk, RootKind::BlkExt4Rw] {
+            let s = BootSpec {
+                root_kind: kind,
+                upper_disk: Some("/ignored".into()),
+                upper_size_mib: Some(8),
+                ..spec()
+            };
+            let c = cmdline_of(&s);
+            assert!(!c.contains("shoal.upper"), "{c}");
+        }
+    }
 }

@@ -7,6 +7,7 @@ pub mod bench;
 pub mod daemon;
 pub mod image;
 pub mod launch;
+pub mod layers;
 pub mod sandbox;
 pub mod stats;
 pub mod template;

@@ -1,9 +1,12 @@
-//! Sandboxes without the daemon: a template per (image, vCPUs, memory) is
-//! booted once and snapshotted; each sandbox is a `shoal-vmm` process
-//! restored from it, reached through its vsock socket by the agent client.
+//! Sandboxes without the daemon: a template per (image, layers, upper
+//! layer, vCPUs, memory) is booted once and snapshotted; each sandbox is a
+//! `shoal-vmm` process restored from it (with its own copy of the
+//! template's scratch disk, if it has one), reached through its vsock
+//! socket by the agent client.
 
 use crate::artifacts;
 use crate::launch::{BootSpec, RootKind, INIT_MARKER};
+use crate::layers::{self, LayerError, Upper};
 use crate::template::{self, TemplateError};
 use guest_agent::client::Client;
 use std::path::{Path, PathBuf};
@@ -35,6 +38,9 @@ pub enum SandboxError {
     /// No such sandbox.
     #[error("no sandbox {0} (see `shoal vm ls`)")]
     Unknown(String),
+    /// A layer, the upper layer or the scratch disk.
+    #[error(transparent)]
+    Layer(#[from] LayerError),
 }
 
 /// What a template is made of.
@@ -46,6 +52,24 @@ pub struct TemplateSpec {
     pub vcpus: u8,
     /// Guest memory in MiB.
     pub memory_mib: u32,
+    /// Further read-only layers over the image (erofs image files,
+    /// `/dev/pmem1..`; checked with [`layers::check_layer`]).
+    pub layers: Vec<PathBuf>,
+    /// The overlay's upper layer.
+    pub upper: Upper,
+}
+
+impl TemplateSpec {
+    /// The plain `image` (no layers, the default tmpfs upper layer).
+    pub fn new(image: &str, vcpus: u8, memory_mib: u32) -> Self {
+        TemplateSpec {
+            image: image.into(),
+            vcpus,
+            memory_mib,
+            layers: vec![],
+            upper: Upper::default(),
+        }
+    }
 }
 
 /// Where Shoal keeps state for daemon-less use.
@@ -61,7 +85,8 @@ pub fn state_dir() -> PathBuf {
         })
 }
 
-fn hash_hex(parts: &[&[u8]]) -> String {
+/// A 64-bit FNV-1a hash of `parts` (each terminated), as 16 hex digits.
+pub fn hash_hex(parts: &[&[u8]]) -> String {
     // FNV-1a 64: a cache key, not a security boundary.
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for p in parts {
@@ -87,10 +112,42 @@ pub fn template(
     // `quiet`: a sandbox's boot log is read by no one, and every console
     // byte is a VM exit (errors still print).
     let cmdline = format!("{} quiet", artifacts::base_cmdline());
+    // Bounds (the API checked them already; direct callers may not have).
+    spec.upper.check(spec.memory_mib)?;
+    if spec.layers.len() > layers::MAX_LAYERS {
+        return Err(LayerError::TooMany(spec.layers.len()).into());
+    }
+    let mut layer_ids = Vec::with_capacity(spec.layers.len());
+    for l in &spec.layers {
+        layers::check_layer(l)?;
+        layer_ids.push(layers::file_identity(l));
+    }
+    // The boot, less the paths only known once its directory exists (they
+    // change neither the command line nor the key).
+    let mut boot = BootSpec {
+        kernel: kernel.clone(),
+        root: image.clone(),
+        root_kind: RootKind::default(),
+        cmdline,
+        init_args: vec![],
+        memory_mib: spec.memory_mib,
+        vcpus: spec.vcpus,
+        vsock_uds: None,
+        extra_pmem: spec.layers.clone(),
+        upper_disk: spec
+            .upper
+            .disk_mib()
+            .map(|_| PathBuf::from(layers::SCRATCH_DISK)),
+        upper_size_mib: Some(spec.upper.tmpfs_mib(spec.memory_mib)),
+    };
+    let upper_key = spec.upper.key();
+    let layer_key = layer_ids.join("\n");
     let key = hash_hex(&[
         kernel.as_os_str().as_encoded_bytes(),
         image.as_os_str().as_encoded_bytes(),
-        cmdline.as_bytes(),
+        boot.kernel_cmdline().as_bytes(),
+        layer_key.as_bytes(),
+        upper_key.as_bytes(),
         RootKind::default().name().as_bytes(),
         &[spec.vcpus],
         &spec.memory_mib.to_le_bytes(),
@@ -114,18 +171,17 @@ pub fn template(
     let tmp = dir.with_extension(format!("tmp{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
     std::fs::create_dir_all(&tmp).map_err(|e| SandboxError::Io(tmp.clone(), e))?;
-    let boot = BootSpec {
-        kernel,
-        root: image,
-        root_kind: RootKind::default(),
-        cmdline,
-        init_args: vec![],
-        memory_mib: spec.memory_mib,
-        vcpus: spec.vcpus,
-        vsock_uds: Some(tmp.join("boot.vsock")),
-        extra_pmem: vec![],
-        upper_disk: None,
-    };
+    // A scratch disk is booted freshly formatted and stays in the template
+    // directory as it is at the snapshot; each sandbox gets a copy.
+    if let Some(mib) = spec.upper.disk_mib() {
+        let p = tmp.join(layers::SCRATCH_DISK);
+        if let Err(e) = layers::format_scratch(&p, mib) {
+            let _ = std::fs::remove_dir_all(&tmp);
+            return Err(e.into());
+        }
+        boot.upper_disk = Some(p);
+    }
+    boot.vsock_uds = Some(tmp.join("boot.vsock"));
     let res = template::make(&boot, &vmm, &tmp, INIT_MARKER, Duration::from_secs(900));
     let _ = std::fs::remove_file(tmp.join("boot.vsock"));
     if let Err(e) = res {
@@ -192,8 +248,9 @@ impl Sandbox {
         state_dir().join("vms")
     }
 
-    /// Restores a new sandbox from `tpl`. With `detach`, the VMM process
-    /// outlives this one (its own session).
+    /// Restores a new sandbox from `tpl` (with its own copy of the
+    /// template's scratch disk, if it has one). With `detach`, the VMM
+    /// process outlives this one (its own session).
     pub fn start(
         tpl: &Path,
         detach: bool,
@@ -208,7 +265,28 @@ impl Sandbox {
             id,
             dir,
         };
-        let mut cmd = Command::new(artifacts::vmm_binary()?);
+        let disk = match layers::scratch_disk(tpl) {
+            Some(src) => {
+                let own = sb.dir.join(layers::SCRATCH_DISK);
+                if let Err(e) = layers::clone_file(&src, &own) {
+                    let _ = std::fs::remove_dir_all(&sb.dir);
+                    return Err(e.into());
+                }
+                Some(own)
+            }
+            None => None,
+        };
+        let vmm = match artifacts::vmm_binary() {
+            Ok(v) => v,
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&sb.dir);
+                return Err(e.into());
+            }
+        };
+        let mut cmd = Command::new(vmm);
+        if let Some(d) = &disk {
+            cmd.arg("--restore-disk").arg(d);
+        }
         cmd.arg("--restore")
             .arg(tpl)
             .arg("--api-sock")
@@ -235,9 +313,13 @@ impl Sandbox {
                 })
             };
         }
-        let child = cmd
-            .spawn()
-            .map_err(|e| SandboxError::Vmm(format!("cannot start: {e}")))?;
+        let child = match cmd.spawn() {
+            Ok(c) => c,
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&sb.dir);
+                return Err(SandboxError::Vmm(format!("cannot start: {e}")));
+            }
+        };
         let _ = std::fs::write(sb.dir.join("pid"), child.id().to_string());
         Ok((sb, Some(child)))
     }

@@ -22,11 +22,7 @@ pub fn tiny_template() -> PathBuf {
     static T: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     T.get_or_init(|| {
         require_kvm();
-        let spec = shoal_host::sandbox::TemplateSpec {
-            image: "tiny".into(),
-            vcpus: 1,
-            memory_mib: 128,
-        };
+        let spec = shoal_host::sandbox::TemplateSpec::new("tiny", 1, 128);
         shoal_host::sandbox::template(&spec, &mut |l| eprintln!("{l}")).expect("template")
     })
     .clone()

@@ -4,7 +4,9 @@
 //! restart with sandboxes running (reattached or reclaimed, nothing
 //! leaked), kill -9 of VMMs (noticed and reclaimed), pause and resume on
 //! the next exec with files and processes intact, TTL, idle timeout,
-//! snapshot to a template, warm pools and admission.
+//! snapshot to a template, warm pools and admission; templates with a
+//! toolkit layer and each kind of upper layer (tmpfs of a size, a scratch
+//! disk per sandbox).
 //!
 //! Each guest exec costs ~1 s on PVM hosts, so execs are few.
 
@@ -50,11 +52,18 @@ struct Daemon {
     dir: PathBuf,
     args: Vec<String>,
     c: DaemonClient,
+    /// Templates built by this daemon go under `dir/cache` (SHOAL_STATE),
+    /// removed with it, instead of the shared cache.
+    own_cache: bool,
     _tmp: Option<tempfile::TempDir>,
 }
 
 impl Daemon {
     fn start(args: &[&str]) -> Daemon {
+        Self::start_with(args, false)
+    }
+
+    fn start_with(args: &[&str], own_cache: bool) -> Daemon {
         prime_template();
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().to_path_buf();
@@ -63,6 +72,7 @@ impl Daemon {
             c: DaemonClient::unix(dir.join("shoald.sock")),
             dir,
             args: args.iter().map(|s| s.to_string()).collect(),
+            own_cache,
             _tmp: Some(tmp),
         };
         d.spawn();
@@ -75,7 +85,11 @@ impl Daemon {
             .append(true)
             .open(self.dir.join("shoald.log"))
             .unwrap();
-        let child = Command::new(shoald_bin())
+        let mut cmd = Command::new(shoald_bin());
+        if self.own_cache {
+            cmd.env("SHOAL_STATE", self.dir.join("cache"));
+        }
+        let child = cmd
             .arg("--state-dir")
             .arg(&self.dir)
             .args(&self.args)
@@ -628,4 +642,263 @@ fn admission_refuses_with_429_and_503() {
         l.as_array().unwrap().is_empty(),
         "a refused create leaves nothing"
     );
+}
+
+/// `debugfs -R CMD` on an ext4 image (read on the host without mounting).
+fn debugfs(img: &std::path::Path, cmd: &str) -> String {
+    let out = Command::new("debugfs")
+        .arg("-R")
+        .arg(cmd)
+        .arg(img)
+        .output()
+        .expect("debugfs (e2fsprogs)");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Total 1K blocks of `/` from `df -k /` output (its last line).
+fn df_total_kib(out: &str) -> u64 {
+    out.lines()
+        .rfind(|l| l.contains('%'))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no df line in {out:?}"))
+}
+
+/// Stdout and stderr of an exec result, together.
+fn output(v: &Value) -> String {
+    format!(
+        "{}{}",
+        v["stdout"].as_str().unwrap_or(""),
+        v["stderr"].as_str().unwrap_or("")
+    )
+}
+
+#[test]
+fn template_layers_and_upper_layers_end_to_end() {
+    use shoal_host::image::{build_image_with, AgentSource, BuildOptions, ImageSource};
+    let work = tempfile::Builder::new()
+        .prefix("layers")
+        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+        .unwrap();
+    // A toolkit layer, built from a small directory like `shoal image
+    // build DIR -o OUT --no-agent`.
+    let src = work.path().join("toolkit");
+    std::fs::create_dir_all(src.join("opt/toolkit")).unwrap();
+    std::fs::write(src.join("opt/toolkit/hello.txt"), "from-the-toolkit\n").unwrap();
+    let kit = work.path().join("toolkit.img");
+    let opts = BuildOptions {
+        agent: AgentSource::None,
+    };
+    let info = build_image_with(ImageSource::Dir(src), &kit, &opts).unwrap();
+    let misaligned = work.path().join("misaligned.img");
+    std::fs::copy(&kit, &misaligned).unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&misaligned)
+        .unwrap()
+        .set_len(info.len - 4096)
+        .unwrap();
+    let (kit_s, bad_s) = (kit.to_str().unwrap(), misaligned.to_str().unwrap());
+
+    let d = Daemon::start_with(&["--no-pools"], true);
+    // Bad inputs: clear 400s, nothing registered, nothing booted.
+    let t = |extra: Value| {
+        let mut b = json!({"name": "x", "image": "tiny"});
+        for (k, v) in extra.as_object().unwrap() {
+            b[k] = v.clone();
+        }
+        b.to_string()
+    };
+    let bad = [
+        (
+            t(json!({"upper_size_mib": 8, "upper_disk_mib": 64})),
+            "not both",
+        ),
+        (
+            t(json!({"layers": ["/nonexistent/kit.img"]})),
+            "cannot open",
+        ),
+        (t(json!({"layers": [bad_s]})), "not a multiple of"),
+        (t(json!({"layers": ["kit.img"]})), "absolute path"),
+        (t(json!({"layers": ["/dev/null"]})), "not a regular file"),
+        (t(json!({"upper_size_mib": 0})), "upper_size_mib 0"),
+        (
+            t(json!({"upper_size_mib": 4096})),
+            "at most the guest's memory",
+        ),
+        (t(json!({"upper_disk_mib": 2})), "upper_disk_mib 2"),
+        (t(json!({"upper_disk_mib": "big"})), "invalid JSON"),
+    ];
+    for (body, want) in &bad {
+        let (status, code, msg) = d.err("POST", "/v1/templates", body);
+        assert_eq!(
+            (status, code.as_str()),
+            (400, "bad_request"),
+            "{body}: {msg}"
+        );
+        assert!(msg.contains(want), "{body}: {want:?} not in {msg:?}");
+    }
+    let (status, _, msg) = d.err(
+        "POST",
+        "/v1/sandboxes",
+        &json!({"template": "x", "layers": [kit_s]}).to_string(),
+    );
+    assert!(
+        status == 400 && msg.contains("come from the template"),
+        "{msg}"
+    );
+    let (status, _, msg) = d.err(
+        "POST",
+        "/v1/sandboxes",
+        &json!({"image": "tiny", "upper_size_mib": 8, "upper_disk_mib": 64}).to_string(),
+    );
+    assert!(status == 400 && msg.contains("not both"), "{msg}");
+    assert_eq!(d.ok("GET", "/v1/templates", None), json!([]));
+
+    // One template per configuration, built one after the other (one boot
+    // each): the toolkit layer with a 2 MiB tmpfs upper layer, and with a
+    // 32 MiB scratch disk.
+    let small = d.ok(
+        "POST",
+        "/v1/templates",
+        Some(json!({"name": "kit-tmpfs", "image": "tiny", "layers": [kit_s], "upper_size_mib": 2})),
+    );
+    assert_eq!(
+        (
+            &small["layers"],
+            &small["upper_size_mib"],
+            &small["upper_disk_mib"]
+        ),
+        (&json!([kit_s]), &json!(2), &Value::Null)
+    );
+    let disk = d.ok(
+        "POST",
+        "/v1/templates",
+        Some(json!({"name": "kit-disk", "image": "tiny", "layers": [kit_s], "upper_disk_mib": 32})),
+    );
+    assert_eq!(disk["upper_disk_mib"], 32);
+    for name in ["kit-tmpfs", "kit-disk"] {
+        wait_for(&format!("template {name}"), 600, || {
+            let v = d.ok("GET", &format!("/v1/templates/{name}"), None);
+            assert_ne!(v["state"], "failed", "{v}\n{}", d.log());
+            v["state"] == "ready"
+        });
+    }
+    let tpl_disk = PathBuf::from(
+        d.ok("GET", "/v1/templates/kit-disk", None)["dir"]
+            .as_str()
+            .unwrap(),
+    );
+    let tpl_scratch = tpl_disk.join("scratch.ext4");
+    assert!(tpl_scratch.is_file(), "the template keeps its scratch disk");
+    let sandbox_dir = |id: &str| d.dir.join("sandboxes").join(id);
+
+    // tmpfs upper: the toolkit is there; the upper layer holds 2 MiB.
+    let a = d.ok(
+        "POST",
+        "/v1/sandboxes",
+        Some(json!({"template": "kit-tmpfs"})),
+    );
+    let aid = a["id"].as_str().unwrap().to_string();
+    let out = d.sh(
+        &aid,
+        "cat /opt/toolkit/hello.txt; df -k /; dd if=/dev/zero of=/fill bs=64k count=48; echo rc=$?",
+    );
+    let text = output(&out);
+    assert!(text.starts_with("from-the-toolkit\n"), "{text}");
+    assert_eq!(df_total_kib(&text), 2048, "{text}");
+    assert!(
+        text.contains("No space left on device") && text.contains("rc=1"),
+        "writing 3 MiB into a 2 MiB upper layer: {text}"
+    );
+    assert!(!sandbox_dir(&aid).join("scratch.ext4").exists());
+
+    // Scratch-disk upper: 3 MiB fit; two clones do not see each other's
+    // writes, and each writes only its own copy of the disk.
+    let b1 = d.ok(
+        "POST",
+        "/v1/sandboxes",
+        Some(json!({"template": "kit-disk"})),
+    );
+    let b2 = d.ok(
+        "POST",
+        "/v1/sandboxes",
+        Some(json!({"template": "kit-disk"})),
+    );
+    let (b1, b2) = (
+        b1["id"].as_str().unwrap().to_string(),
+        b2["id"].as_str().unwrap().to_string(),
+    );
+    let out = d.sh(
+        &b1,
+        "cat /opt/toolkit/hello.txt; df -k /; dd if=/dev/zero of=/big bs=64k count=48 \
+         && echo b1 > /who && sync && echo wrote",
+    );
+    let text = output(&out);
+    assert!(text.starts_with("from-the-toolkit\n"), "{text}");
+    let total = df_total_kib(&text);
+    assert!((28_000..=32_768).contains(&total), "a 32 MiB disk: {text}");
+    assert!(
+        out["stdout"].as_str().unwrap().ends_with("wrote\n"),
+        "{text}"
+    );
+    let out = d.sh(&b2, "cat /who /big 2>&1; echo b2 > /who; cat /who");
+    let text = output(&out);
+    assert!(
+        text.contains("'/who': No such file") && text.contains("'/big': No such file"),
+        "{text}"
+    );
+    assert!(text.ends_with("b2\n"), "{text}");
+    let b1_disk = sandbox_dir(&b1).join("scratch.ext4");
+    let b2_disk = sandbox_dir(&b2).join("scratch.ext4");
+    assert_eq!(debugfs(&b1_disk, "cat /upper/who"), "b1\n");
+    assert!(debugfs(&b1_disk, "stat /upper/big").contains("Size: 3145728"));
+    assert!(
+        !debugfs(&tpl_scratch, "ls /upper").contains("who"),
+        "template disk unchanged"
+    );
+
+    // Paused, b1 keeps its disk; the next exec resumes it, writes intact.
+    let v = d.ok("POST", &format!("/v1/sandboxes/{b1}/pause"), None);
+    assert_eq!(v["state"], "paused");
+    assert!(b1_disk.is_file(), "a paused sandbox keeps its scratch disk");
+    assert_eq!(d.sh(&b1, "cat /who")["stdout"], "b1\n");
+
+    // A snapshot into a template takes the disk along; its clone sees b1's
+    // files.
+    let t = d.ok(
+        "POST",
+        &format!("/v1/sandboxes/{b1}/snapshot"),
+        Some(json!({"template": "b1-snap"})),
+    );
+    assert_eq!(t["upper_disk_mib"], 32);
+    assert!(PathBuf::from(t["dir"].as_str().unwrap())
+        .join("scratch.ext4")
+        .is_file());
+    let c = d.ok(
+        "POST",
+        "/v1/sandboxes",
+        Some(json!({"template": "b1-snap"})),
+    );
+    let cid = c["id"].as_str().unwrap().to_string();
+    assert_eq!(d.sh(&cid, "cat /who")["stdout"], "b1\n");
+
+    // Removing sandboxes and the owned template removes their disks.
+    for id in [&aid, &b1, &b2, &cid] {
+        d.c.request("DELETE", &format!("/v1/sandboxes/{id}"), Body::Empty)
+            .unwrap()
+            .ok()
+            .unwrap();
+    }
+    d.c.request("DELETE", "/v1/templates/b1-snap", Body::Empty)
+        .unwrap()
+        .ok()
+        .unwrap();
+    assert!(!PathBuf::from(t["dir"].as_str().unwrap()).exists());
+    wait_for("every VMM to end", 10, || d.vmms().is_empty());
+    assert!(!b2_disk.exists());
+    let left: Vec<_> = std::fs::read_dir(d.dir.join("sandboxes"))
+        .unwrap()
+        .collect();
+    assert!(left.is_empty(), "sandbox directories left: {left:?}");
 }

@@ -91,6 +91,7 @@ fn spec(f: &Fixture, kind: RootKind, vsock: &Path) -> BootSpec {
         vsock_uds: Some(vsock.to_path_buf()),
         extra_pmem: vec![],
         upper_disk: None,
+        upper_size_mib: None,
     }
 }
 

@@ -82,6 +82,7 @@ fn toolkit_layer_and_scratch_disk_upper_from_a_cold_boot() {
         vsock_uds: None,
         extra_pmem: vec![toolkit.clone()],
         upper_disk: Some(scratch.clone()),
+        upper_size_mib: None,
     };
     let vmm = artifacts::vmm_binary().expect("shoal-vmm built");
     let mut log = String::new();

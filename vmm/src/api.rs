@@ -4,7 +4,8 @@
 //!
 //! Requests: `{"op":"pause"}`, `{"op":"resume"}`,
 //! `{"op":"snapshot","dir":"/path"}` (pauses first; the VM stays paused),
-//! `{"op":"restore","dir":"/path"}` (replaces the guest, reusing the VM),
+//! `{"op":"restore","dir":"/path"}` (replaces the guest, reusing the VM;
+//! `"disks":["/f"]` points the saved disks at other files),
 //! `{"op":"shutdown"}`, `{"op":"stats"}`. Every reply has `"ok"`; failures
 //! carry `"error"`.
 
@@ -40,6 +41,10 @@ pub enum Request {
     Restore {
         /// Snapshot directory.
         dir: PathBuf,
+        /// Files for the saved disks, in order (see
+        /// [`crate::RestoreOptions::disks`]); none: as saved.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        disks: Vec<PathBuf>,
     },
     /// End the VM and the VMM process.
     Shutdown,

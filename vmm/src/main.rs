@@ -32,6 +32,12 @@ struct Args {
     /// Start from the snapshot in this directory instead of booting.
     #[arg(long, conflicts_with_all = ["kernel", "cmdline", "initrd", "disk", "pmem"])]
     restore: Option<PathBuf>,
+    /// With --restore: the file for the snapshot's next virtio-blk disk, in
+    /// place of the saved path (repeatable: /dev/vda, /dev/vdb, ...). A
+    /// writable disk belongs to the guest's state: give each restored VM
+    /// its own copy of the file as it was at the snapshot.
+    #[arg(long, value_name = "PATH", requires = "restore")]
+    restore_disk: Vec<PathBuf>,
     /// virtio-vsock: host socket for CONNECT <port> connections into the guest
     /// (with --restore/--prewarm: this VM's socket instead of the saved one).
     #[arg(long)]
@@ -191,6 +197,7 @@ fn run(a: &Args, start_ns: u128) -> Result<i32> {
     let opts = RestoreOptions {
         serial,
         vsock_uds: a.vsock_uds.clone(),
+        disks: a.restore_disk.clone(),
     };
     let vm = match &a.restore {
         None if a.prewarm => Vm::prewarmed(a.memory, a.vcpus, None, opts)?,

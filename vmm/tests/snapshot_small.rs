@@ -251,6 +251,20 @@ fn bad_snapshots_are_refused_clearly() {
     std::fs::remove_file(d.join("memory")).unwrap();
     assert!(restore_err(&d).contains("memory"));
 
+    // More disk files than the snapshot has disks.
+    let opts = vmm::RestoreOptions {
+        disks: vec![dir.path().join("scratch.img")],
+        ..Default::default()
+    };
+    let e = match Vm::restore(&snap, Some(Box::new(Capture::default())), opts) {
+        Ok(_) => panic!("a disk override for a snapshot without disks was accepted"),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        e.contains("1 disk files given for a snapshot with 0 disks"),
+        "{e}"
+    );
+
     // The original still restores.
     assert!(Vm::restore(
         &snap,
@@ -364,11 +378,27 @@ fn prewarmed_vm_reloads_snapshots_repeatedly() {
     assert!(e.to_string().contains("no guest"), "{e}");
     // Twice from empty, then once replacing a running guest.
     for round in 0..3 {
-        let r = call(&sock, &Request::Restore { dir: snap.clone() }, t).unwrap();
+        let r = call(
+            &sock,
+            &Request::Restore {
+                dir: snap.clone(),
+                disks: vec![],
+            },
+            t,
+        )
+        .unwrap();
         assert!(r.restore_ms.unwrap() > 0.0);
         if round == 2 {
             // Replace the running guest at once: its output restarts.
-            call(&sock, &Request::Restore { dir: snap.clone() }, t).unwrap();
+            call(
+                &sock,
+                &Request::Restore {
+                    dir: snap.clone(),
+                    disks: vec![],
+                },
+                t,
+            )
+            .unwrap();
         }
         wait_empty();
     }

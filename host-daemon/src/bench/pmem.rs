@@ -309,6 +309,7 @@ fn spec(o: &PmemBenchOpts, root: &Path, kind: RootKind, vsock: PathBuf) -> BootS
         vsock_uds: Some(vsock),
         extra_pmem: vec![],
         upper_disk: None,
+        upper_size_mib: None,
     }
 }
 

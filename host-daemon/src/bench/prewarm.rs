@@ -68,7 +68,10 @@ impl Warm {
         let t0 = Instant::now();
         let r = api::call(
             &self.sock,
-            &Request::Restore { dir: tpl.into() },
+            &Request::Restore {
+                dir: tpl.into(),
+                disks: vec![],
+            },
             Duration::from_secs(60),
         )
         .map_err(|e| e.to_string())?;

@@ -459,6 +459,43 @@ mod tests {
     }
 
     #[test]
+    fn request_bodies_are_documented() {
+        let doc = openapi::document();
+        let sandbox = ops::CreateSandbox {
+            template: Some("t".into()),
+            image: Some("tiny".into()),
+            vcpus: Some(1),
+            memory_mib: Some(128),
+            layers: vec!["/kit.img".into()],
+            upper_size_mib: Some(8),
+            upper_disk_mib: Some(64),
+            ..Default::default()
+        };
+        let template = CreateTemplate {
+            name: "t".into(),
+            image: "tiny".into(),
+            vcpus: Some(1),
+            memory_mib: Some(128),
+            layers: vec!["/kit.img".into()],
+            upper_size_mib: Some(8),
+            upper_disk_mib: Some(64),
+        };
+        for (schema, v) in [
+            ("CreateSandbox", serde_json::to_value(&sandbox).unwrap()),
+            ("CreateTemplate", serde_json::to_value(&template).unwrap()),
+        ] {
+            let props = &doc["components"]["schemas"][schema]["properties"];
+            for k in v.as_object().unwrap().keys() {
+                assert!(props[k].is_object(), "{schema}.{k} is not documented");
+            }
+        }
+        let t = &doc["components"]["schemas"]["Template"]["properties"];
+        for k in ["layers", "upper_size_mib", "upper_disk_mib"] {
+            assert!(t[k].is_object(), "Template.{k} is not documented");
+        }
+    }
+
+    #[test]
     fn every_route_is_documented() {
         let doc = openapi::document();
         for (m, p) in ROUTES {

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 /// Current schema version (stored in `PRAGMA user_version`).
-pub const SCHEMA_VERSION: i64 = 1;
+pub const SCHEMA_VERSION: i64 = 2;
 
 /// Errors of the state database.
 #[derive(Debug, thiserror::Error)]
@@ -147,6 +147,17 @@ pub struct TemplateRow {
     pub created_at: f64,
     /// The daemon owns `dir` (removed with the template).
     pub owned: bool,
+    /// Further read-only layers over the image, lowest first (image names
+    /// or absolute paths of erofs images).
+    #[serde(default)]
+    pub layers: Vec<String>,
+    /// Size of the tmpfs upper layer (MiB), when the upper layer is tmpfs.
+    #[serde(default)]
+    pub upper_size_mib: Option<u32>,
+    /// Size of each sandbox's scratch disk (MiB), when the upper layer is
+    /// one.
+    #[serde(default)]
+    pub upper_disk_mib: Option<u32>,
 }
 
 /// One event.
@@ -208,6 +219,7 @@ fn sandbox_row(r: &Row<'_>) -> rusqlite::Result<SandboxRow> {
 }
 
 fn template_row(r: &Row<'_>) -> rusqlite::Result<TemplateRow> {
+    let layers: String = r.get(9)?;
     Ok(TemplateRow {
         name: r.get(0)?,
         source: r.get(1)?,
@@ -218,6 +230,11 @@ fn template_row(r: &Row<'_>) -> rusqlite::Result<TemplateRow> {
         error: r.get(6)?,
         created_at: r.get(7)?,
         owned: r.get(8)?,
+        layers: serde_json::from_str(&layers).map_err(|e| {
+            rusqlite::Error::FromSqlConversionFailure(9, rusqlite::types::Type::Text, Box::new(e))
+        })?,
+        upper_size_mib: r.get(10)?,
+        upper_disk_mib: r.get(11)?,
     })
 }
 
@@ -315,6 +332,14 @@ impl Db {
                  CREATE TABLE events (
                     seq INTEGER PRIMARY KEY AUTOINCREMENT, ts REAL NOT NULL,
                     subject TEXT NOT NULL, kind TEXT NOT NULL, detail TEXT NOT NULL);",
+            )?;
+        }
+        if v < 2 {
+            // Templates' layers and upper layer.
+            tx.execute_batch(
+                "ALTER TABLE templates ADD COLUMN layers TEXT NOT NULL DEFAULT '[]';
+                 ALTER TABLE templates ADD COLUMN upper_size_mib INTEGER;
+                 ALTER TABLE templates ADD COLUMN upper_disk_mib INTEGER;",
             )?;
         }
         tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;
@@ -463,8 +488,9 @@ impl Db {
     pub fn put_template(&self, t: &TemplateRow) -> Result<()> {
         self.conn.execute(
             "INSERT OR REPLACE INTO templates
-               (name, source, vcpus, memory_mib, dir, state, error, created_at, owned)
-             VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9)",
+               (name, source, vcpus, memory_mib, dir, state, error, created_at, owned,
+                layers, upper_size_mib, upper_disk_mib)
+             VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12)",
             params![
                 t.name,
                 t.source,
@@ -474,7 +500,10 @@ impl Db {
                 t.state,
                 t.error,
                 t.created_at,
-                t.owned
+                t.owned,
+                serde_json::to_string(&t.layers).unwrap_or_else(|_| "[]".into()),
+                t.upper_size_mib,
+                t.upper_disk_mib
             ],
         )?;
         Ok(())
@@ -485,7 +514,8 @@ impl Db {
         Ok(self
             .conn
             .query_row(
-                "SELECT name, source, vcpus, memory_mib, dir, state, error, created_at, owned
+                "SELECT name, source, vcpus, memory_mib, dir, state, error, created_at, owned,
+                        layers, upper_size_mib, upper_disk_mib
                  FROM templates WHERE name = ?1",
                 [name],
                 template_row,
@@ -496,7 +526,8 @@ impl Db {
     /// All templates.
     pub fn templates(&self) -> Result<Vec<TemplateRow>> {
         let mut st = self.conn.prepare_cached(
-            "SELECT name, source, vcpus, memory_mib, dir, state, error, created_at, owned
+            "SELECT name, source, vcpus, memory_mib, dir, state, error, created_at, owned,
+                    layers, upper_size_mib, upper_disk_mib
              FROM templates ORDER BY name",
         )?;
         let rows = st.query_map([], template_row)?;

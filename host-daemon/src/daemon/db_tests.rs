@@ -55,6 +55,50 @@ impl SandboxRow {
 }
 
 #[test]
+fn version_1_templates_migrate() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("state.db");
+    {
+        // The version 1 templates table, with a row.
+        let c = Connection::open(&p).unwrap();
+        c.execute_batch(
+            "CREATE TABLE sandboxes (
+                id TEXT PRIMARY KEY, template TEXT NOT NULL, state TEXT NOT NULL,
+                vcpus INTEGER NOT NULL, memory_mib INTEGER NOT NULL,
+                pid INTEGER, pid_start INTEGER, dir TEXT NOT NULL,
+                created_at REAL NOT NULL, last_active REAL NOT NULL,
+                ttl_s INTEGER NOT NULL, idle_timeout_s INTEGER NOT NULL,
+                metadata TEXT NOT NULL, env TEXT NOT NULL,
+                needs_post_restore INTEGER NOT NULL, error TEXT,
+                keep_running INTEGER NOT NULL DEFAULT 0);
+             CREATE TABLE templates (
+                name TEXT PRIMARY KEY, source TEXT NOT NULL, vcpus INTEGER NOT NULL,
+                memory_mib INTEGER NOT NULL, dir TEXT NOT NULL, state TEXT NOT NULL,
+                error TEXT, created_at REAL NOT NULL, owned INTEGER NOT NULL);
+             CREATE TABLE pools (template TEXT PRIMARY KEY, target INTEGER NOT NULL);
+             CREATE TABLE events (
+                seq INTEGER PRIMARY KEY AUTOINCREMENT, ts REAL NOT NULL,
+                subject TEXT NOT NULL, kind TEXT NOT NULL, detail TEXT NOT NULL);
+             INSERT INTO templates VALUES ('old', 'image:tiny', 1, 128, '/d', 'ready', NULL, 1.0, 0);
+             PRAGMA user_version = 1;",
+        )
+        .unwrap();
+    }
+    let db = Db::open(&p).unwrap();
+    assert_eq!(db.version().unwrap(), SCHEMA_VERSION);
+    let t = db.template("old").unwrap().unwrap();
+    assert_eq!(
+        (
+            t.layers,
+            t.upper_size_mib,
+            t.upper_disk_mib,
+            t.state.as_str()
+        ),
+        (vec![], None, None, "ready")
+    );
+}
+
+#[test]
 fn newer_schema_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("state.db");
@@ -117,9 +161,13 @@ fn templates_pools_events() {
         error: None,
         created_at: 1.0,
         owned: false,
+        layers: vec!["/l/kit.img".into(), "tiny".into()],
+        upper_size_mib: None,
+        upper_disk_mib: Some(64),
     };
     db.put_template(&t).unwrap();
-    assert_eq!(db.template("t").unwrap(), Some(t));
+    assert_eq!(db.template("t").unwrap(), Some(t.clone()));
+    assert_eq!(db.templates().unwrap(), vec![t]);
     db.set_pool("t", 3).unwrap();
     assert_eq!(db.pools().unwrap(), vec![("t".to_string(), 3)]);
     assert!(db.delete_template("t").unwrap());

@@ -4,6 +4,7 @@
 use super::db::{self, State, TemplateRow};
 use super::ops::{admit_and_insert, check_name, ensure_running, row, start_vmm, SandboxView};
 use super::{blocking, ApiError, ApiResult, Daemon};
+use crate::layers;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 use std::sync::atomic::Ordering;
@@ -153,6 +154,7 @@ pub async fn snapshot(d: &Arc<Daemon>, id: &str, req: SnapshotRequest) -> ApiRes
     *live.client.lock().await = None;
     let dir = d.cfg.templates_dir().join(&name);
     let sock = live.paths.api_sock.clone();
+    let sandbox_dir = live.paths.dir.clone();
     let dir2 = dir.clone();
     blocking("snapshot", Duration::from_secs(180), move || {
         let t = Duration::from_secs(120);
@@ -163,7 +165,18 @@ pub async fn snapshot(d: &Arc<Daemon>, id: &str, req: SnapshotRequest) -> ApiRes
                 diff: false,
             },
             t,
-        );
+        )
+        .and_then(|_| {
+            // The scratch disk as it is at the snapshot (the VM stays
+            // paused until the copy is made): the template's own, which
+            // each sandbox restored from it copies in turn.
+            match layers::scratch_disk(&sandbox_dir) {
+                Some(disk) => layers::clone_file(&disk, &dir2.join(layers::SCRATCH_DISK))
+                    .map(drop)
+                    .map_err(|e| ApiError::Internal(format!("copying the scratch disk: {e}"))),
+                None => Ok(()),
+            }
+        });
         let resumed = vmm_call(&sock, &Request::Resume, t);
         if res.is_err() {
             let _ = std::fs::remove_dir_all(&dir2);
@@ -171,6 +184,8 @@ pub async fn snapshot(d: &Arc<Daemon>, id: &str, req: SnapshotRequest) -> ApiRes
         res.and(resumed).map(|_| ())
     })
     .await?;
+    // Layers and upper layer as the sandbox's template had them.
+    let from = d.db(|db| db.template(&r.template))?;
     let t = TemplateRow {
         name: name.clone(),
         source: format!("sandbox:{id}"),
@@ -181,6 +196,9 @@ pub async fn snapshot(d: &Arc<Daemon>, id: &str, req: SnapshotRequest) -> ApiRes
         error: None,
         created_at: db::now(),
         owned: true,
+        layers: from.as_ref().map(|f| f.layers.clone()).unwrap_or_default(),
+        upper_size_mib: from.as_ref().and_then(|f| f.upper_size_mib),
+        upper_disk_mib: from.as_ref().and_then(|f| f.upper_disk_mib),
     };
     d.db(|db| db.put_template(&t))?;
     d.event(id, "snapshot", &format!("template '{name}'"));

@@ -2,6 +2,7 @@
 //! table of operations (a unit test in `api` checks that it lists every
 //! route and nothing else).
 
+use crate::layers::{MAX_LAYERS, MAX_UPPER_DISK_MIB, MIN_UPPER_DISK_MIB, MIN_UPPER_SIZE_MIB};
 use serde_json::{json, Value};
 
 struct Op {
@@ -35,7 +36,7 @@ const OPS: &[Op] = &[
     Op { method: "post", path: "/v1/sandboxes/{id}/snapshot", summary: "Snapshot a running sandbox into a new template (the sandbox continues).", query: &[], body: Some("Snapshot"), ok: (201, "Template") },
     Op { method: "post", path: "/v1/sandboxes/{id}/pause", summary: "Pause: state to disk, the VMM process ends.", query: &[], body: None, ok: (200, "Sandbox") },
     Op { method: "post", path: "/v1/sandboxes/{id}/resume", summary: "Resume a paused sandbox (any exec or file request also does).", query: &[], body: None, ok: (200, "Sandbox") },
-    Op { method: "post", path: "/v1/templates", summary: "Register a template: an image booted once and snapshotted (built in the background; poll GET).", query: &[], body: Some("CreateTemplate"), ok: (202, "Template") },
+    Op { method: "post", path: "/v1/templates", summary: "Register a template: an image, with optional further read-only layers and a choice of upper layer (tmpfs of a size, or a scratch disk per sandbox), booted once and snapshotted (built in the background; poll GET).", query: &[], body: Some("CreateTemplate"), ok: (202, "Template") },
     Op { method: "get", path: "/v1/templates", summary: "List templates.", query: &[], body: None, ok: (200, "Template") },
     Op { method: "get", path: "/v1/templates/{name}", summary: "Get a template (state building|ready|failed).", query: &[], body: None, ok: (200, "Template") },
     Op { method: "delete", path: "/v1/templates/{name}", summary: "Delete a template and its pool.", query: &[], body: None, ok: (204, "") },
@@ -51,11 +52,24 @@ fn obj(props: Value, required: &[&str]) -> Value {
 fn schemas() -> Value {
     let s = |t: &str| json!({"type": t});
     let map = json!({"type": "object", "additionalProperties": {"type": "string"}});
+    let layers = json!({"type": "array", "maxItems": MAX_LAYERS, "items": {"type": "string"},
+        "description": "Further read-only layers over the image, lowest first (/dev/pmem1, ...): \
+            absolute paths of erofs images built with `shoal image build DIR -o OUT --no-agent` \
+            (4 KiB blocks, padded to 2 MiB), or image names (tiny, base)."});
+    let upper_size = json!({"type": "integer", "minimum": MIN_UPPER_SIZE_MIB,
+        "description": "Upper layer on tmpfs of this many MiB (at most the guest's memory; \
+            default half of it). Writes beyond it fail with ENOSPC."});
+    let upper_disk = json!({"type": "integer", "minimum": MIN_UPPER_DISK_MIB, "maximum": MAX_UPPER_DISK_MIB,
+        "description": "Upper layer on a sparse ext4 scratch disk of this many MiB, one per sandbox \
+            (copied from the template's at restore; kept while paused, removed with the sandbox). \
+            Not with upper_size_mib."});
     json!({
         "Error": obj(json!({"error": obj(json!({"code": s("string"), "message": s("string")}), &["code", "message"])}), &["error"]),
         "CreateSandbox": obj(json!({
             "template": s("string"), "image": {"type": "string", "enum": ["tiny", "base"]},
-            "vcpus": s("integer"), "memory_mib": s("integer"), "ttl_s": s("integer"),
+            "vcpus": s("integer"), "memory_mib": s("integer"),
+            "layers": layers.clone(), "upper_size_mib": upper_size.clone(), "upper_disk_mib": upper_disk.clone(),
+            "ttl_s": s("integer"),
             "idle_timeout_s": s("integer"), "metadata": map, "env": map,
             "keep_running": s("boolean")}), &[]),
         "Sandbox": obj(json!({
@@ -77,11 +91,13 @@ fn schemas() -> Value {
         "Entry": obj(json!({"name": s("string"), "type": s("string")}), &["name", "type"]),
         "Snapshot": obj(json!({"template": s("string")}), &[]),
         "CreateTemplate": obj(json!({"name": s("string"), "image": {"type": "string", "enum": ["tiny", "base"]},
-            "vcpus": s("integer"), "memory_mib": s("integer")}), &["name", "image"]),
+            "vcpus": s("integer"), "memory_mib": s("integer"),
+            "layers": layers.clone(), "upper_size_mib": upper_size.clone(), "upper_disk_mib": upper_disk.clone()}), &["name", "image"]),
         "Template": obj(json!({"name": s("string"), "source": s("string"), "vcpus": s("integer"),
             "memory_mib": s("integer"), "dir": s("string"),
             "state": {"type": "string", "enum": ["building", "ready", "failed"]},
-            "error": s("string"), "created_at": s("number"), "owned": s("boolean")}), &["name", "state"]),
+            "error": s("string"), "created_at": s("number"), "owned": s("boolean"),
+            "layers": layers, "upper_size_mib": upper_size, "upper_disk_mib": upper_disk}), &["name", "state"]),
         "Pool": obj(json!({"template": s("string"), "target": s("integer"), "ready": s("integer")}), &["template", "target", "ready"]),
         "SetPool": obj(json!({"target": s("integer")}), &["target"]),
         "Event": obj(json!({"seq": s("integer"), "ts": s("number"), "subject": s("string"), "kind": s("string"), "detail": s("string")}), &["seq"]),

@@ -36,6 +36,17 @@ pub struct CreateSandbox {
     /// Guest memory in MiB (with `image`).
     #[serde(default)]
     pub memory_mib: Option<u32>,
+    /// Further read-only layers over the image (with `image`; absolute
+    /// paths of erofs images, or image names).
+    #[serde(default)]
+    pub layers: Vec<String>,
+    /// A tmpfs upper layer of this many MiB (with `image`; default: half
+    /// the memory).
+    #[serde(default)]
+    pub upper_size_mib: Option<u32>,
+    /// Or a scratch disk of this many MiB as the upper layer (with `image`).
+    #[serde(default)]
+    pub upper_disk_mib: Option<u32>,
     /// Killed this many seconds after creation (0: never).
     #[serde(default)]
     pub ttl_s: u64,
@@ -243,6 +254,11 @@ pub fn check_name(what: &str, n: &str) -> ApiResult<()> {
 /// Creates a sandbox.
 pub async fn create(d: &Arc<Daemon>, req: CreateSandbox) -> ApiResult<SandboxView> {
     let t0 = Instant::now();
+    let root = super::templates::RootRequest {
+        layers: req.layers.clone(),
+        upper_size_mib: req.upper_size_mib,
+        upper_disk_mib: req.upper_disk_mib,
+    };
     let tpl = match (&req.template, &req.image) {
         (Some(_), Some(_)) => {
             return Err(ApiError::BadRequest(
@@ -255,9 +271,10 @@ pub async fn create(d: &Arc<Daemon>, req: CreateSandbox) -> ApiResult<SandboxVie
             ))
         }
         (Some(t), None) => {
-            if req.vcpus.is_some() || req.memory_mib.is_some() {
+            if req.vcpus.is_some() || req.memory_mib.is_some() || !root.is_default() {
                 return Err(ApiError::BadRequest(
-                    "'vcpus' and 'memory_mib' come from the template; give them with 'image'"
+                    "'vcpus', 'memory_mib', 'layers', 'upper_size_mib' and 'upper_disk_mib' \
+                     come from the template; give them with 'image'"
                         .into(),
                 ));
             }
@@ -266,7 +283,7 @@ pub async fn create(d: &Arc<Daemon>, req: CreateSandbox) -> ApiResult<SandboxVie
         (None, Some(img)) => {
             let vcpus = req.vcpus.unwrap_or(1);
             let mem = req.memory_mib.unwrap_or(128);
-            super::templates::image_template(d, img, vcpus, mem).await?
+            super::templates::image_template(d, img, vcpus, mem, &root).await?
         }
     };
     for k in req.env.keys() {

@@ -4,6 +4,7 @@
 use super::db::{self, State, TemplateRow};
 use super::ops::{self, check_name};
 use super::{ApiError, ApiResult, Daemon};
+use crate::layers::{self, Upper};
 use crate::sandbox::{self, TemplateSpec};
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
@@ -26,6 +27,87 @@ pub struct CreateTemplate {
     /// Guest memory in MiB (default 128).
     #[serde(default)]
     pub memory_mib: Option<u32>,
+    /// Further read-only layers over the image ([`RootRequest::layers`]).
+    #[serde(default)]
+    pub layers: Vec<String>,
+    /// A tmpfs upper layer of this many MiB (default: half the memory).
+    #[serde(default)]
+    pub upper_size_mib: Option<u32>,
+    /// Or a scratch disk of this many MiB per sandbox as the upper layer.
+    #[serde(default)]
+    pub upper_disk_mib: Option<u32>,
+}
+
+impl CreateTemplate {
+    /// The root it asks for.
+    pub fn root(&self) -> RootRequest {
+        RootRequest {
+            layers: self.layers.clone(),
+            upper_size_mib: self.upper_size_mib,
+            upper_disk_mib: self.upper_disk_mib,
+        }
+    }
+}
+
+/// What a template's root has beyond its image, as asked for in
+/// `POST /v1/templates` and `POST /v1/sandboxes` (with `image`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
+pub struct RootRequest {
+    /// Further read-only layers over the image, lowest first: absolute
+    /// paths of erofs images (`shoal image build DIR -o OUT --no-agent`),
+    /// or image names (`tiny`, `base`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub layers: Vec<String>,
+    /// A tmpfs upper layer of this many MiB (default: half the memory).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upper_size_mib: Option<u32>,
+    /// Or an ext4 scratch disk of this many MiB per sandbox as the upper
+    /// layer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upper_disk_mib: Option<u32>,
+}
+
+impl RootRequest {
+    /// Whether anything differs from the plain image.
+    pub fn is_default(&self) -> bool {
+        self == &RootRequest::default()
+    }
+
+    /// Checks layers and sizes for a guest of `memory_mib`; returns the
+    /// upper layer.
+    pub fn check(&self, memory_mib: u32) -> ApiResult<Upper> {
+        let bad = |e: layers::LayerError| ApiError::BadRequest(e.to_string());
+        layers::check_layers(&self.layers, &IMAGES).map_err(bad)?;
+        Upper::from_request(self.upper_size_mib, self.upper_disk_mib, memory_mib).map_err(bad)
+    }
+}
+
+/// The name of the template `POST /v1/sandboxes` with `image` uses:
+/// `IMAGE-Nc-Mm`, plus a hash of the layers (each file's identity, so a
+/// rebuilt layer gets a new template) and the upper layer when there are
+/// any.
+pub fn image_template_name(image: &str, vcpus: u32, mem: u32, root: &RootRequest) -> String {
+    let base = format!("{image}-{vcpus}c-{mem}m");
+    if root.is_default() {
+        return base;
+    }
+    let mut parts: Vec<String> = root
+        .layers
+        .iter()
+        .map(|l| {
+            if IMAGES.contains(&l.as_str()) {
+                format!("image:{l}")
+            } else {
+                layers::file_identity(std::path::Path::new(l))
+            }
+        })
+        .collect();
+    parts.push(format!(
+        "size:{:?} disk:{:?}",
+        root.upper_size_mib, root.upper_disk_mib
+    ));
+    let bytes: Vec<&[u8]> = parts.iter().map(|p| p.as_bytes()).collect();
+    format!("{base}-{}", &sandbox::hash_hex(&bytes)[..12])
 }
 
 fn check_shape(image: &str, vcpus: u32, mem: u32) -> ApiResult<()> {
@@ -55,6 +137,8 @@ pub fn create_template(d: &Arc<Daemon>, req: CreateTemplate) -> ApiResult<Templa
     check_name("template", &req.name)?;
     let (vcpus, mem) = (req.vcpus.unwrap_or(1), req.memory_mib.unwrap_or(128));
     check_shape(&req.image, vcpus, mem)?;
+    let root = req.root();
+    let upper = root.check(mem)?;
     let t = TemplateRow {
         name: req.name.clone(),
         source: format!("image:{}", req.image),
@@ -65,6 +149,9 @@ pub fn create_template(d: &Arc<Daemon>, req: CreateTemplate) -> ApiResult<Templa
         error: None,
         created_at: db::now(),
         owned: false,
+        layers: root.layers.clone(),
+        upper_size_mib: upper.disk_mib().is_none().then(|| upper.tmpfs_mib(mem)),
+        upper_disk_mib: upper.disk_mib(),
     };
     let inserted = d.db(|db| {
         if db.template(&t.name)?.is_some() {
@@ -78,21 +165,33 @@ pub fn create_template(d: &Arc<Daemon>, req: CreateTemplate) -> ApiResult<Templa
     }
     d.event(&t.name, "template_building", &t.source);
     let d2 = d.clone();
-    let (name, image) = (t.name.clone(), req.image.clone());
-    tokio::spawn(async move { build(d2, name, image, vcpus, mem).await });
+    let spec = TemplateSpec {
+        upper,
+        ..TemplateSpec::new(&req.image, vcpus as u8, mem)
+    };
+    let (name, layers) = (t.name.clone(), root.layers);
+    tokio::spawn(async move { build(d2, name, spec, layers).await });
     Ok(t)
 }
 
-async fn build(d: Arc<Daemon>, name: String, image: String, vcpus: u32, mem: u32) {
+/// A layer as the API names it: an image name or an image file.
+fn resolve_layer(l: &str) -> Result<std::path::PathBuf, crate::artifacts::ArtifactError> {
+    if IMAGES.contains(&l) {
+        crate::artifacts::image(&format!("{l}_erofs"))
+    } else {
+        Ok(l.into())
+    }
+}
+
+async fn build(d: Arc<Daemon>, name: String, mut spec: TemplateSpec, layers: Vec<String>) {
     let _g = d.building.lock().await;
-    let spec = TemplateSpec {
-        image: image.clone(),
-        vcpus: vcpus as u8,
-        memory_mib: mem,
-    };
     let t0 = Instant::now();
     let n2 = name.clone();
     let res = tokio::task::spawn_blocking(move || {
+        spec.layers = layers
+            .iter()
+            .map(|l| resolve_layer(l))
+            .collect::<Result<_, _>>()?;
         sandbox::template(&spec, &mut |l| tracing::info!(template = %n2, "{l}"))
     })
     .await;
@@ -131,16 +230,19 @@ async fn build(d: Arc<Daemon>, name: String, image: String, vcpus: u32, mem: u32
     d.pool_wake.notify_one();
 }
 
-/// The template of `image` at this shape (`IMAGE-Nc-Mm`), built on first
-/// use; waits for it (the first boot takes ~20-60 s on PVM hosts).
+/// The template of `image` at this shape and root
+/// ([`image_template_name`]), built on first use; waits for it (the first
+/// boot takes ~20-60 s on PVM hosts).
 pub async fn image_template(
     d: &Arc<Daemon>,
     image: &str,
     vcpus: u32,
     mem: u32,
+    root: &RootRequest,
 ) -> ApiResult<TemplateRow> {
     check_shape(image, vcpus, mem)?;
-    let name = format!("{image}-{vcpus}c-{mem}m");
+    root.check(mem)?;
+    let name = image_template_name(image, vcpus, mem, root);
     match create_template(
         d,
         CreateTemplate {
@@ -148,6 +250,9 @@ pub async fn image_template(
             image: image.into(),
             vcpus: Some(vcpus),
             memory_mib: Some(mem),
+            layers: root.layers.clone(),
+            upper_size_mib: root.upper_size_mib,
+            upper_disk_mib: root.upper_disk_mib,
         },
     ) {
         Ok(_) | Err(ApiError::Conflict(_)) => {}
@@ -264,4 +369,76 @@ pub fn pools(d: &Daemon) -> ApiResult<Vec<PoolView>> {
             })
             .collect())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn root(layers: &[&str], size: Option<u32>, disk: Option<u32>) -> RootRequest {
+        RootRequest {
+            layers: layers.iter().map(|s| s.to_string()).collect(),
+            upper_size_mib: size,
+            upper_disk_mib: disk,
+        }
+    }
+
+    fn message(r: ApiResult<Upper>) -> (u16, String) {
+        let e = r.expect_err("refused");
+        (e.status(), e.to_string())
+    }
+
+    #[test]
+    fn root_requests_are_checked_with_clear_400s() {
+        assert_eq!(root(&[], None, None).check(128).unwrap(), Upper::default());
+        assert_eq!(
+            root(&["tiny"], None, Some(64)).check(128).unwrap(),
+            Upper::Disk { size_mib: 64 }
+        );
+        let cases = [
+            (root(&[], Some(8), Some(64)), "not both"),
+            (root(&[], Some(0), None), "upper_size_mib 0"),
+            (root(&[], Some(129), None), "at most the guest's memory"),
+            (root(&[], None, Some(4)), "upper_disk_mib 4"),
+            (root(&["kit.img"], None, None), "absolute path"),
+            (root(&["/nonexistent/kit.img"], None, None), "cannot open"),
+            (root(&["/dev/null"], None, None), "not a regular file"),
+        ];
+        for (r, want) in cases {
+            let (status, m) = message(r.check(128));
+            assert_eq!(status, 400, "{m}");
+            assert!(m.contains(want), "{want:?} not in {m:?}");
+        }
+    }
+
+    #[test]
+    fn image_template_names_cover_the_root() {
+        let plain = RootRequest::default();
+        assert_eq!(image_template_name("tiny", 1, 128, &plain), "tiny-1c-128m");
+        let a = image_template_name("tiny", 1, 128, &root(&["base"], None, None));
+        let b = image_template_name("tiny", 1, 128, &root(&["base"], Some(8), None));
+        let c = image_template_name("tiny", 1, 128, &root(&["base"], None, Some(64)));
+        let d = image_template_name("tiny", 1, 128, &root(&[], Some(8), None));
+        for n in [&a, &b, &c, &d] {
+            assert!(n.starts_with("tiny-1c-128m-") && n.len() == 25, "{n}");
+            ops::check_name("template", n).unwrap();
+        }
+        let all = std::collections::BTreeSet::from([&a, &b, &c, &d]);
+        assert_eq!(all.len(), 4, "every root its own template: {all:?}");
+        assert_eq!(
+            a,
+            image_template_name("tiny", 1, 128, &root(&["base"], None, None)),
+            "stable"
+        );
+        // A layer file replaced by a rebuilt one gets a new template.
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("kit.img");
+        std::fs::write(&p, "one").unwrap();
+        let r = root(&[p.to_str().unwrap()], None, None);
+        let before = image_template_name("tiny", 1, 128, &r);
+        let tmp = dir.path().join("new");
+        std::fs::write(&tmp, "two").unwrap();
+        std::fs::rename(&tmp, &p).unwrap();
+        assert_ne!(before, image_template_name("tiny", 1, 128, &r));
+    }
 }

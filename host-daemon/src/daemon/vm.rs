@@ -3,6 +3,7 @@
 //! and start time (so a recycled pid is never taken for them), watched
 //! through a pidfd, and killed by pid only while the start time matches.
 
+use crate::layers;
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -136,13 +137,23 @@ impl Proc {
 }
 
 /// Starts `vmm --restore snapshot` for the sandbox in `paths` (its own
-/// session; console and VMM messages go to files there).
+/// session; console and VMM messages go to files there). A template with a
+/// scratch disk (`snapshot/scratch.ext4`) gives the sandbox its own copy of
+/// it in its directory, which the VMM then uses; a sandbox's own pause
+/// snapshot names that copy already.
 pub fn spawn_restore(vmm: &Path, snapshot: &Path, paths: &Paths) -> std::io::Result<Proc> {
     use std::os::unix::process::CommandExt;
     std::fs::create_dir_all(&paths.dir)?;
     let _ = std::fs::remove_file(&paths.api_sock);
     let _ = std::fs::remove_file(&paths.vsock);
     let mut cmd = Command::new(vmm);
+    if let Some(src) = layers::scratch_disk(snapshot) {
+        let own = paths.dir.join(layers::SCRATCH_DISK);
+        // A leftover of an earlier attempt is stale.
+        let _ = std::fs::remove_file(&own);
+        layers::clone_file(&src, &own).map_err(std::io::Error::other)?;
+        cmd.arg("--restore-disk").arg(&own);
+    }
     cmd.arg("--restore")
         .arg(snapshot)
         .arg("--api-sock")

@@ -186,6 +186,12 @@ pub struct RestoreOptions {
     pub serial: Option<SerialOutput>,
     /// The vsock host socket (default: as saved; each VM needs its own).
     pub vsock_uds: Option<std::path::PathBuf>,
+    /// Files for the saved virtio-blk disks, in order (`/dev/vda`, ...):
+    /// each replaces the saved disk's path; disks without one keep theirs.
+    /// A writable disk's contents are part of the guest's state, so every
+    /// VM restored from one snapshot needs its own copy of the file as it
+    /// was when the snapshot was taken (same size, same bytes).
+    pub disks: Vec<std::path::PathBuf>,
 }
 
 /// Where console output of a new or restored VM goes.

@@ -64,6 +64,29 @@ fn load_checked(dir: &Path) -> Result<(SnapshotState, VmConfig), VmError> {
     Ok((st, cfg))
 }
 
+/// Points the saved disks of `cfg` at `disks` (in order; see
+/// [`RestoreOptions::disks`]).
+pub(crate) fn override_disks(
+    dir: &Path,
+    cfg: &mut VmConfig,
+    disks: &[std::path::PathBuf],
+) -> Result<(), VmError> {
+    if disks.len() > cfg.disks.len() {
+        return Err(incompatible(dir)(format!(
+            "{} disk files given for a snapshot with {} disks",
+            disks.len(),
+            cfg.disks.len()
+        )));
+    }
+    for (d, p) in cfg.disks.iter_mut().zip(disks) {
+        if p.as_os_str().is_empty() {
+            return Err(incompatible(dir)("an empty disk path was given".into()));
+        }
+        d.path.clone_from(p);
+    }
+    Ok(())
+}
+
 /// The directory whose `memory` file backs the snapshot in `dir`: itself,
 /// or for a diff snapshot its base (which must be a full snapshot).
 fn memory_dir(dir: &Path, st: &SnapshotState) -> Result<std::path::PathBuf, VmError> {
@@ -143,6 +166,7 @@ impl Vm {
         if let (Some(v), Some(p)) = (cfg.vsock.as_mut(), opts.vsock_uds) {
             v.uds_path = p;
         }
+        override_disks(dir, &mut cfg, &opts.disks)?;
         let mem_dir = memory_dir(dir, &st)?;
         let f = open_memory(&mem_dir, &st.memory_regions)?;
         let mem = map_memory_file(f, &st.memory_regions, cfg.memory_mib)?;
@@ -203,7 +227,18 @@ impl Vm {
     /// guest wrote), and all device and vCPU state is reloaded. The vCPUs
     /// must not be running.
     pub fn reload(&mut self, dir: &Path) -> Result<(), VmError> {
+        self.reload_with_disks(dir, &[])
+    }
+
+    /// [`Vm::reload`] with the saved disks pointed at `disks` (see
+    /// [`RestoreOptions::disks`]).
+    pub fn reload_with_disks(
+        &mut self,
+        dir: &Path,
+        disks: &[std::path::PathBuf],
+    ) -> Result<(), VmError> {
         let (st, mut cfg) = load_checked(dir)?;
+        override_disks(dir, &mut cfg, disks)?;
         let bad = incompatible(dir);
         let current: Vec<(u64, u64)> = self
             .mem
@@ -388,5 +423,54 @@ impl Vm {
         snapshot::save(&state_path, &state)?;
         let state_bytes = std::fs::metadata(&state_path).map(|m| m.len()).unwrap_or(0);
         Ok((state_bytes, total))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::DiskConfig;
+
+    fn two_disks() -> VmConfig {
+        let mut c = VmConfig::linux("/k".into());
+        for p in ["/saved/a", "/saved/b"] {
+            c.disks.push(DiskConfig {
+                path: p.into(),
+                read_only: false,
+            });
+        }
+        c
+    }
+
+    #[test]
+    fn disk_overrides_replace_saved_paths_in_order() {
+        let dir = Path::new("/snap");
+        let mut c = two_disks();
+        override_disks(dir, &mut c, &[]).unwrap();
+        assert_eq!(c.disks[0].path, Path::new("/saved/a"));
+        override_disks(dir, &mut c, &["/clone/a".into()]).unwrap();
+        assert_eq!(c.disks[0].path, Path::new("/clone/a"));
+        assert_eq!(c.disks[1].path, Path::new("/saved/b"), "the rest as saved");
+        assert!(!c.disks[0].read_only);
+        override_disks(dir, &mut c, &["/x".into(), "/y".into()]).unwrap();
+        assert_eq!(c.disks[1].path, Path::new("/y"));
+    }
+
+    #[test]
+    fn bad_disk_overrides_are_refused() {
+        let dir = Path::new("/snap");
+        let mut c = two_disks();
+        let e = override_disks(dir, &mut c, &["/a".into(), "/b".into(), "/c".into()])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("3 disk files given for a snapshot with 2 disks"),
+            "{e}"
+        );
+        let e = override_disks(dir, &mut c, &["".into()])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("empty disk path"), "{e}");
+        assert_eq!(c.disks[0].path, Path::new("/saved/a"));
     }
 }

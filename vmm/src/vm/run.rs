@@ -282,12 +282,12 @@ impl Vm {
                     Err(e) => Response::error(format!("snapshot failed: {e}")),
                 }
             }
-            Request::Restore { dir } => {
+            Request::Restore { dir, disks } => {
                 let t0 = Instant::now();
                 if !idle {
                     self.vcpus = ctl.stop_all();
                 }
-                if let Err(e) = self.reload(&dir) {
+                if let Err(e) = self.reload_with_disks(&dir, &disks) {
                     // The VM is left empty; another restore may succeed.
                     self.loaded = false;
                     return Response::error(format!("restore failed: {e}"));

@@ -37,6 +37,7 @@ pub fn restore(
             vsock_uds: None,
             extra_pmem: vec![],
             upper_disk: None,
+            upper_size_mib: None,
         },
         vmm: artifacts::vmm_binary()?,
         workdir: work.clone(),
@@ -77,6 +78,7 @@ pub fn boot(
         vsock_uds: None,
         extra_pmem: vec![],
         upper_disk: None,
+        upper_size_mib: None,
     };
     let opts = BootBenchOpts {
         spec,
@@ -110,11 +112,7 @@ pub fn exec(execs: usize, restores: usize, bytes: u64, json: &PathBuf) -> Result
         .and_then(|v| v.parent().map(|d| d.join("shoal-agent")))
         .filter(|p| p.is_file());
     let opts = shoal_host::bench::exec::ExecBenchOpts {
-        template: shoal_host::sandbox::TemplateSpec {
-            image: "tiny".into(),
-            vcpus: 1,
-            memory_mib: 128,
-        },
+        template: shoal_host::sandbox::TemplateSpec::new("tiny", 1, 128),
         execs,
         restores,
         bytes,

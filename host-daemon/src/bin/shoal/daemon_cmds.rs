@@ -7,6 +7,7 @@ use anyhow::{bail, Context, Result};
 use base64::Engine;
 use serde_json::{json, Value};
 use shoal_host::daemon::client::{enc, Body, DaemonClient};
+use shoal_host::daemon::templates::{image_template_name, RootRequest};
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
 
@@ -102,13 +103,27 @@ fn read_stdin(forward: bool) -> Result<Option<Vec<u8>>> {
     Ok(Some(v))
 }
 
-fn create_sandbox(c: &DaemonClient, body: &Value, image: Option<&str>) -> Result<Value> {
+/// Adds a root request's fields to a JSON body (only those set).
+fn add_root(body: &mut Value, root: &RootRequest) -> Result<()> {
+    if let (Value::Object(b), Value::Object(r)) = (body, serde_json::to_value(root)?) {
+        b.extend(r);
+    }
+    Ok(())
+}
+
+fn create_sandbox(
+    c: &DaemonClient,
+    body: &Value,
+    image: Option<&str>,
+    root: &RootRequest,
+) -> Result<Value> {
     // Say so when the first use of an image boots its template.
     let _p = image.and_then(|img| {
-        let name = format!(
-            "{img}-{}c-{}m",
-            body["vcpus"].as_u64().unwrap_or(1),
-            body["memory_mib"].as_u64().unwrap_or(128)
+        let name = image_template_name(
+            img,
+            body["vcpus"].as_u64().unwrap_or(1) as u32,
+            body["memory_mib"].as_u64().unwrap_or(128) as u32,
+            root,
         );
         let ready = c
             .call::<Value>("GET", &format!("/v1/templates/{name}"), None::<&()>)
@@ -125,9 +140,11 @@ fn create_sandbox(c: &DaemonClient, body: &Value, image: Option<&str>) -> Result
 /// `shoal run`: a fresh sandbox through the daemon, the command, removal.
 pub fn run(g: &Global, a: &SandboxArgs, e: &ExecArgs, stdin: bool) -> Result<i32> {
     let c = connect(g.daemon.as_deref())?;
-    let body = json!({"image": a.image, "vcpus": a.cpus, "memory_mib": a.memory,
+    let mut body = json!({"image": a.image, "vcpus": a.cpus, "memory_mib": a.memory,
         "metadata": {"by": "shoal run"}});
-    let sb = create_sandbox(&c, &body, Some(&a.image))?;
+    let root = a.root.request()?;
+    add_root(&mut body, &root)?;
+    let sb = create_sandbox(&c, &body, Some(&a.image), &root)?;
     let id = sb["id"].as_str().context("no id in the reply")?.to_string();
     let res = read_stdin(stdin).and_then(|s| stream_exec(&c, &id, &exec_body(e, s)?));
     let _ = c.request("DELETE", &format!("/v1/sandboxes/{id}"), Body::Empty);
@@ -149,6 +166,9 @@ pub struct CreateArgs {
     /// Memory in MiB (with --image).
     #[arg(long)]
     pub memory: Option<u32>,
+    /// Layers and upper layer (with --image; a template fixes its own).
+    #[command(flatten)]
+    pub root: crate::RootArgs,
     /// Kill after this many seconds.
     #[arg(long, default_value_t = 0)]
     pub ttl: u64,
@@ -168,20 +188,27 @@ pub struct CreateArgs {
 
 /// `shoal create`.
 pub fn create(g: &Global, a: &CreateArgs) -> Result<i32> {
-    let c = connect(g.daemon.as_deref())?;
     let mut body = json!({"ttl_s": a.ttl, "idle_timeout_s": a.idle_timeout,
         "metadata": pairs(&a.meta, "--meta")?, "env": pairs(&a.env, "--env")?,
         "keep_running": a.keep_running});
+    let root = a.root.request()?;
     match (&a.template, &a.image) {
-        (Some(t), _) => body["template"] = json!(t),
+        (Some(t), _) => {
+            if !root.is_default() {
+                bail!("--layer, --upper-size and --upper-disk go with --image; a template has its own");
+            }
+            body["template"] = json!(t)
+        }
         (None, img) => {
             body["image"] = json!(img.as_deref().unwrap_or("base"));
             body["vcpus"] = json!(a.cpus.unwrap_or(1));
             body["memory_mib"] = json!(a.memory.unwrap_or(128));
+            add_root(&mut body, &root)?;
         }
     }
     let img = body["image"].as_str().map(String::from);
-    let sb = create_sandbox(&c, &body, img.as_deref())?;
+    let c = connect(g.daemon.as_deref())?;
+    let sb = create_sandbox(&c, &body, img.as_deref(), &root)?;
     if g.json {
         println!("{}", serde_json::to_string_pretty(&sb)?);
     } else {
@@ -361,6 +388,15 @@ pub fn snapshot(g: &Global, id: &str, template: Option<&str>) -> Result<i32> {
     print(g, &v, |v| v["name"].as_str().unwrap_or("").into())
 }
 
+/// A template's upper layer in a few words.
+fn upper_text(t: &Value) -> String {
+    match (t["upper_disk_mib"].as_u64(), t["upper_size_mib"].as_u64()) {
+        (Some(d), _) => format!("disk {d}M"),
+        (None, Some(s)) => format!("tmpfs {s}M"),
+        (None, None) => "tmpfs".into(),
+    }
+}
+
 /// `shoal template create|ls|rm`.
 pub fn template(g: &Global, op: &crate::TemplateCmd) -> Result<i32> {
     use crate::TemplateCmd as T;
@@ -371,8 +407,11 @@ pub fn template(g: &Global, op: &crate::TemplateCmd) -> Result<i32> {
             image,
             cpus,
             memory,
+            root,
         } => {
-            let body = json!({"name": name, "image": image, "vcpus": cpus, "memory_mib": memory});
+            let mut body =
+                json!({"name": name, "image": image, "vcpus": cpus, "memory_mib": memory});
+            add_root(&mut body, &root.request()?)?;
             let mut v: Value = c.call("POST", "/v1/templates", Some(&body))?;
             let p = Progress::start(&format!("shoal: building template '{name}' from '{image}'"));
             while v["state"] == "building" {
@@ -403,10 +442,18 @@ pub fn template(g: &Global, op: &crate::TemplateCmd) -> Result<i32> {
                         t["state"].as_str().unwrap_or("").into(),
                         t["source"].as_str().unwrap_or("").into(),
                         format!("{}/{}M", t["vcpus"], t["memory_mib"]),
+                        upper_text(t),
+                        t["layers"]
+                            .as_array()
+                            .map(|l| l.len().to_string())
+                            .unwrap_or_else(|| "0".into()),
                     ]
                 })
                 .collect();
-            table(&["NAME", "STATE", "SOURCE", "CPU/MEM"], &rows);
+            table(
+                &["NAME", "STATE", "SOURCE", "CPU/MEM", "UPPER", "LAYERS"],
+                &rows,
+            );
             Ok(0)
         }
         T::Rm { name } => {

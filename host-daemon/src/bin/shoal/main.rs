@@ -47,6 +47,53 @@ pub struct SandboxArgs {
     /// Memory in MiB.
     #[arg(long, default_value_t = 256)]
     pub memory: u32,
+    #[command(flatten)]
+    pub root: RootArgs,
+}
+
+/// What a template's root has beyond its image.
+#[derive(clap::Args, Clone, Default)]
+pub struct RootArgs {
+    /// A further read-only layer over the image, lowest first (repeatable;
+    /// /dev/pmem1, ...): an image file built with `shoal image build DIR -o
+    /// OUT --no-agent`, or an image name (tiny, base).
+    #[arg(long = "layer", value_name = "IMG")]
+    pub layers: Vec<String>,
+    /// The overlay's upper layer (where writes go) on tmpfs of this many
+    /// MiB (default: half the memory; writes beyond it fail with ENOSPC).
+    #[arg(long, value_name = "MIB", conflicts_with = "upper_disk")]
+    pub upper_size: Option<u32>,
+    /// The upper layer on an ext4 scratch disk of this many MiB instead,
+    /// one per sandbox (sparse: the host pays for what the guest writes).
+    #[arg(long, value_name = "MIB")]
+    pub upper_disk: Option<u32>,
+}
+
+impl RootArgs {
+    /// Layers as the daemon takes them: image names, or absolute paths
+    /// (its working directory is not ours).
+    pub fn layers(&self) -> Result<Vec<String>> {
+        self.layers
+            .iter()
+            .map(|l| {
+                let p = std::path::Path::new(l);
+                if IMAGES.contains(&l.as_str()) && !p.exists() {
+                    return Ok(l.clone());
+                }
+                let abs = std::path::absolute(p).with_context(|| format!("--layer {l}"))?;
+                Ok(abs.display().to_string())
+            })
+            .collect()
+    }
+
+    /// The request the daemon takes.
+    pub fn request(&self) -> Result<shoal_host::daemon::templates::RootRequest> {
+        Ok(shoal_host::daemon::templates::RootRequest {
+            layers: self.layers()?,
+            upper_size_mib: self.upper_size,
+            upper_disk_mib: self.upper_disk,
+        })
+    }
 }
 
 /// How to run a command.
@@ -199,6 +246,8 @@ pub enum TemplateCmd {
         /// Memory in MiB.
         #[arg(long, default_value_t = 128)]
         memory: u32,
+        #[command(flatten)]
+        root: RootArgs,
     },
     /// List templates.
     Ls,
@@ -430,6 +479,9 @@ enum BenchCmd {
     },
 }
 
+/// Images by name.
+pub const IMAGES: [&str; 2] = ["base", "tiny"];
+
 /// An image's read-only root file.
 pub fn image_path(name: &str) -> Result<PathBuf> {
     match name {
@@ -449,7 +501,19 @@ fn doctor(json: bool) -> Result<i32> {
 }
 
 fn restore_fg(dir: PathBuf, sock: Option<PathBuf>, vsock: Option<PathBuf>) -> Result<i32> {
+    use shoal_host::layers;
     let mut c = std::process::Command::new(artifacts::vmm_binary()?);
+    // A snapshot with a scratch disk runs on a copy of it (removed when the
+    // VM ends), so the snapshot can be restored again.
+    let disk = match layers::scratch_disk(&dir) {
+        Some(src) => {
+            let own = dir.join(format!("scratch-run-{}.ext4", std::process::id()));
+            layers::clone_file(&src, &own)?;
+            c.arg("--restore-disk").arg(&own);
+            Some(own)
+        }
+        None => None,
+    };
     c.arg("--restore").arg(&dir);
     if let Some(s) = sock {
         c.arg("--api-sock").arg(s);
@@ -457,8 +521,11 @@ fn restore_fg(dir: PathBuf, sock: Option<PathBuf>, vsock: Option<PathBuf>) -> Re
     if let Some(v) = vsock {
         c.arg("--vsock-uds").arg(v);
     }
-    let st = c.status().context("cannot start shoal-vmm")?;
-    Ok(st.code().unwrap_or(1))
+    let st = c.status().context("cannot start shoal-vmm");
+    if let Some(d) = disk {
+        let _ = std::fs::remove_file(d);
+    }
+    Ok(st?.code().unwrap_or(1))
 }
 
 fn main() {

@@ -4,6 +4,7 @@
 use crate::{ExecArgs, SandboxArgs};
 use anyhow::{bail, Context, Result};
 use guest_agent::client::{Client, ExecEvent, ExecRequest, ExitStatus, UploadOptions};
+use shoal_host::layers::{self, Upper};
 use shoal_host::sandbox::{self, Sandbox, TemplateSpec};
 use std::io::{IsTerminal, Read, Write};
 use std::time::Duration;
@@ -11,10 +12,22 @@ use std::time::Duration;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(120);
 
 fn template(a: &SandboxArgs) -> Result<std::path::PathBuf> {
+    let layers = a
+        .root
+        .layers()?
+        .iter()
+        .map(|l| {
+            if crate::IMAGES.contains(&l.as_str()) {
+                crate::image_path(l)
+            } else {
+                Ok(l.into())
+            }
+        })
+        .collect::<Result<_>>()?;
     let spec = TemplateSpec {
-        image: a.image.clone(),
-        vcpus: a.cpus,
-        memory_mib: a.memory,
+        layers,
+        upper: Upper::from_request(a.root.upper_size, a.root.upper_disk, a.memory)?,
+        ..TemplateSpec::new(&a.image, a.cpus, a.memory)
     };
     Ok(sandbox::template(&spec, &mut |l| eprintln!("{l}"))?)
 }
@@ -152,6 +165,15 @@ pub fn stop(id: &str) -> Result<i32> {
 pub fn control(id: &str, req: vmm::api::Request) -> Result<i32> {
     let sb = Sandbox::open(id)?;
     let r = vmm::api::call(&sb.api_sock, &req, Duration::from_secs(300))?;
+    if let (vmm::api::Request::Snapshot { dir, .. }, Some(disk)) =
+        (&req, layers::scratch_disk(&sb.dir))
+    {
+        // The VM stays paused after a snapshot: its scratch disk as it is
+        // now belongs with the snapshot (restores copy it in turn).
+        let to = dir.join(layers::SCRATCH_DISK);
+        let _ = std::fs::remove_file(&to);
+        layers::clone_file(&disk, &to)?;
+    }
     println!("{}", serde_json::to_string_pretty(&r)?);
     Ok(0)
 }
