@@ -99,6 +99,20 @@ fn initrd_only_boot() {
     assert!(lines.contains(&"initrd-boot-ok"), "{text}");
     assert!(text.contains("SHOAL-EXIT 0"), "{text}");
     assert!(out.first_run.unwrap() <= out.first_console_byte.unwrap());
+    if vmm::host::kvm_kind().as_str() == "pvm" {
+        // The PVM profile's kernel words reached our kernel's patches.
+        assert!(
+            text.contains("shoal.pvm: PVM host workarounds enabled"),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!(
+                "shoal.tick_mult: busy tick every {} jiffies",
+                vmm::cpu::cpuid::PVM_TICK_MULT
+            )),
+            "{text}"
+        );
+    }
 }
 
 #[test]

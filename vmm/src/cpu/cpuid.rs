@@ -135,8 +135,20 @@ pub fn still_visible(table: &CpuId) -> Vec<(&'static str, u16)> {
 pub const PVM_GLIBC_TUNABLES: &str =
     "GLIBC_TUNABLES=glibc.cpu.hwcaps=-AVX,-AVX2,-AVX512F,-AVX512VL,-AVX_Fast_Unaligned_Load";
 
+/// The guest's busy tick runs every this many jiffies on PVM hosts
+/// (`shoal.tick_mult=`, our kernel patch 0007): there a tick costs the
+/// guest ~4,000 emulated instructions (~5 ms), and while the guest was busy
+/// its 100 Hz tick took ~40% of its instructions (measured with the
+/// `kvm:kvm_emulate_insn` tracepoint over a restore and agent hand-shake).
+/// Idle guests have no tick either way (NO_HZ_IDLE).
+pub const PVM_TICK_MULT: u32 = 4;
+
 /// Kernel command-line words for `profile`, given the CPUID KVM holds:
 /// on PVM, `shoal.pvm` (the guest kernel's gated work-arounds),
+/// `shoal.tick_mult=` ([`PVM_TICK_MULT`]), `no-kvmapf` (KVM answers the
+/// restore of an enabled async-page-fault MSR with a "wake all" event that
+/// costs a PVM guest ~4,000 emulated instructions per restore; this host
+/// has no swap for async page faults to hide),
 /// `clocksource=kvm-clock` (the host ignores guest TSC writes), a
 /// `clearcpuid=` list for features the host would not hide, and
 /// [`PVM_GLIBC_TUNABLES`].
@@ -151,7 +163,12 @@ pub fn kernel_args(profile: CpuProfile, table: &CpuId) -> String {
             // (measured: ~0.4 s of guest CPU after restoring a 30-minute-old
             // snapshot). kvm-clock is restored by KVM_SET_CLOCK and continues
             // from the snapshot's time.
-            let mut words = vec!["shoal.pvm".to_string(), "clocksource=kvm-clock".to_string()];
+            let mut words = vec![
+                "shoal.pvm".to_string(),
+                format!("shoal.tick_mult={PVM_TICK_MULT}"),
+                "no-kvmapf".to_string(),
+                "clocksource=kvm-clock".to_string(),
+            ];
             let left = still_visible(table);
             if !left.is_empty() {
                 let nums: Vec<String> = left.iter().map(|(_, n)| n.to_string()).collect();
@@ -270,14 +287,16 @@ mod tests {
         setup(&mut t, CpuProfile::Pvm, 0, 1);
         assert_eq!(
             kernel_args(CpuProfile::Pvm, &t),
-            format!("shoal.pvm clocksource=kvm-clock {PVM_GLIBC_TUNABLES}")
+            format!("shoal.pvm shoal.tick_mult=4 no-kvmapf clocksource=kvm-clock {PVM_GLIBC_TUNABLES}")
         );
         // A host that forces POPCNT back on.
         t.as_mut_slice()[0].ecx |= 1 << 23;
         assert_eq!(still_visible(&t), vec![("popcnt", 151)]);
         assert_eq!(
             kernel_args(CpuProfile::Pvm, &t),
-            format!("shoal.pvm clocksource=kvm-clock clearcpuid=151 {PVM_GLIBC_TUNABLES}")
+            format!(
+                "shoal.pvm shoal.tick_mult=4 no-kvmapf clocksource=kvm-clock clearcpuid=151 {PVM_GLIBC_TUNABLES}"
+            )
         );
     }
 
