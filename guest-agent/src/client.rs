@@ -341,7 +341,9 @@ impl Client {
         Client::from_stream(s)
     }
 
-    /// [`Client::connect_vsock`], retried every 10 ms until `timeout` while
+    /// [`Client::connect_vsock`], retried until `timeout` (every 1 ms for
+    /// the first 100 ms, when a just-restored VM's socket is about to
+    /// appear, then every 10 ms) while
     /// the socket is missing, refuses, or the guest is not listening yet
     /// (e.g. right after boot or restore). A version mismatch or a refused
     /// handshake is returned at once.
@@ -350,7 +352,8 @@ impl Client {
         port: u32,
         timeout: Duration,
     ) -> Result<Client> {
-        let deadline = std::time::Instant::now() + timeout;
+        let start = std::time::Instant::now();
+        let deadline = start + timeout;
         loop {
             match Client::connect_vsock(uds.as_ref(), port) {
                 Ok(c) => return Ok(c),
@@ -359,10 +362,12 @@ impl Client {
                     | ClientError::VsockHandshake(_)
                     | ClientError::Disconnected),
                 ) => {
-                    if std::time::Instant::now() >= deadline {
+                    let now = std::time::Instant::now();
+                    if now >= deadline {
                         return Err(e);
                     }
-                    std::thread::sleep(Duration::from_millis(10));
+                    let fast = now.duration_since(start) < Duration::from_millis(100);
+                    std::thread::sleep(Duration::from_millis(if fast { 1 } else { 10 }));
                 }
                 Err(e) => return Err(e),
             }

@@ -1,5 +1,6 @@
 //! Restore rate from an existing template, without booting one first:
-//! K workers restore and shut down N VMs in all.
+//! K workers restore and shut down N VMs in all (a template with a vsock
+//! device gets a fresh socket path per worker).
 //!
 //! `cargo run --release -p host-daemon --example restore_rate -- VMM TEMPLATE_DIR K N`
 
@@ -22,16 +23,24 @@ fn main() -> anyhow::Result<()> {
         .map(|w| {
             let (next, errors, vmm, tpl) = (next.clone(), errors.clone(), vmm.clone(), tpl.clone());
             let sock = dir.path().join(format!("w{w}.sock"));
+            let vsock = dir.path().join(format!("w{w}.vsock"));
             std::thread::spawn(move || {
                 while next.fetch_add(1, Ordering::Relaxed) < n {
-                    let ok =
-                        shoal_host::template::spawn_restore(&vmm, &tpl, &sock, Stdio::null(), &[])
-                            .and_then(|r| {
-                                let res = r.wait_ready(Duration::from_secs(30));
-                                r.shutdown();
-                                res
-                            })
-                            .is_ok();
+                    let vsock = vsock.to_string_lossy();
+                    let extra = ["--vsock-uds", vsock.as_ref()];
+                    let ok = shoal_host::template::spawn_restore(
+                        &vmm,
+                        &tpl,
+                        &sock,
+                        Stdio::null(),
+                        &extra,
+                    )
+                    .and_then(|mut r| {
+                        let res = r.wait_ready(Duration::from_secs(30));
+                        r.shutdown();
+                        res
+                    })
+                    .is_ok();
                     if !ok {
                         errors.fetch_add(1, Ordering::Relaxed);
                     }

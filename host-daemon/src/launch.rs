@@ -3,7 +3,7 @@
 //! or virtio-blk), and timing what it prints.
 
 use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
@@ -278,28 +278,98 @@ pub fn monotonic_ns() -> u128 {
     ts.tv_sec as u128 * 1_000_000_000 + ts.tv_nsec as u128
 }
 
-/// Resident KiB of `pid` outside its guest-RAM mapping (the largest
-/// mapping of at least `guest_kib`).
-pub fn own_rss_kib(pid: u32, guest_kib: u64) -> Option<u64> {
+/// Resident KiB of `pid` that is the monitor's own: its RSS less guest
+/// RAM and less the files mapped into the guest (`guest_files`: pmem
+/// images, whose resident pages are what a virtio-blk guest keeps in its
+/// page cache inside guest RAM).
+pub fn own_rss_kib(pid: u32, guest_kib: u64, guest_files: &[PathBuf]) -> Option<u64> {
     let smaps = std::fs::read_to_string(format!("/proc/{pid}/smaps")).ok()?;
-    let (mut total, mut guest, mut size) = (0u64, 0u64, 0u64);
-    let field = |l: &str| {
-        l.split_whitespace()
-            .nth(1)
-            .and_then(|v| v.parse::<u64>().ok())
-    };
+    Some(own_rss_from_smaps(&smaps, guest_kib, guest_files))
+}
+
+/// One mapping of an smaps listing.
+#[derive(Debug, Default)]
+struct Vma {
+    start: u64,
+    end: u64,
+    path: String,
+    rss_kib: u64,
+}
+
+fn parse_smaps(smaps: &str) -> Vec<Vma> {
+    let mut vmas: Vec<Vma> = Vec::new();
     for l in smaps.lines() {
-        if l.starts_with("Size:") {
-            size = field(l).unwrap_or(0);
-        } else if l.starts_with("Rss:") {
-            let r = field(l).unwrap_or(0);
-            total += r;
-            if size >= guest_kib && r > guest {
-                guest = r;
+        let mut w = l.split_whitespace();
+        let Some(first) = w.next() else { continue };
+        if let Some((a, b)) = first.split_once('-') {
+            if let (Ok(start), Ok(end)) = (u64::from_str_radix(a, 16), u64::from_str_radix(b, 16)) {
+                // "start-end perms offset dev inode [path]"
+                let path = w.nth(4).unwrap_or("").to_string();
+                vmas.push(Vma {
+                    start,
+                    end,
+                    path,
+                    rss_kib: 0,
+                });
+                continue;
+            }
+        }
+        if first == "Rss:" {
+            if let (Some(v), Some(rss)) = (vmas.last_mut(), w.next().and_then(|x| x.parse().ok())) {
+                v.rss_kib = rss;
             }
         }
     }
-    Some(total - guest)
+    vmas
+}
+
+/// Guest RAM is one host mapping of exactly `guest_kib`, which our VMM
+/// splits into adjacent pieces where it maps the kernel file over it: the
+/// first run of adjacent mappings whose sizes add up to `guest_kib` is
+/// taken as guest RAM (else the largest single mapping of at least that
+/// size, as a monitor with padded RAM has).
+fn own_rss_from_smaps(smaps: &str, guest_kib: u64, guest_files: &[PathBuf]) -> u64 {
+    let vmas = parse_smaps(smaps);
+    let total: u64 = vmas.iter().map(|v| v.rss_kib).sum();
+    let size = |v: &Vma| (v.end - v.start) / 1024;
+    let mut guest: Option<(usize, usize)> = None;
+    'outer: for i in 0..vmas.len() {
+        let mut sum = 0;
+        for j in i..vmas.len() {
+            if j > i && vmas[j].start != vmas[j - 1].end {
+                break;
+            }
+            sum += size(&vmas[j]);
+            if sum == guest_kib {
+                guest = Some((i, j));
+                break 'outer;
+            }
+            if sum > guest_kib {
+                break;
+            }
+        }
+    }
+    let guest_rss = match guest {
+        Some((i, j)) => vmas[i..=j].iter().map(|v| v.rss_kib).sum(),
+        None => vmas
+            .iter()
+            .filter(|v| size(v) >= guest_kib)
+            .map(|v| v.rss_kib)
+            .max()
+            .unwrap_or(0),
+    };
+    let files: u64 = vmas
+        .iter()
+        .enumerate()
+        .filter(|(k, v)| {
+            !guest.is_some_and(|(i, j)| (i..=j).contains(k))
+                && guest_files
+                    .iter()
+                    .any(|f| Path::new(&v.path) == f.as_path())
+        })
+        .map(|(_, v)| v.rss_kib)
+        .sum();
+    total.saturating_sub(guest_rss + files)
 }
 
 /// Boots `spec` under `monitor`, passing each console line to `on_line`.
@@ -350,6 +420,10 @@ pub fn boot(
     let ms = |t: Instant| t.duration_since(t0).as_secs_f64() * 1e3;
     let mut run = BootRun::default();
     let guest_kib = u64::from(spec.memory_mib) * 1024;
+    let guest_files: Vec<PathBuf> = std::iter::once(&spec.root)
+        .chain(&spec.extra_pmem)
+        .filter_map(|p| std::fs::canonicalize(p).ok())
+        .collect();
     if let Some(out) = stdout {
         for line in BufReader::new(out).split(b'\n') {
             let Ok(line) = line else { break };
@@ -359,7 +433,7 @@ pub fn boot(
             run.first_line_ms.get_or_insert(ms(now));
             if line.contains(INIT_MARKER) && run.marker_ms.is_none() {
                 run.marker_ms = Some(ms(now));
-                run.own_rss_kib = own_rss_kib(pid, guest_kib);
+                run.own_rss_kib = own_rss_kib(pid, guest_kib, &guest_files);
             }
             if let Some(code) = line.trim().strip_prefix(EXIT_PREFIX) {
                 run.guest_exit = code.trim().parse().ok();
@@ -392,6 +466,44 @@ pub fn boot(
 
 #[cfg(test)]
 mod tests {
+
+    fn vma(start: u64, end: u64, path: &str, rss: u64) -> String {
+        format!(
+            "{start:x}-{end:x} rw-p 00000000 00:00 0 {path}\nSize: {} kB\nRss: {rss} kB\nPss: {rss} kB\n",
+            (end - start) / 1024
+        )
+    }
+
+    #[test]
+    fn own_rss_leaves_out_split_guest_ram_and_pmem_images() {
+        let mib = 1u64 << 20;
+        let g = 0x7f00_0000_0000u64;
+        // Guest RAM (128 MiB) split by a kernel file mapping, the pmem
+        // image right below it, a heap and a library.
+        let smaps = [
+            vma(0x1000, 0x1000 + mib, "[heap]", 700),
+            vma(g - 8 * mib, g, "/img/tiny.erofs", 2048),
+            vma(g, g + 16 * mib, "", 9000),
+            vma(g + 16 * mib, g + 32 * mib, "/k/vmlinux", 15000),
+            vma(g + 32 * mib, g + 128 * mib, "", 20000),
+            vma(g + 200 * mib, g + 201 * mib, "/lib/libc.so.6", 300),
+        ]
+        .concat();
+        let own = own_rss_from_smaps(&smaps, 128 * 1024, &[PathBuf::from("/img/tiny.erofs")]);
+        assert_eq!(own, 700 + 300);
+        // Without the image named, its pages count as the monitor's.
+        assert_eq!(
+            own_rss_from_smaps(&smaps, 128 * 1024, &[]),
+            700 + 300 + 2048
+        );
+        // A monitor with one padded RAM mapping (QEMU).
+        let q = [
+            vma(0x1000, 0x1000 + mib, "[heap]", 500),
+            vma(g, g + 130 * mib, "", 50000),
+        ]
+        .concat();
+        assert_eq!(own_rss_from_smaps(&q, 128 * 1024, &[]), 500);
+    }
     use super::*;
 
     fn spec() -> BootSpec {

@@ -26,6 +26,9 @@ pub enum TemplateError {
     /// File system.
     #[error("{0}: {1}")]
     Io(PathBuf, std::io::Error),
+    /// The restored VMM exited before its control socket answered.
+    #[error("shoal-vmm exited ({0}) before its control socket answered")]
+    Exited(std::process::ExitStatus),
     /// The guest agent did not answer the warm-up before the snapshot.
     #[error("guest agent warm-up before the snapshot: {0}")]
     AgentWarmup(#[from] guest_agent::client::ClientError),
@@ -221,12 +224,15 @@ pub fn spawn_restore(
 
 impl Restored {
     /// Waits until the control socket answers (the vCPUs are started right
-    /// after it is bound).
-    pub fn wait_ready(&self, timeout: Duration) -> Result<(), TemplateError> {
+    /// after it is bound); fails at once if the VMM exits first.
+    pub fn wait_ready(&mut self, timeout: Duration) -> Result<(), TemplateError> {
         let end = Instant::now() + timeout;
         loop {
             if api::call(&self.sock, &Request::Stats, Duration::from_secs(5)).is_ok() {
                 return Ok(());
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Err(TemplateError::Exited(status));
             }
             if Instant::now() > end {
                 return Err(TemplateError::NoSocket(self.sock.clone()));

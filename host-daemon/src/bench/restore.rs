@@ -122,7 +122,7 @@ fn rate(vmm: &Path, tpl: &Path, dir: &Path, k: usize, total: usize) -> Rate {
             std::thread::spawn(move || {
                 while next.fetch_add(1, Ordering::Relaxed) < total {
                     let ok = template::spawn_restore(&vmm, &tpl, &sock, Stdio::null(), &[])
-                        .and_then(|r| {
+                        .and_then(|mut r| {
                             let res = r.wait_ready(Duration::from_secs(30));
                             r.shutdown();
                             res
@@ -222,7 +222,7 @@ pub fn run(
     ));
     let mut vms = vec![];
     for i in 0..o.pss_vms {
-        let r = template::spawn_restore(
+        let mut r = template::spawn_restore(
             &o.vmm,
             &idle_dir,
             &o.workdir.join(format!("pss-{i}.sock")),

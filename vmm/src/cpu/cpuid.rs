@@ -287,7 +287,9 @@ mod tests {
         setup(&mut t, CpuProfile::Pvm, 0, 1);
         assert_eq!(
             kernel_args(CpuProfile::Pvm, &t),
-            format!("shoal.pvm shoal.tick_mult=4 no-kvmapf clocksource=kvm-clock {PVM_GLIBC_TUNABLES}")
+            format!(
+                "shoal.pvm shoal.tick_mult=4 no-kvmapf clocksource=kvm-clock {PVM_GLIBC_TUNABLES}"
+            )
         );
         // A host that forces POPCNT back on.
         t.as_mut_slice()[0].ecx |= 1 << 23;
