@@ -162,6 +162,8 @@ pub fn template(
         .join("templates")
         .join(format!("{}-{key}", spec.image));
     if dir.join("state").is_file() && dir.join("memory").is_file() {
+        // Marks it used (templates unused for a day are pruned).
+        let _ = std::fs::File::open(&dir).and_then(|f| f.set_modified(SystemTime::now()));
         return Ok(dir);
     }
     progress(&format!(
@@ -196,7 +198,64 @@ pub fn template(
         }
         Err(e) => return Err(SandboxError::Io(dir, e)),
     }
+    // Templates of older kernels, images or VMM builds are never used
+    // again (the key changed) and each holds a guest-memory file.
+    let _ = prune_templates(&state_dir().join("templates"), &dir, STALE_TEMPLATE_AGE);
     Ok(dir)
+}
+
+/// Templates unused for this long are removed when a new one is made.
+const STALE_TEMPLATE_AGE: Duration = Duration::from_secs(24 * 3600);
+
+/// Removes template directories under `root` (other than `keep`) that
+/// were last modified more than `age` ago and whose files no running
+/// process maps (a VMM restored from a template maps its memory file).
+/// Returns the directories removed.
+pub fn prune_templates(root: &Path, keep: &Path, age: Duration) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(root) else {
+        return vec![];
+    };
+    let mapped = mapped_paths();
+    let mut removed = vec![];
+    for e in entries.flatten() {
+        let dir = e.path();
+        if dir == keep || !e.file_type().is_ok_and(|t| t.is_dir()) {
+            continue;
+        }
+        let old = [dir.clone(), dir.join("state"), dir.join("memory")]
+            .iter()
+            .filter_map(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok())
+            .all(|t| t.elapsed().is_ok_and(|a| a > age));
+        let in_use = mapped.iter().any(|m| m.starts_with(&dir));
+        if old && !in_use && std::fs::remove_dir_all(&dir).is_ok() {
+            removed.push(dir);
+        }
+    }
+    removed
+}
+
+/// Every file some process on the host maps (from /proc/*/maps).
+fn mapped_paths() -> Vec<PathBuf> {
+    let mut out = std::collections::BTreeSet::new();
+    for p in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        if !p
+            .file_name()
+            .to_string_lossy()
+            .bytes()
+            .all(|b| b.is_ascii_digit())
+        {
+            continue;
+        }
+        let Ok(maps) = std::fs::read_to_string(p.path().join("maps")) else {
+            continue;
+        };
+        for l in maps.lines() {
+            if let Some(i) = l.find(" /") {
+                out.insert(PathBuf::from(l[i + 1..].trim_end_matches(" (deleted)")));
+            }
+        }
+    }
+    out.into_iter().collect()
 }
 
 /// The host's wall clock in nanoseconds since the Unix epoch.
@@ -442,6 +501,42 @@ fn reap_stale_in(root: &Path) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn prune_templates_removes_only_old_unmapped_ones() {
+        let root = tempfile::tempdir().unwrap();
+        let mk = |name: &str| {
+            let d = root.path().join(name);
+            std::fs::create_dir_all(&d).unwrap();
+            std::fs::write(d.join("state"), b"s").unwrap();
+            std::fs::write(d.join("memory"), vec![0u8; 4096]).unwrap();
+            d
+        };
+        let (keep, old, mapped) = (mk("tiny-keep"), mk("tiny-old"), mk("tiny-mapped"));
+        // A live mapping of one template's memory file (as a restored VMM has).
+        let f = std::fs::File::open(mapped.join("memory")).unwrap();
+        // SAFETY: a fresh read-only shared mapping of a 4 KiB file we own,
+        // unmapped below.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                4096,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                std::os::fd::AsRawFd::as_raw_fd(&f),
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED);
+        // Nothing is older than an hour: nothing goes.
+        assert!(prune_templates(root.path(), &keep, Duration::from_secs(3600)).is_empty());
+        std::thread::sleep(Duration::from_millis(20));
+        let removed = prune_templates(root.path(), &keep, Duration::from_millis(10));
+        // SAFETY: the mapping made above, of 4096 bytes.
+        unsafe { libc::munmap(p, 4096) };
+        assert_eq!(removed, vec![old.clone()]);
+        assert!(keep.exists() && mapped.exists() && !old.exists());
+    }
 
     #[test]
     fn reap_stale_removes_dirs_of_dead_vmms_only() {
