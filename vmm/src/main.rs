@@ -90,6 +90,11 @@ struct Args {
     /// Print timing (monotonic clock) of VMM start, first guest entry and exit to stderr.
     #[arg(long)]
     timings: bool,
+    /// An inherited file descriptor (e.g. a pipe) to write "ready\n" to and
+    /// close once the vCPUs run (pre-warmed: once the control socket
+    /// serves), so a supervisor can wait without polling.
+    #[arg(long, value_name = "FD")]
+    ready_fd: Option<i32>,
 }
 
 fn monotonic_ns() -> u128 {
@@ -185,6 +190,7 @@ fn run(a: &Args, start_ns: u128) -> Result<i32> {
         }
         return Ok(0);
     }
+    let ready = a.ready_fd.map(ready_fd).transpose()?;
     let timeout = a
         .timeout
         .map(|t| {
@@ -210,6 +216,7 @@ fn run(a: &Args, start_ns: u128) -> Result<i32> {
         timeout,
         api_sock: a.api_sock.clone(),
         keep_alive: a.prewarm,
+        ready,
     })?;
     let exit_ns = monotonic_ns();
     if a.timings {
@@ -236,6 +243,20 @@ fn run(a: &Args, start_ns: u128) -> Result<i32> {
         _ => {}
     }
     Ok(outcome.exit.exit_code())
+}
+
+/// Takes ownership of the inherited `--ready-fd`, refusing numbers that
+/// are not open descriptors or are stdin/stdout/stderr.
+fn ready_fd(fd: i32) -> Result<std::fs::File> {
+    use std::os::fd::FromRawFd;
+    anyhow::ensure!(fd > 2, "--ready-fd {fd}: must be 3 or above");
+    // SAFETY: F_GETFD only queries the descriptor's flags.
+    if unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
+        anyhow::bail!("--ready-fd {fd}: not an open file descriptor");
+    }
+    // SAFETY: the descriptor is open, inherited for this purpose, and owned
+    // by nothing else in this process.
+    Ok(unsafe { std::fs::File::from_raw_fd(fd) })
 }
 
 /// One line for an error chain; causes already quoted by the message

@@ -207,6 +207,7 @@ fn run_rounds(
             timeout: Some(Duration::from_secs(300)),
             api_sock: Some(s2),
             keep_alive: false,
+            ready: None,
         })
         .unwrap()
     });

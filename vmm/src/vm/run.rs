@@ -26,7 +26,7 @@ pub struct RunOutcome {
 }
 
 /// How to run a VM.
-#[derive(Debug, Default, Clone)]
+#[derive(Debug, Default)]
 pub struct RunOptions {
     /// Stop the guest after this long.
     pub timeout: Option<Duration>,
@@ -35,6 +35,9 @@ pub struct RunOptions {
     /// When the guest stops by itself, keep the VM (and the control socket)
     /// up, waiting for a `restore` or `shutdown` request.
     pub keep_alive: bool,
+    /// Gets "ready\n" written and is closed once the vCPUs run (or, with
+    /// no guest loaded, once the control socket serves).
+    pub ready: Option<std::fs::File>,
 }
 
 struct VcpuHandle {
@@ -97,6 +100,10 @@ impl Vm {
         };
         if self.loaded {
             self.spawn_vcpus(&mut ctl, &tx)?;
+        }
+        if let Some(mut f) = opts.ready {
+            // Best effort: a supervisor that went away does not stop the VM.
+            let _ = std::io::Write::write_all(&mut f, b"ready\n");
         }
         let deadline = opts.timeout.map(|t| Instant::now() + t);
         let mut finished = None;
