@@ -107,7 +107,9 @@ fn one_restore_latency(vmm: &Path, tpl: &Path, sock: &Path) -> Result<(f64, f64)
     ))
 }
 
-fn rate(vmm: &Path, tpl: &Path, dir: &Path, k: usize, total: usize) -> Rate {
+/// `total` restore + shutdown cycles of `tpl` by `k` workers, each with
+/// its own control and vsock socket paths in `dir`.
+pub fn rate(vmm: &Path, tpl: &Path, dir: &Path, k: usize, total: usize) -> Rate {
     let next = Arc::new(AtomicUsize::new(0));
     let errors = Arc::new(AtomicUsize::new(0));
     let t0 = Instant::now();
@@ -119,9 +121,13 @@ fn rate(vmm: &Path, tpl: &Path, dir: &Path, k: usize, total: usize) -> Rate {
                 tpl.to_path_buf(),
                 dir.join(format!("rate-{w}.sock")),
             );
+            let vsock = dir.join(format!("rate-{w}.vsock"));
             std::thread::spawn(move || {
+                let vsock = vsock.to_string_lossy();
+                // Ignored by the VMM for a template without vsock.
+                let extra = ["--vsock-uds", vsock.as_ref()];
                 while next.fetch_add(1, Ordering::Relaxed) < total {
-                    let ok = template::spawn_restore(&vmm, &tpl, &sock, Stdio::null(), &[])
+                    let ok = template::spawn_restore(&vmm, &tpl, &sock, Stdio::null(), &extra)
                         .and_then(|mut r| {
                             let res = r.wait_ready(Duration::from_secs(30));
                             r.shutdown();
