@@ -5,7 +5,7 @@ use anyhow::{bail, Context, Result};
 use shoal_host::artifacts;
 use shoal_host::bench::boot::{self as bootbench, BootBenchOpts};
 use shoal_host::launch::{BootSpec, RootKind};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 pub fn restore(
@@ -14,7 +14,7 @@ pub fn restore(
     rate_restores: usize,
     pss_vms: usize,
     memory: u32,
-    json: &PathBuf,
+    json: &Path,
 ) -> Result<()> {
     let concurrency = concurrency
         .split(',')
@@ -49,10 +49,7 @@ pub fn restore(
     let report = shoal_host::bench::restore::run(&opts, &mut |l| eprintln!("{l}"));
     let _ = std::fs::remove_dir_all(&work);
     let report = report?;
-    print!("{}", report.render());
-    std::fs::write(json, serde_json::to_string_pretty(&report)?)
-        .with_context(|| format!("cannot write {}", json.display()))?;
-    eprintln!("wrote {}", json.display());
+    emit(&report.render(), &report, json)?;
     Ok(())
 }
 
@@ -61,7 +58,7 @@ pub fn boot(
     image: &str,
     memory: u32,
     no_qemu: bool,
-    json: &PathBuf,
+    json: &Path,
 ) -> Result<()> {
     let hw = vmm::host::kvm_kind() == vmm::host::KvmKind::Hardware;
     let runs = runs.unwrap_or(if hw { 20 } else { 5 });
@@ -96,17 +93,14 @@ pub fn boot(
         timeout: Duration::from_secs(if hw { 30 } else { 300 }),
     };
     let report = bootbench::run(&opts, &mut |l| eprintln!("{l}"))?;
-    print!("{}", report.render());
-    std::fs::write(json, serde_json::to_string_pretty(&report)?)
-        .with_context(|| format!("cannot write {}", json.display()))?;
-    eprintln!("wrote {}", json.display());
+    emit(&report.render(), &report, json)?;
     if report.rows.is_empty() {
         bail!("no successful boots");
     }
     Ok(())
 }
 
-pub fn exec(execs: usize, restores: usize, bytes: u64, json: &PathBuf) -> Result<()> {
+pub fn exec(execs: usize, restores: usize, bytes: u64, json: &Path) -> Result<()> {
     let host_agent = artifacts::vmm_binary()
         .ok()
         .and_then(|v| v.parent().map(|d| d.join("shoal-agent")))
@@ -119,10 +113,7 @@ pub fn exec(execs: usize, restores: usize, bytes: u64, json: &PathBuf) -> Result
         host_agent,
     };
     let report = shoal_host::bench::exec::run(&opts, &mut |l| eprintln!("{l}"))?;
-    print!("{}", report.render());
-    std::fs::write(json, serde_json::to_string_pretty(&report)?)
-        .with_context(|| format!("cannot write {}", json.display()))?;
-    eprintln!("wrote {}", json.display());
+    emit(&report.render(), &report, json)?;
     Ok(())
 }
 
@@ -137,7 +128,7 @@ pub struct PmemArgs {
     pub workdir: Option<PathBuf>,
 }
 
-pub fn pmem(a: PmemArgs, json: &PathBuf) -> Result<()> {
+pub fn pmem(a: PmemArgs, json: &Path) -> Result<()> {
     use shoal_host::bench::pmem::{self as pb, PmemBenchOpts};
     let hw = vmm::host::kvm_kind() == vmm::host::KvmKind::Hardware;
     let vm_counts = a
@@ -173,10 +164,7 @@ pub fn pmem(a: PmemArgs, json: &PathBuf) -> Result<()> {
     let report = pb::run(&o, &mut |l| eprintln!("{l}"));
     let _ = std::fs::remove_dir_all(&work);
     let report = report?;
-    print!("{}", report.render());
-    std::fs::write(json, serde_json::to_string_pretty(&report)?)
-        .with_context(|| format!("cannot write {}", json.display()))?;
-    eprintln!("wrote {}", json.display());
+    emit(&report.render(), &report, json)?;
     Ok(())
 }
 
@@ -212,7 +200,7 @@ impl Drop for PrivateDaemon {
     }
 }
 
-pub fn load(g: &crate::daemon_cmds::Global, a: &LoadArgs, json: &PathBuf) -> Result<()> {
+pub fn load(g: &crate::daemon_cmds::Global, a: &LoadArgs, json: &Path) -> Result<()> {
     use shoal_host::daemon::client::DaemonClient;
     let concurrency = a
         .concurrency
@@ -277,8 +265,14 @@ pub fn load(g: &crate::daemon_cmds::Global, a: &LoadArgs, json: &PathBuf) -> Res
     };
     let report = shoal_host::bench::load::run(&c, &opts, &mut |l| eprintln!("{l}"));
     drop(private);
-    print!("{}", report.render());
-    std::fs::write(json, serde_json::to_string_pretty(&report)?)
+    emit(&report.render(), &report, json)?;
+    Ok(())
+}
+
+/// Prints a bench's table and writes its JSON report to `json`.
+fn emit(table: &str, report: &impl serde::Serialize, json: &Path) -> Result<()> {
+    print!("{table}");
+    std::fs::write(json, serde_json::to_string_pretty(report)?)
         .with_context(|| format!("cannot write {}", json.display()))?;
     eprintln!("wrote {}", json.display());
     Ok(())
