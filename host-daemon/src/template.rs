@@ -272,44 +272,33 @@ impl Restored {
     /// polling); fails at once if the VMM exits first.
     pub fn wait_ready(&mut self, timeout: Duration) -> Result<(), TemplateError> {
         use std::os::fd::AsRawFd;
-        if let Some(mut r) = self.ready.take() {
-            let mut pfd = libc::pollfd {
-                fd: r.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            let ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
-            // SAFETY: one valid pollfd.
-            let n = unsafe { libc::poll(&mut pfd, 1, ms) };
-            let mut b = [0u8; 6];
-            let got = if n > 0 {
-                std::io::Read::read(&mut r, &mut b).unwrap_or(0)
-            } else {
-                0
-            };
-            if got > 0 && b.starts_with(b"ready") {
-                return Ok(());
-            }
-            if n > 0 {
-                // EOF: the VMM ended (or closed the pipe) without running.
-                let status = self.child.wait().map_err(TemplateError::Spawn)?;
-                return Err(TemplateError::Exited(status));
-            }
-            return Err(TemplateError::NoSocket(self.sock.clone()));
+        // Reported once: a second call has nothing more to wait for.
+        let Some(mut r) = self.ready.take() else {
+            return Ok(());
+        };
+        let mut pfd = libc::pollfd {
+            fd: r.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
+        // SAFETY: one valid pollfd.
+        let n = unsafe { libc::poll(&mut pfd, 1, ms) };
+        let mut b = [0u8; 6];
+        let got = if n > 0 {
+            std::io::Read::read(&mut r, &mut b).unwrap_or(0)
+        } else {
+            0
+        };
+        if got > 0 && b.starts_with(b"ready") {
+            return Ok(());
         }
-        let end = Instant::now() + timeout;
-        loop {
-            if api::call(&self.sock, &Request::Stats, Duration::from_secs(5)).is_ok() {
-                return Ok(());
-            }
-            if let Ok(Some(status)) = self.child.try_wait() {
-                return Err(TemplateError::Exited(status));
-            }
-            if Instant::now() > end {
-                return Err(TemplateError::NoSocket(self.sock.clone()));
-            }
-            std::thread::sleep(Duration::from_micros(200));
+        if n > 0 {
+            // EOF: the VMM ended (or closed the pipe) without running.
+            let status = self.child.wait().map_err(TemplateError::Spawn)?;
+            return Err(TemplateError::Exited(status));
         }
+        Err(TemplateError::NoSocket(self.sock.clone()))
     }
 
     /// Shuts the VM down and reaps the process; returns its stderr.
