@@ -86,7 +86,11 @@ fn boots_to_init_with_ro_and_rw_disks_and_exits_on_reboot() {
 #[test]
 fn initrd_only_boot() {
     require_kvm();
-    let cmd = format!("{} -- /bin/busybox echo initrd-boot-ok", cmdline());
+    // loglevel=7: the informational kernel lines checked below.
+    let cmd = format!(
+        "{} loglevel=7 -- /bin/busybox echo initrd-boot-ok",
+        cmdline()
+    );
     let cfg = linux(cmd, Some(image("tiny_cpio")), vec![]);
     let console = Console::default();
     let vm = Vm::new(&cfg, Some(Box::new(console.clone()))).unwrap();
@@ -99,6 +103,14 @@ fn initrd_only_boot() {
     assert!(lines.contains(&"initrd-boot-ok"), "{text}");
     assert!(text.contains("SHOAL-EXIT 0"), "{text}");
     assert!(out.first_run.unwrap() <= out.first_console_byte.unwrap());
+    // The VMM's RNG seed (setup_data) made the guest CRNG ready in
+    // setup_arch(), before start_kernel() prints the command line.
+    let crng = text.find("random: crng init done");
+    let cmdline_line = text.find("Kernel command line:");
+    assert!(
+        matches!((crng, cmdline_line), (Some(a), Some(b)) if a < b),
+        "CRNG not ready before the command line was printed:\n{text}"
+    );
     if vmm::host::kvm_kind().as_str() == "pvm" {
         // The PVM profile's kernel words reached our kernel's patches.
         assert!(

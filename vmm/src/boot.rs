@@ -2,7 +2,7 @@
 //! initrd, and writing the boot parameters ("zero page").
 
 use crate::layout::{
-    ram_ranges, CMDLINE_ADDR, CMDLINE_MAX, HIGH_RAM_START, LOW_RAM_END, ZERO_PAGE,
+    ram_ranges, CMDLINE_ADDR, CMDLINE_MAX, HIGH_RAM_START, LOW_RAM_END, SETUP_DATA_ADDR, ZERO_PAGE,
 };
 use linux_loader::loader::bootparam::{boot_e820_entry, boot_params};
 use linux_loader::loader::elf::Elf;
@@ -57,6 +57,52 @@ pub enum BootError {
     /// Writing boot data to guest memory failed.
     #[error("cannot write {0} to guest memory")]
     Write(&'static str),
+    /// The host could not supply random bytes for the guest's RNG seed.
+    #[error("cannot get random bytes for the guest RNG seed: {0}")]
+    Random(std::io::Error),
+}
+
+/// `setup_data` type of an RNG seed (Linux `SETUP_RNG_SEED`).
+const SETUP_RNG_SEED: u32 = 9;
+/// Seed length: 256 bits, what the guest's CRNG needs to be ready.
+pub const RNG_SEED_LEN: usize = 32;
+
+/// Fresh random bytes from the host kernel.
+fn host_random(buf: &mut [u8]) -> Result<(), BootError> {
+    let mut done = 0;
+    while done < buf.len() {
+        let rest = &mut buf[done..];
+        // SAFETY: getrandom writes at most rest.len() bytes into rest, which
+        // is valid, writable memory of that length.
+        let n = unsafe { libc::getrandom(rest.as_mut_ptr().cast(), rest.len(), 0) };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(BootError::Random(e));
+        }
+        done += n as usize;
+    }
+    Ok(())
+}
+
+/// Writes a `setup_data` entry holding a fresh 256-bit seed from the host's
+/// RNG. With `CONFIG_RANDOM_TRUST_BOOTLOADER` (our kernel config) the guest
+/// credits it in `setup_arch()`, so its CRNG is ready from the start of boot:
+/// without it the guest (whose CPUID hides RDRAND on PVM hosts) has no
+/// credited entropy during boot, and every random number the kernel asks for
+/// until then re-extracts the input pool (BLAKE2s, ~1 s of a PVM boot). The
+/// guest zeroes the seed after use. Returns the entry's address.
+fn write_rng_seed(mem: &GuestMemoryMmap) -> Result<u64, BootError> {
+    let mut entry = [0u8; 16 + RNG_SEED_LEN];
+    // struct setup_data { u64 next; u32 type; u32 len; u8 data[]; }
+    entry[8..12].copy_from_slice(&SETUP_RNG_SEED.to_le_bytes());
+    entry[12..16].copy_from_slice(&(RNG_SEED_LEN as u32).to_le_bytes());
+    host_random(&mut entry[16..])?;
+    mem.write_slice(&entry, GuestAddress(SETUP_DATA_ADDR))
+        .map_err(|_| BootError::Write("RNG seed"))?;
+    Ok(SETUP_DATA_ADDR)
 }
 
 /// Where the kernel landed.
@@ -75,8 +121,7 @@ pub fn load_kernel(mem: &GuestMemoryMmap, path: &Path) -> Result<LoadedKernel, B
         path: path.into(),
         source,
     })?;
-    let populate = crate::host::kvm_kind() == crate::host::KvmKind::Pvm;
-    if let Some((entry, end)) = crate::kernel_map::map_kernel(mem, &f, HIGH_RAM_START, populate) {
+    if let Some((entry, end)) = crate::kernel_map::map_kernel(mem, &f, HIGH_RAM_START) {
         return Ok(LoadedKernel { entry, end });
     }
     let r = Elf::load(mem, None, &mut f, Some(GuestAddress(HIGH_RAM_START))).map_err(|source| {
@@ -159,6 +204,7 @@ pub fn write_boot_params(
     p.hdr.kernel_alignment = 0x0100_0000;
     p.hdr.cmd_line_ptr = CMDLINE_ADDR as u32;
     p.hdr.cmdline_size = cmdline.len() as u32;
+    p.hdr.setup_data = write_rng_seed(mem)?;
     if let Some((addr, size)) = initrd {
         p.hdr.ramdisk_image = addr as u32;
         p.hdr.ramdisk_size = size as u32;
@@ -246,5 +292,29 @@ mod tests {
         let p: boot_params = mem.read_obj(GuestAddress(ZERO_PAGE)).unwrap();
         assert_eq!(p.e820_entries, 2);
         assert_eq!({ p.e820_table[1].size }, (1 << 24) - HIGH_RAM_START);
+    }
+
+    #[test]
+    fn rng_seed_is_fresh_setup_data() {
+        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 24)]).unwrap();
+        let mut seeds = Vec::new();
+        for _ in 0..2 {
+            write_boot_params(&mem, 1 << 24, "console=ttyS0", None).unwrap();
+            let p: boot_params = mem.read_obj(GuestAddress(ZERO_PAGE)).unwrap();
+            assert_eq!({ p.hdr.setup_data }, SETUP_DATA_ADDR);
+            let mut e = [0u8; 16 + RNG_SEED_LEN];
+            mem.read_slice(&mut e, GuestAddress(SETUP_DATA_ADDR))
+                .unwrap();
+            assert_eq!(
+                u64::from_le_bytes(e[0..8].try_into().unwrap()),
+                0,
+                "one entry"
+            );
+            assert_eq!(u32::from_le_bytes(e[8..12].try_into().unwrap()), 9);
+            assert_eq!(u32::from_le_bytes(e[12..16].try_into().unwrap()), 32);
+            seeds.push(e[16..].to_vec());
+        }
+        assert_ne!(seeds[0], seeds[1], "each boot gets its own seed");
+        assert!(seeds.iter().all(|s| s.iter().any(|&b| b != 0)));
     }
 }

@@ -18,6 +18,9 @@ pub const PD_ADDR: u64 = 0xb000;
 pub const CMDLINE_ADDR: u64 = 0x20000;
 /// Longest command line the x86 kernel accepts (COMMAND_LINE_SIZE).
 pub const CMDLINE_MAX: usize = 2048;
+/// The boot protocol's `setup_data` chain (one entry: the RNG seed), in the
+/// page after the command line.
+pub const SETUP_DATA_ADDR: u64 = 0x21000;
 /// MP floating pointer and configuration table (in the EBDA).
 pub const MPTABLE_ADDR: u64 = 0x9fc00;
 /// End of the low RAM range given to the guest in e820.
