@@ -75,7 +75,8 @@ fn toolkit_layer_and_scratch_disk_upper_from_a_cold_boot() {
         kernel: kernel(),
         root: base.clone(),
         root_kind: RootKind::Pmem,
-        cmdline: cmdline(),
+        // loglevel=7: the kernel's informational "Mounted root" line.
+        cmdline: format!("{} loglevel=7", cmdline()),
         init_args: vec!["/bin/sh".into(), "/opt/toolkit/check.sh".into()],
         memory_mib: 128,
         vcpus: 1,
