@@ -8,6 +8,7 @@ pub mod daemon;
 pub mod image;
 pub mod launch;
 pub mod layers;
+pub mod ready;
 pub mod sandbox;
 pub mod stats;
 pub mod template;

@@ -192,28 +192,8 @@ pub struct Restored {
     pub sock: PathBuf,
     /// When it was spawned.
     pub spawned: Instant,
-    /// Read end of the VMM's `--ready-fd` pipe ("ready\n", then EOF).
-    ready: Option<std::fs::File>,
-}
-
-/// The descriptor number the ready pipe gets in the VMM.
-const READY_FD: i32 = 3;
-
-/// A pipe (read end, write end), both close-on-exec.
-fn ready_pipe() -> std::io::Result<(std::fs::File, std::fs::File)> {
-    use std::os::fd::FromRawFd;
-    let mut fds = [0; 2];
-    // SAFETY: pipe2 writes two descriptors into the array.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: two new descriptors that nothing else owns.
-    Ok(unsafe {
-        (
-            std::fs::File::from_raw_fd(fds[0]),
-            std::fs::File::from_raw_fd(fds[1]),
-        )
-    })
+    /// Read side of the VMM's `--ready-fd` pipe.
+    ready: Option<crate::ready::ReadyPipe>,
 }
 
 /// Starts `shoal-vmm --restore dir` with its control socket at `sock`.
@@ -225,45 +205,25 @@ pub fn spawn_restore(
     stdout: Stdio,
     extra: &[&str],
 ) -> Result<Restored, TemplateError> {
-    use std::os::fd::AsRawFd;
-    use std::os::unix::process::CommandExt;
     let spawned = Instant::now();
-    let (ready_r, ready_w) = ready_pipe().map_err(TemplateError::Spawn)?;
-    let w = ready_w.as_raw_fd();
     let mut cmd = Command::new(vmm);
     cmd.arg("--restore")
         .arg(dir)
         .arg("--api-sock")
         .arg(sock)
-        .arg("--ready-fd")
-        .arg(READY_FD.to_string())
         .args(extra)
         .stdin(Stdio::null())
         .stdout(stdout)
         .stderr(Stdio::piped());
-    // SAFETY: between fork and exec the closure only calls dup2 and fcntl
-    // (async-signal-safe) on a descriptor this process owns; the child then
-    // holds the pipe's write end as READY_FD, without close-on-exec.
-    unsafe {
-        cmd.pre_exec(move || {
-            let r = if w == READY_FD {
-                libc::fcntl(w, libc::F_SETFD, 0)
-            } else {
-                libc::dup2(w, READY_FD)
-            };
-            if r < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        })
-    };
+    let (ready, ready_w) = crate::ready::ReadyPipe::attach(&mut cmd, crate::ready::nothing)
+        .map_err(TemplateError::Spawn)?;
     let child = cmd.spawn().map_err(TemplateError::Spawn)?;
     drop(ready_w);
     Ok(Restored {
         child,
         sock: sock.into(),
         spawned,
-        ready: Some(ready_r),
+        ready: Some(ready),
     })
 }
 
@@ -271,34 +231,19 @@ impl Restored {
     /// Waits until the VMM reports its vCPUs running on the ready pipe (no
     /// polling); fails at once if the VMM exits first.
     pub fn wait_ready(&mut self, timeout: Duration) -> Result<(), TemplateError> {
-        use std::os::fd::AsRawFd;
         // Reported once: a second call has nothing more to wait for.
         let Some(mut r) = self.ready.take() else {
             return Ok(());
         };
-        let mut pfd = libc::pollfd {
-            fd: r.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        let ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
-        // SAFETY: one valid pollfd.
-        let n = unsafe { libc::poll(&mut pfd, 1, ms) };
-        let mut b = [0u8; 6];
-        let got = if n > 0 {
-            std::io::Read::read(&mut r, &mut b).unwrap_or(0)
-        } else {
-            0
-        };
-        if got > 0 && b.starts_with(b"ready") {
-            return Ok(());
+        match r.wait(timeout) {
+            crate::ready::Readiness::Ready => Ok(()),
+            // The VMM ended (or closed the pipe) without running.
+            crate::ready::Readiness::Ended => {
+                let status = self.child.wait().map_err(TemplateError::Spawn)?;
+                Err(TemplateError::Exited(status))
+            }
+            crate::ready::Readiness::TimedOut => Err(TemplateError::NoSocket(self.sock.clone())),
         }
-        if n > 0 {
-            // EOF: the VMM ended (or closed the pipe) without running.
-            let status = self.child.wait().map_err(TemplateError::Spawn)?;
-            return Err(TemplateError::Exited(status));
-        }
-        Err(TemplateError::NoSocket(self.sock.clone()))
     }
 
     /// Shuts the VM down and reaps the process; returns its stderr.

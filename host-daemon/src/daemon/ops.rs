@@ -185,9 +185,9 @@ pub async fn start_vmm(
         })?
         .map_err(|e| ApiError::Internal(e.to_string()))?;
     let res = blocking("restore", Duration::from_secs(90), move || {
-        let p = vm::spawn_restore(&vmm, &snapshot, &p2)
+        let (p, mut ready) = vm::spawn_restore(&vmm, &snapshot, &p2)
             .map_err(|e| ApiError::Internal(format!("cannot start {}: {e}", vmm.display())))?;
-        vm::wait_ready(&p, &p2.api_sock, Duration::from_secs(60)).map_err(|e| {
+        vm::wait_ready(&p, &mut ready, Duration::from_secs(60)).map_err(|e| {
             p.kill();
             p.wait_gone(Duration::from_secs(2));
             ApiError::Sandbox(format!("restore failed: {e}: {}", vm::log_tail(&p2)))

@@ -4,11 +4,11 @@
 //! through a pidfd, and killed by pid only while the start time matches.
 
 use crate::layers;
+use crate::ready::{Readiness, ReadyPipe};
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-use vmm::api::{self, Request};
 
 /// A sandbox directory's files.
 #[derive(Debug, Clone)]
@@ -141,8 +141,11 @@ impl Proc {
 /// scratch disk (`snapshot/scratch.ext4`) gives the sandbox its own copy of
 /// it in its directory, which the VMM then uses; a sandbox's own pause
 /// snapshot names that copy already.
-pub fn spawn_restore(vmm: &Path, snapshot: &Path, paths: &Paths) -> std::io::Result<Proc> {
-    use std::os::unix::process::CommandExt;
+pub fn spawn_restore(
+    vmm: &Path,
+    snapshot: &Path,
+    paths: &Paths,
+) -> std::io::Result<(Proc, ReadyPipe)> {
     std::fs::create_dir_all(&paths.dir)?;
     let _ = std::fs::remove_file(&paths.api_sock);
     let _ = std::fs::remove_file(&paths.vsock);
@@ -172,41 +175,34 @@ pub fn spawn_restore(vmm: &Path, snapshot: &Path, paths: &Paths) -> std::io::Res
                 .map(Stdio::from)
                 .unwrap_or_else(|_| Stdio::null()),
         );
-    // SAFETY: setsid in the child between fork and exec touches no memory
-    // shared with the parent.
-    unsafe {
-        cmd.pre_exec(|| {
-            libc::setsid();
-            Ok(())
-        })
-    };
+    // The VMM gets its own session (setsid, async-signal-safe).
+    fn own_session() -> std::io::Result<()> {
+        // SAFETY: setsid in the child between fork and exec touches no
+        // memory shared with the parent.
+        unsafe { libc::setsid() };
+        Ok(())
+    }
+    let (ready, ready_w) = ReadyPipe::attach(&mut cmd, own_session)?;
     let child = cmd.spawn()?;
+    drop(ready_w);
     let pid = child.id() as i32;
     // The Child handle is dropped without waiting: the supervisor reaps
     // the process when its pidfd reports the exit.
     drop(child);
     let start = pid_start(pid).unwrap_or(0);
-    Ok(Proc { pid, start })
+    Ok((Proc { pid, start }, ready))
 }
 
-/// Waits until the control socket answers `stats` (vCPUs run by then), or
-/// the process ends, or `timeout` passes.
-pub fn wait_ready(p: &Proc, sock: &Path, timeout: Duration) -> Result<(), String> {
-    let end = Instant::now() + timeout;
-    let mut sleep = Duration::from_micros(100);
-    loop {
-        if sock.exists() && api::call(sock, &Request::Stats, Duration::from_secs(2)).is_ok() {
-            return Ok(());
-        }
-        if !p.alive() {
+/// Waits until the VMM reports its vCPUs running (its control socket is up
+/// by then) on its ready pipe, or ends, or `timeout` passes.
+pub fn wait_ready(p: &Proc, ready: &mut ReadyPipe, timeout: Duration) -> Result<(), String> {
+    match ready.wait(timeout) {
+        Readiness::Ready => Ok(()),
+        Readiness::Ended => {
             p.reap();
-            return Err("the VMM exited during restore".into());
+            Err("the VMM exited during restore".into())
         }
-        if Instant::now() > end {
-            return Err(format!("the VMM did not answer within {timeout:?}"));
-        }
-        std::thread::sleep(sleep);
-        sleep = (sleep * 2).min(Duration::from_millis(5));
+        Readiness::TimedOut => Err(format!("the VMM did not report ready within {timeout:?}")),
     }
 }
 

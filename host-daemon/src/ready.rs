@@ -1,0 +1,136 @@
+//! The VMM's readiness pipe: `shoal-vmm --ready-fd N` writes "ready\n" on
+//! an inherited pipe once its vCPUs run, so whoever starts it waits on one
+//! descriptor instead of polling the control socket; EOF without "ready"
+//! means the VMM ended first.
+
+use std::fs::File;
+use std::os::fd::{AsRawFd, FromRawFd};
+use std::process::Command;
+use std::time::Duration;
+
+/// The descriptor number the pipe's write end gets in the VMM.
+pub const READY_FD: i32 = 3;
+
+/// How waiting on the pipe ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Readiness {
+    /// The VMM reported its vCPUs running.
+    Ready,
+    /// The pipe closed without the report: the VMM ended (or gave it up).
+    Ended,
+    /// Nothing within the time allowed.
+    TimedOut,
+}
+
+/// The read end, kept by the starter.
+#[derive(Debug)]
+pub struct ReadyPipe {
+    read: File,
+}
+
+impl ReadyPipe {
+    /// Creates the pipe and arranges for `cmd`'s child to hold its write end
+    /// as [`READY_FD`] and get `--ready-fd 3`; `also` runs in the child
+    /// before exec too (e.g. `setsid`). Returns the read side and the write
+    /// end, which the caller drops once `cmd` has been spawned (else EOF
+    /// never comes).
+    pub fn attach(
+        cmd: &mut Command,
+        also: fn() -> std::io::Result<()>,
+    ) -> std::io::Result<(Self, File)> {
+        use std::os::unix::process::CommandExt;
+        let mut fds = [0; 2];
+        // SAFETY: pipe2 writes two descriptors into the array.
+        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: two new descriptors that nothing else owns.
+        let (read, write) = unsafe { (File::from_raw_fd(fds[0]), File::from_raw_fd(fds[1])) };
+        let w = write.as_raw_fd();
+        cmd.arg("--ready-fd").arg(READY_FD.to_string());
+        // SAFETY: between fork and exec the closure only calls dup2/fcntl
+        // (async-signal-safe) on a descriptor this process owns, then
+        // `also`, which callers keep to async-signal-safe calls; the child
+        // then holds the pipe's write end as READY_FD without close-on-exec.
+        unsafe {
+            cmd.pre_exec(move || {
+                let r = if w == READY_FD {
+                    libc::fcntl(w, libc::F_SETFD, 0)
+                } else {
+                    libc::dup2(w, READY_FD)
+                };
+                if r < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                also()
+            })
+        };
+        Ok((Self { read }, write))
+    }
+
+    /// Waits up to `timeout` for the report.
+    pub fn wait(&mut self, timeout: Duration) -> Readiness {
+        let mut pfd = libc::pollfd {
+            fd: self.read.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
+        loop {
+            // SAFETY: one valid pollfd.
+            let n = unsafe { libc::poll(&mut pfd, 1, ms) };
+            if n < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            if n <= 0 {
+                return Readiness::TimedOut;
+            }
+            let mut b = [0u8; 6];
+            let got = std::io::Read::read(&mut self.read, &mut b).unwrap_or(0);
+            return if got > 0 && b.starts_with(b"ready") {
+                Readiness::Ready
+            } else {
+                Readiness::Ended
+            };
+        }
+    }
+}
+
+/// Nothing more to do in the child.
+pub fn nothing() -> std::io::Result<()> {
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::process::Stdio;
+
+    /// A shell stands in for the VMM: it writes to fd 3 or not.
+    fn run(script: &str) -> Readiness {
+        let mut cmd = Command::new("sh");
+        cmd.arg("-c").arg(script).stdout(Stdio::null());
+        let (mut pipe, write) = ReadyPipe::attach(&mut cmd, nothing).unwrap();
+        let mut child = cmd.spawn().unwrap();
+        drop(write);
+        let r = pipe.wait(Duration::from_secs(5));
+        let _ = child.kill();
+        let _ = child.wait();
+        r
+    }
+
+    #[test]
+    fn reports_ready_ended_and_timeout() {
+        // sh -c SCRIPT --ready-fd 3: the script ignores its arguments.
+        assert_eq!(run("echo ready >&3; sleep 2"), Readiness::Ready);
+        assert_eq!(run("exit 1"), Readiness::Ended);
+        let mut cmd = Command::new("sh");
+        cmd.arg("-c").arg("sleep 5").stdout(Stdio::null());
+        let (mut pipe, write) = ReadyPipe::attach(&mut cmd, nothing).unwrap();
+        let mut child = cmd.spawn().unwrap();
+        drop(write);
+        assert_eq!(pipe.wait(Duration::from_millis(100)), Readiness::TimedOut);
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
