@@ -554,6 +554,17 @@ mod tests {
         let fake = root.path().join("shoal-vmm");
         std::fs::copy("/bin/sleep", &fake).unwrap();
         let mut live = Command::new(&fake).arg("30").spawn().unwrap();
+        // Its command line names shoal-vmm once it has exec'd (seen to lag
+        // the spawn once in a full parallel test run).
+        let cmdline = format!("/proc/{}/cmdline", live.id());
+        let t0 = std::time::Instant::now();
+        while !std::fs::read(&cmdline).is_ok_and(|c| c.windows(9).any(|w| w == b"shoal-vmm")) {
+            assert!(
+                t0.elapsed() < Duration::from_secs(5),
+                "the fake VMM never showed up as shoal-vmm"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
         // A process that has ended.
         let mut dead = Command::new("/bin/true").spawn().unwrap();
         let dead_pid = dead.id();
