@@ -5,7 +5,7 @@
 
 use std::fs::File;
 use std::os::fd::{AsRawFd, FromRawFd};
-use std::process::Command;
+use std::process::{Child, Command};
 use std::time::Duration;
 
 /// The descriptor number the pipe's write end gets in the VMM.
@@ -29,15 +29,14 @@ pub struct ReadyPipe {
 }
 
 impl ReadyPipe {
-    /// Creates the pipe and arranges for `cmd`'s child to hold its write end
-    /// as [`READY_FD`] and get `--ready-fd 3`; `also` runs in the child
-    /// before exec too (e.g. `setsid`). Returns the read side and the write
-    /// end, which the caller drops once `cmd` has been spawned (else EOF
-    /// never comes).
-    pub fn attach(
+    /// Spawns `cmd` (the VMM) with `--ready-fd 3` and the write end of a
+    /// new pipe as descriptor [`READY_FD`]; `also` runs in the child before
+    /// exec too (it must be async-signal-safe, e.g. `setsid`). This process
+    /// keeps only the read side, so EOF comes when the child closes its end.
+    pub fn spawn(
         cmd: &mut Command,
-        also: fn() -> std::io::Result<()>,
-    ) -> std::io::Result<(Self, File)> {
+        also: Option<fn() -> std::io::Result<()>>,
+    ) -> std::io::Result<(Child, Self)> {
         use std::os::unix::process::CommandExt;
         let mut fds = [0; 2];
         // SAFETY: pipe2 writes two descriptors into the array.
@@ -62,10 +61,12 @@ impl ReadyPipe {
                 if r < 0 {
                     return Err(std::io::Error::last_os_error());
                 }
-                also()
+                also.map_or(Ok(()), |f| f())
             })
         };
-        Ok((Self { read }, write))
+        let child = cmd.spawn()?;
+        drop(write);
+        Ok((child, Self { read }))
     }
 
     /// Waits up to `timeout` for the report.
@@ -96,24 +97,17 @@ impl ReadyPipe {
     }
 }
 
-/// Nothing more to do in the child.
-pub fn nothing() -> std::io::Result<()> {
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::process::Stdio;
 
     /// A shell stands in for the VMM: it writes to fd 3 or not.
-    fn run(script: &str) -> Readiness {
+    fn run(script: &str, timeout: Duration) -> Readiness {
         let mut cmd = Command::new("sh");
         cmd.arg("-c").arg(script).stdout(Stdio::null());
-        let (mut pipe, write) = ReadyPipe::attach(&mut cmd, nothing).unwrap();
-        let mut child = cmd.spawn().unwrap();
-        drop(write);
-        let r = pipe.wait(Duration::from_secs(5));
+        let (mut child, mut pipe) = ReadyPipe::spawn(&mut cmd, None).unwrap();
+        let r = pipe.wait(timeout);
         let _ = child.kill();
         let _ = child.wait();
         r
@@ -122,15 +116,12 @@ mod tests {
     #[test]
     fn reports_ready_ended_and_timeout() {
         // sh -c SCRIPT --ready-fd 3: the script ignores its arguments.
-        assert_eq!(run("echo ready >&3; sleep 2"), Readiness::Ready);
-        assert_eq!(run("exit 1"), Readiness::Ended);
-        let mut cmd = Command::new("sh");
-        cmd.arg("-c").arg("sleep 5").stdout(Stdio::null());
-        let (mut pipe, write) = ReadyPipe::attach(&mut cmd, nothing).unwrap();
-        let mut child = cmd.spawn().unwrap();
-        drop(write);
-        assert_eq!(pipe.wait(Duration::from_millis(100)), Readiness::TimedOut);
-        let _ = child.kill();
-        let _ = child.wait();
+        let t = Duration::from_secs(5);
+        assert_eq!(run("echo ready >&3; sleep 2", t), Readiness::Ready);
+        assert_eq!(run("exit 1", t), Readiness::Ended);
+        assert_eq!(
+            run("sleep 5", Duration::from_millis(100)),
+            Readiness::TimedOut
+        );
     }
 }

@@ -215,10 +215,8 @@ pub fn spawn_restore(
         .stdin(Stdio::null())
         .stdout(stdout)
         .stderr(Stdio::piped());
-    let (ready, ready_w) = crate::ready::ReadyPipe::attach(&mut cmd, crate::ready::nothing)
-        .map_err(TemplateError::Spawn)?;
-    let child = cmd.spawn().map_err(TemplateError::Spawn)?;
-    drop(ready_w);
+    let (child, ready) =
+        crate::ready::ReadyPipe::spawn(&mut cmd, None).map_err(TemplateError::Spawn)?;
     Ok(Restored {
         child,
         sock: sock.into(),

@@ -182,9 +182,7 @@ pub fn spawn_restore(
         unsafe { libc::setsid() };
         Ok(())
     }
-    let (ready, ready_w) = ReadyPipe::attach(&mut cmd, own_session)?;
-    let child = cmd.spawn()?;
-    drop(ready_w);
+    let (child, ready) = ReadyPipe::spawn(&mut cmd, Some(own_session))?;
     let pid = child.id() as i32;
     // The Child handle is dropped without waiting: the supervisor reaps
     // the process when its pidfd reports the exit.
