@@ -11,8 +11,8 @@
 //! Each guest exec costs ~1 s on PVM hosts, so execs are few.
 
 use serde_json::{json, Value};
-use shoal_host::daemon::client::{enc, Body, ClientError, DaemonClient, Target};
-use shoal_host::daemon::vm;
+use shoal_client::{enc, Body, ClientError, DaemonClient, Target};
+use shoal_runtime::vm;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 /// Boots the tiny template into the shared cache once per test binary, so
 /// that daemons started in parallel find it instead of each booting it.
 fn prime_template() {
-    shoal_tests::tiny_template();
+    shoal_test_support::tiny_template();
 }
 
 fn shoald_bin() -> PathBuf {
@@ -675,7 +675,7 @@ fn output(v: &Value) -> String {
 
 #[test]
 fn template_layers_and_upper_layers_end_to_end() {
-    use shoal_host::image::{build_image_with, AgentSource, BuildOptions, ImageSource};
+    use shoal_images::image::{build_image_with, AgentSource, BuildOptions, ImageSource};
     let work = tempfile::Builder::new()
         .prefix("layers")
         .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
