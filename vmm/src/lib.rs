@@ -1,7 +1,6 @@
 //! Shoal's virtual machine monitor: builds a KVM microVM (memory, vCPUs,
 //! devices, Linux boot) and runs it.
 
-pub mod api;
 pub mod boot;
 pub mod config;
 pub mod cpu;

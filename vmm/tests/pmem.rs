@@ -9,10 +9,10 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use vmm::api::{call, Request};
 use vmm::layout::VIRTIO_MMIO_BASE;
 use vmm::persist::SnapshotState;
 use vmm::{BootSource, ExitReason, PmemConfig, RunOptions, SerialOutput, Vm, VmConfig};
+use vmm_api::Client;
 
 const MIB: u64 = 1 << 20;
 const IMAGE_LEN: u64 = 4 * MIB;
@@ -200,7 +200,7 @@ fn run_rounds(
     sock: &Path,
     rounds: usize,
     at_rounds: impl FnOnce(&Path),
-) -> vmm::api::Stats {
+) -> vmm_api::Stats {
     let s2 = sock.to_path_buf();
     let runner = std::thread::spawn(move || {
         vm.run_with(RunOptions {
@@ -222,12 +222,13 @@ fn run_rounds(
         assert!(Instant::now() < deadline, "guest made no progress");
         std::thread::sleep(Duration::from_millis(5));
     }
+    let api = Client::new(sock, t);
     let mut stats = None;
     while stats.is_none() {
-        stats = call(sock, &Request::Stats, t).ok().and_then(|r| r.stats);
+        stats = api.stats().ok();
     }
     at_rounds(sock);
-    call(sock, &Request::Shutdown, t).unwrap();
+    api.shutdown().unwrap();
     let out = runner.join().unwrap();
     assert_eq!(out.exit, ExitReason::Stopped);
     stats.unwrap()
@@ -293,16 +294,9 @@ fn take_snapshot(s: &Setup) -> PathBuf {
     let snap = s.root.join("snap");
     let s2 = snap.clone();
     run_rounds(vm, &cap, &s.root.join("api.sock"), 1, move |sock| {
-        let r = call(
-            sock,
-            &Request::Snapshot {
-                dir: s2,
-                diff: false,
-            },
-            Duration::from_secs(30),
-        )
-        .unwrap();
-        assert!(r.ok, "{:?}", r.error);
+        Client::new(sock, Duration::from_secs(30))
+            .snapshot(&s2, false)
+            .unwrap();
     });
     snap
 }

@@ -294,7 +294,7 @@ impl Vm {
                     .filter(|s| !s.is_empty())
                     .collect::<Vec<_>>()
                     .join(" ");
-                let full = boot::insert_kernel_args(cmdline, &extra);
+                let full = vmm_api::cmdline::insert_kernel_args(cmdline, &extra);
                 boot::write_boot_params(&vm.mem, mem_bytes, &full, initrd)?;
                 mptable::write(&vm.mem, cfg.vcpus)?;
                 for fd in &vm.vcpus {

@@ -10,7 +10,6 @@ mod run;
 pub use pmem_dev::{PmemError, PmemInfo};
 pub use run::{profile_kernel_args, RunOptions, RunOutcome};
 
-use crate::api::ControlMsg;
 use crate::boot::BootError;
 use crate::config::{ConfigError, SerialOutput, VmConfig};
 use crate::cpu::mptable::MptableError;
@@ -127,7 +126,7 @@ pub enum Event {
     /// From a vCPU thread of the given generation.
     Vcpu(u64, VcpuEvent),
     /// From the control socket.
-    Control(ControlMsg),
+    Control(vmm_api::Command),
 }
 
 fn kvm_err(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> VmError {
