@@ -162,3 +162,7 @@ impl PmemMapping {
         Ok(PmemMapping::from_file(file, &state.path, state.guest_addr)?)
     }
 }
+
+#[cfg(test)]
+#[path = "persist_tests.rs"]
+mod tests;

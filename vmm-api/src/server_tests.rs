@@ -1,9 +1,5 @@
 use super::*;
-use crate::client::{ApiError, Client};
 use std::io::{BufRead, BufReader};
-use std::time::Duration;
-
-const T: Duration = Duration::from_secs(5);
 
 fn socket() -> (tempfile::TempDir, PathBuf, UnixListener) {
     let dir = tempfile::tempdir().unwrap();
@@ -71,55 +67,4 @@ fn an_endless_request_line_is_cut_off() {
         Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
         other => panic!("connection still open: {other:?} {rest:?}"),
     }
-}
-
-#[test]
-fn a_vm_going_away_refuses_requests() {
-    let (_d, path, l) = socket();
-    // The controller is gone: forwarding fails.
-    serve(l, |_| false).unwrap();
-    let e = Client::new(&path, T).pause().unwrap_err();
-    assert!(matches!(e, ApiError::Refused { .. }), "{e:?}");
-    assert_eq!(e.to_string(), "VM is shutting down");
-
-    // The controller took the request and dropped it unanswered.
-    let (_d, path, l) = socket();
-    serve(l, |cmd| {
-        drop(cmd);
-        true
-    })
-    .unwrap();
-    let e = Client::new(&path, T).stats().unwrap_err();
-    assert_eq!(e.to_string(), "VM is shutting down");
-}
-
-#[test]
-fn requests_are_answered_from_another_thread() {
-    // As in the VMM: forward hands the command to a controller thread.
-    let (_d, path, l) = socket();
-    let (tx, rx) = mpsc::channel::<Command>();
-    let tx = std::sync::Mutex::new(tx);
-    serve(l, move |cmd| tx.lock().unwrap().send(cmd).is_ok()).unwrap();
-    std::thread::spawn(move || {
-        for cmd in rx {
-            match cmd {
-                Command::Restore { dir, disks, reply } => reply.send(if disks.is_empty() {
-                    Err(format!("no disks for {}", dir.display()))
-                } else {
-                    Ok(RestoreInfo { restore_ms: 1.0 })
-                }),
-                other => other.refuse("busy"),
-            }
-        }
-    });
-    let c = Client::new(&path, T);
-    let e = c.restore(std::path::Path::new("/s"), &[]).unwrap_err();
-    assert_eq!(e.to_string(), "no disks for /s");
-    assert_eq!(
-        c.restore(std::path::Path::new("/s"), &["/d".into()])
-            .unwrap()
-            .restore_ms,
-        1.0
-    );
-    assert_eq!(c.shutdown().unwrap_err().to_string(), "busy");
 }

@@ -3,7 +3,7 @@
 
 use super::{io_err, kvm_err, Event, Vm, VmError};
 use crate::cpu::{cpuid, CpuProfile};
-use crate::vcpu::{ExitReason, VcpuCmd, VcpuCtx, VcpuEvent, VcpuFlags};
+use crate::vcpu::{ExitReason, VcpuCmd, VcpuCtx, VcpuEvent, VcpuFlags, VcpuReport};
 use kvm_bindings::KVM_MAX_CPUID_ENTRIES;
 use kvm_ioctls::{Kvm, VcpuFd};
 use std::path::PathBuf;
@@ -138,9 +138,15 @@ impl Vm {
                 },
             };
             match ev {
-                Event::Vcpu(g, _) if g != ctl.generation => {}
-                Event::Vcpu(_, VcpuEvent::Exit(_, r)) => ctl.exit = Some(r),
-                Event::Vcpu(_, VcpuEvent::Paused(_)) => {}
+                Event::Vcpu(r) if r.generation != ctl.generation => {}
+                Event::Vcpu(VcpuReport {
+                    event: VcpuEvent::Exit(_, r),
+                    ..
+                }) => ctl.exit = Some(r),
+                Event::Vcpu(VcpuReport {
+                    event: VcpuEvent::Paused(_),
+                    ..
+                }) => {}
                 Event::Control(cmd) => self.handle(&mut ctl, &rx, &tx, cmd),
             }
         }
@@ -321,9 +327,15 @@ impl Controller {
                 let _ = v.thread.kill(SIGRTMIN());
             }
             match rx.recv_timeout(Duration::from_millis(1)) {
-                Ok(Event::Vcpu(g, _)) if g != self.generation => {}
-                Ok(Event::Vcpu(_, VcpuEvent::Paused(_))) => waiting -= 1,
-                Ok(Event::Vcpu(_, VcpuEvent::Exit(_, r))) => {
+                Ok(Event::Vcpu(r)) if r.generation != self.generation => {}
+                Ok(Event::Vcpu(VcpuReport {
+                    event: VcpuEvent::Paused(_),
+                    ..
+                })) => waiting -= 1,
+                Ok(Event::Vcpu(VcpuReport {
+                    event: VcpuEvent::Exit(_, r),
+                    ..
+                })) => {
                     self.exit = Some(r);
                     return Err("the guest stopped while pausing".into());
                 }

@@ -28,6 +28,7 @@ mod handshake;
 mod muxer;
 mod packet;
 mod persist;
+mod shared;
 mod unix;
 
 pub use device::{Vsock, VsockError, VsockHandle};
