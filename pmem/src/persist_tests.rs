@@ -3,6 +3,7 @@ use crate::device::tests::{driver, image, put_req, resp, GPA, MIB, REQ, RESP};
 use crate::fingerprint::ImageChange;
 use crate::request::RESP_OK;
 use devices::virtio::mmio::MmioTransport;
+use devices::virtio::persist::MmioArgs;
 use devices::virtio::VirtioDevice;
 use devices::BusDevice;
 use std::os::unix::fs::FileExt;
@@ -153,17 +154,20 @@ fn transport_snapshot_keeps_queue_position() {
         d.notify();
     }
     assert_eq!(d.take_used().len(), 3);
-    let saved_transport = d.t.save_state();
+    let saved_transport = d.t.save().unwrap();
     let saved_dev = save(&m);
 
     // Rebuild as a restore would: fresh mapping, device and transport over
     // the same guest memory.
     let m2 = PmemMapping::restore(&saved_dev).unwrap();
     let dev = Pmem::restore(m2.backing(), &saved_dev).unwrap();
-    let mut t = MmioTransport::new(Box::new(dev), d.mem.clone(), d.irq.clone());
-    t.restore_state(&saved_transport).unwrap();
-    d.t = t;
-    assert_eq!(d.t.save_state(), saved_transport);
+    let args = MmioArgs {
+        device: Box::new(dev),
+        mem: d.mem.clone(),
+        irq: d.irq.clone(),
+    };
+    d.t = MmioTransport::restore(args, &saved_transport).unwrap();
+    assert_eq!(d.t.save().unwrap(), saved_transport);
 
     put_req(&d, 0);
     let head = d.push_chain(&[(REQ, 4, false), (RESP, 4, true)]);

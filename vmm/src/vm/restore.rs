@@ -302,10 +302,7 @@ impl Vm {
         self.loaded = false;
         // Pmem images first: their devices are built from the mappings.
         self.map_pmem_saved(&st.pmem)?;
-        self.attach_devices(Some(&st.serial))?;
-        for (t, s) in self.virtio.iter().zip(&st.virtio) {
-            devices::bus::lock(t).restore_state(s)?;
-        }
+        self.attach_devices(Some(st))?;
         VmRef::restore(VmRef(&self.vm_fd), &st.vm)?;
         for (fd, vs) in self.vcpus.iter().zip(&st.vcpus) {
             VcpuRef::restore(
@@ -359,12 +356,14 @@ impl Vm {
     ) -> Result<(u64, u64), VmError> {
         std::fs::create_dir_all(dir).map_err(io_err(format!("cannot create {}", dir.display())))?;
         let vm = VmRef(&self.vm_fd).save()?;
-        let serial = devices::bus::lock(&self.serial).save_state();
+        let serial = devices::bus::lock(&self.serial)
+            .save()
+            .map_err(|e| VmError::DeviceState(e.to_string()))?;
         let virtio = self
             .virtio
             .iter()
-            .map(|t| devices::bus::lock(t).save_state())
-            .collect();
+            .map(|t| devices::bus::lock(t).save())
+            .collect::<Result<_, _>>()?;
         let pmem = self.save_pmem()?;
         let regions: Vec<(u64, u64)> = self
             .mem

@@ -4,10 +4,11 @@
 
 use super::events::VsockEvents;
 use super::muxer::{Counters, Muxer};
-use super::persist::VsockState;
+use super::persist::{VsockArgs, VsockState};
 use super::shared::{lock, Active, Inner, Shared};
 use super::{EVQ, QUEUE_SIZE, RXQ, TXQ, TYPE_VSOCK};
 use crate::virtio::{ActivateError, VirtioDevice, VirtioInterrupt, VIRTIO_F_VERSION_1};
+use snapshot::Persist;
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -32,6 +33,20 @@ pub enum VsockError {
     /// The wake-up eventfd could not be created.
     #[error("cannot create eventfd: {0}")]
     EventFd(std::io::Error),
+    /// Saved state with a queue count other than 0 (inactive) or 3.
+    #[error("saved vsock state has {0} queues; an active device has 3, an inactive one none")]
+    QueueCount(usize),
+    /// A saved queue is invalid.
+    #[error("saved vsock queue {index} is invalid: {source:?}")]
+    Queue {
+        /// Queue index.
+        index: usize,
+        /// virtio-queue's error.
+        source: virtio_queue::Error,
+    },
+    /// Re-activating the restored device failed.
+    #[error("re-activating the restored vsock device: {0}")]
+    Activate(ActivateError),
 }
 
 /// A virtio-vsock device (the part the MMIO transport owns).
@@ -39,6 +54,8 @@ pub struct Vsock {
     shared: Shared,
     wake: Arc<EventFd>,
     config: [u8; 8],
+    /// The event-thread half until [`Vsock::take_events`] hands it out.
+    events: Option<VsockEvents>,
 }
 
 /// A cloneable handle on a vsock device for the VMM: transport reset,
@@ -55,7 +72,7 @@ impl Vsock {
     /// must not exist; it is removed when the [`VsockEvents`] half is
     /// dropped). Register the [`VsockEvents`] half with the VMM's
     /// `EventManager`; put the [`Vsock`] half behind an MMIO transport.
-    pub fn new(cid: u64, uds_path: &Path) -> Result<(Vsock, VsockEvents), VsockError> {
+    pub fn new(cid: u64, uds_path: &Path) -> Result<Vsock, VsockError> {
         if !(3..u64::from(u32::MAX)).contains(&cid) {
             return Err(VsockError::Cid(cid));
         }
@@ -89,14 +106,19 @@ impl Vsock {
             reset_acked: true,
         }));
         let events = VsockEvents::new(shared.clone(), listener, wake.clone(), uds_path);
-        Ok((
-            Vsock {
-                shared,
-                wake,
-                config: cid.to_le_bytes(),
-            },
-            events,
-        ))
+        Ok(Vsock {
+            shared,
+            wake,
+            config: cid.to_le_bytes(),
+            events: Some(events),
+        })
+    }
+
+    /// The event-thread half, once: register it with the VMM's
+    /// `EventManager` before the guest uses the device (until then no host
+    /// socket is served). `None` after the first call.
+    pub fn take_events(&mut self) -> Option<VsockEvents> {
+        self.events.take()
     }
 
     /// A handle for the VMM.
@@ -105,11 +127,6 @@ impl Vsock {
             shared: self.shared.clone(),
             wake: self.wake.clone(),
         }
-    }
-
-    /// Snapshot state (see [`VsockState`]).
-    pub fn save(&self) -> VsockState {
-        lock(&self.shared).save()
     }
 
     /// Wakes the event thread if it has sockets to (un)watch.
@@ -133,11 +150,6 @@ impl VsockHandle {
         let mut inner = lock(&self.shared);
         inner.transport_reset();
         kick(&self.wake, &inner);
-    }
-
-    /// Snapshot state (see [`VsockState`]).
-    pub fn save(&self) -> VsockState {
-        lock(&self.shared).save()
     }
 
     /// Live connections.
@@ -238,5 +250,44 @@ impl VirtioDevice for Vsock {
             .iter()
             .flat_map(|a| [a.rx.state(), a.tx.state(), a.ev.state()])
             .collect()
+    }
+}
+
+impl Persist for Vsock {
+    type State = VsockState;
+    type ConstructorArgs = VsockArgs;
+    type Error = VsockError;
+
+    fn save(&self) -> Result<VsockState, VsockError> {
+        Ok(lock(&self.shared).save())
+    }
+
+    /// A new device for the saved cid on `args.uds_path` (connections are
+    /// not saved), with the saved features and, if it was active, its
+    /// queues at their saved positions. The VMM restores through the MMIO
+    /// transport instead, which re-activates a fresh device itself.
+    fn restore(args: VsockArgs, state: &VsockState) -> Result<Self, VsockError> {
+        let queues = match state.queues.len() {
+            0 => None,
+            3 => Some(
+                state
+                    .queues
+                    .iter()
+                    .enumerate()
+                    .map(|(index, q)| {
+                        q.to_queue()
+                            .map_err(|source| VsockError::Queue { index, source })
+                    })
+                    .collect::<Result<Vec<_>, _>>()?,
+            ),
+            n => return Err(VsockError::QueueCount(n)),
+        };
+        let mut dev = Vsock::new(state.cid, &args.uds_path)?;
+        dev.set_acked_features(state.acked_features);
+        if let Some(q) = queues {
+            dev.activate(args.mem, args.irq, q)
+                .map_err(VsockError::Activate)?;
+        }
+        Ok(dev)
     }
 }

@@ -7,7 +7,7 @@ use super::muxer::Muxer;
 use super::packet::{self, RxPacket};
 use super::persist::VsockState;
 use super::{MAX_PKT_DATA, QUEUE_SIZE};
-use crate::virtio::persist::QueueSaved;
+use crate::virtio::persist::QueueState;
 use crate::virtio::{VirtioInterrupt, INT_USED_RING};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use virtio_queue::{Queue, QueueOwnedT, QueueT};
@@ -130,7 +130,7 @@ impl Inner {
                 .active
                 .iter()
                 .flat_map(|a| [&a.rx, &a.tx, &a.ev])
-                .map(|q| QueueSaved::from(q.state()))
+                .map(|q| QueueState::from(q.state()))
                 .collect(),
         }
     }

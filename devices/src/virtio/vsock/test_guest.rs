@@ -123,7 +123,8 @@ impl Guest {
     pub fn new(rx_bufs: u16) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("vm.sock");
-        let (dev, events) = Vsock::new(CID, &path).unwrap();
+        let mut dev = Vsock::new(CID, &path).unwrap();
+        let events = dev.take_events().unwrap();
         let handle = dev.handle();
         let mut d = Driver::with_mem(Box::new(dev), mem_sized(MEM_SIZE));
         let st = d.bring_up_queues(1 << VIRTIO_F_VERSION_1, &[QSIZE, QSIZE, EVQ_SIZE]);
