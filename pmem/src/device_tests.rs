@@ -54,7 +54,7 @@ fn identity_features_and_config_space() {
     dev.read_config(12, &mut hi);
     assert_eq!(hi, [0; 4]); // 4 MiB has no bits in the top half
     dev.read_config(8, &mut hi);
-    assert_eq!(u32::from_le_bytes(hi), (4 * MIB) as u32);
+    assert_eq!(u64::from(u32::from_le_bytes(hi)), 4 * MIB);
     let mut past = [0xffu8; 8];
     dev.read_config(16, &mut past);
     assert_eq!(past, [0; 8]);
@@ -67,7 +67,7 @@ fn identity_features_and_config_space() {
     let lo = d.rd(0x100);
     let hi = d.rd(0x104);
     assert_eq!(u64::from(lo) | u64::from(hi) << 32, GPA);
-    assert_eq!(d.rd(0x108), (4 * MIB) as u32);
+    assert_eq!(u64::from(d.rd(0x108)), 4 * MIB);
     // Guest writes to config space change nothing.
     d.wr(0x100, 0);
     assert_eq!(d.rd(0x104), 1);

@@ -83,7 +83,7 @@ fn restore_refused_when_image_changed() {
     );
 
     // Different size.
-    std::fs::write(&tmp, &bytes[..6 * MIB as usize]).unwrap();
+    std::fs::write(&tmp, &bytes[..usize::try_from(6 * MIB).unwrap()]).unwrap();
     std::fs::rename(&tmp, &p).unwrap();
     assert!(matches!(
         restore_err(&state),
@@ -176,7 +176,7 @@ fn transport_snapshot_keeps_queue_position() {
     assert_eq!(resp(&d), RESP_OK);
     let mut b = [0u8; 4];
     d.t.read(0x108, &mut b);
-    assert_eq!(u32::from_le_bytes(b), (2 * MIB) as u32);
+    assert_eq!(u64::from(u32::from_le_bytes(b)), 2 * MIB);
 }
 
 #[test]

@@ -4,6 +4,13 @@
 //!
 //! `cargo run -p vmm --example guestprof -- API_SOCK SYSTEM_MAP [SAMPLES] [INTERVAL_MS]`
 
+#![warn(
+    clippy::cast_possible_truncation,
+    clippy::cast_possible_wrap,
+    clippy::cast_sign_loss,
+    clippy::cast_lossless
+)]
+
 use std::collections::BTreeMap;
 use std::time::Duration;
 use vmm_api::Client;
@@ -54,7 +61,7 @@ fn main() -> anyhow::Result<()> {
     for (name, c) in v.iter().take(40) {
         println!(
             "{:6.1}%  {c:5}  {name}",
-            *c as f64 * 100.0 / taken.max(1) as f64
+            *c as f64 * 100.0 / f64::from(taken.max(1))
         );
     }
     Ok(())

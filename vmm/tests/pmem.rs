@@ -5,6 +5,13 @@
 //! reload into a live VM) and refuse a changed one; the CLI refuses bad
 //! images with one clear line.
 
+#![warn(
+    clippy::cast_possible_truncation,
+    clippy::cast_possible_wrap,
+    clippy::cast_sign_loss,
+    clippy::cast_lossless
+)]
+
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -125,15 +132,15 @@ fn guest_elf() -> Vec<u8> {
     ] {
         e.extend_from_slice(&v.to_le_bytes());
     }
-    e.resize(OFF as usize, 0);
+    e.resize(usize::try_from(OFF).unwrap(), 0);
     e.extend_from_slice(GUEST);
     e
 }
 
 fn write_image(path: &Path, first: u64, last: u64) {
-    let mut b = vec![0u8; IMAGE_LEN as usize];
+    let mut b = vec![0u8; usize::try_from(IMAGE_LEN).unwrap()];
     for (i, x) in b.iter_mut().enumerate() {
-        *x = (i % 251) as u8;
+        *x = u8::try_from(i % 251).unwrap();
     }
     b[..8].copy_from_slice(&first.to_le_bytes());
     let n = b.len();
@@ -348,8 +355,8 @@ fn snapshot_restore_and_reload_map_the_same_image() {
     assert_eq!(vm.pmem_info(), first, "same image: mapping reused");
     let base = VIRTIO_MMIO_BASE;
     assert_eq!(rd32(&vm, base + 0x8), 27);
-    assert_eq!(rd32(&vm, base + 0x100), PMEM_GPA as u32);
-    assert_eq!(rd32(&vm, base + 0x104), (PMEM_GPA >> 32) as u32);
+    assert_eq!(u64::from(rd32(&vm, base + 0x100)), PMEM_GPA & 0xffff_ffff);
+    assert_eq!(u64::from(rd32(&vm, base + 0x104)), PMEM_GPA >> 32);
 
     // A byte-identical copy renamed over the image (new inode) still
     // restores (the fingerprint samples the content).

@@ -2,6 +2,13 @@
 //! snapshotted mid-computation continues in every clone; bad snapshots are
 //! refused with clear errors.
 
+#![warn(
+    clippy::cast_possible_truncation,
+    clippy::cast_possible_wrap,
+    clippy::cast_sign_loss,
+    clippy::cast_lossless
+)]
+
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -130,7 +137,7 @@ fn snapshot_mid_run(dir: &Path) -> usize {
                 assert!(info.memory_bytes == 16 << 20 && info.state_bytes > 0);
                 let st = api(&sock, t).stats().unwrap();
                 assert_eq!(st.state, VmState::Paused);
-                before = st.serial_bytes as usize;
+                before = usize::try_from(st.serial_bytes).unwrap();
                 api(&sock, t).shutdown().unwrap();
                 break;
             }
@@ -459,7 +466,7 @@ fn diff_snapshot_of_a_restored_vm_continues_correctly() {
                 );
                 let n = api(&sock, t).stats().unwrap().serial_bytes;
                 api(&sock, t).shutdown().unwrap();
-                break n as usize;
+                break usize::try_from(n).unwrap();
             }
         }
         assert!(Instant::now() < end);

@@ -44,9 +44,9 @@ pub(super) fn create_base() -> Result<Base, VmError> {
 }
 
 fn register_memory(vm_fd: &VmFd, mem: &GuestMemoryMmap) -> Result<(), VmError> {
-    for (slot, region) in mem.iter().enumerate() {
+    for (slot, region) in (0u32..).zip(mem.iter()) {
         let r = kvm_userspace_memory_region {
-            slot: slot as u32,
+            slot,
             guest_phys_addr: region.start_addr().0,
             memory_size: region.len(),
             userspace_addr: region.as_ptr() as u64,
@@ -62,10 +62,11 @@ fn register_memory(vm_fd: &VmFd, mem: &GuestMemoryMmap) -> Result<(), VmError> {
 
 /// Anonymous guest RAM for `cfg`.
 pub(super) fn anonymous_memory(cfg: &VmConfig) -> Result<GuestMemoryMmap, VmError> {
-    let ranges: Vec<(GuestAddress, usize)> = ram_ranges(cfg.mem_bytes())
+    let ranges = ram_ranges(cfg.mem_bytes())
         .into_iter()
-        .map(|(s, l)| (GuestAddress(s), l as usize))
-        .collect();
+        .map(|(s, l)| Ok((GuestAddress(s), usize::try_from(l)?)))
+        .collect::<Result<Vec<_>, std::num::TryFromIntError>>()
+        .map_err(|_| VmError::Memory(cfg.memory_mib))?;
     GuestMemoryMmap::from_ranges(&ranges).map_err(|_| VmError::Memory(cfg.memory_mib))
 }
 
@@ -253,7 +254,12 @@ impl Vm {
         index: usize,
         saved: Option<&[MmioState]>,
     ) -> Result<String, VmError> {
-        let irq = VIRTIO_IRQ_BASE + index as u32;
+        let irq = u32::try_from(index)
+            .ok()
+            .and_then(|i| VIRTIO_IRQ_BASE.checked_add(i))
+            .ok_or_else(|| {
+                VmError::DeviceState(format!("no interrupt for virtio device {index}"))
+            })?;
         let base = VIRTIO_MMIO_BASE + index as u64 * MMIO_LEN;
         let line = self.irq_line(irq)?;
         let t = match saved {
@@ -293,9 +299,9 @@ impl Vm {
             .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
             .map_err(kvm_err("KVM_GET_SUPPORTED_CPUID"))?;
         let mut profile_args = String::new();
-        for (id, fd) in vm.vcpus.iter().enumerate() {
+        for (id, fd) in (0..cfg.vcpus).zip(vm.vcpus.iter()) {
             let mut c = base_cpuid.clone();
-            cpuid::setup(&mut c, profile, id as u8, cfg.vcpus);
+            cpuid::setup(&mut c, profile, id, cfg.vcpus);
             fd.set_cpuid2(&c).map_err(kvm_err("KVM_SET_CPUID2"))?;
             if id == 0 {
                 let held = fd

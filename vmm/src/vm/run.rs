@@ -175,10 +175,12 @@ impl Vm {
         ctl.started = Instant::now();
         ctl.paused = false;
         for (id, fd) in self.vcpus.drain(..).enumerate() {
+            let id = u8::try_from(id)
+                .map_err(|_| VmError::DeviceState(format!("vCPU {id}: at most 255 vCPUs")))?;
             let flags = Arc::new(VcpuFlags::default());
             let (cmd_tx, cmd_rx) = mpsc::channel();
             let ctx = VcpuCtx {
-                id: id as u8,
+                id,
                 generation: ctl.generation,
                 fd,
                 pio: self.pio.clone(),

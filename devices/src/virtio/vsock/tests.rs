@@ -549,7 +549,7 @@ fn three_hundred_concurrent_connections() {
     let locals: std::collections::HashSet<u32> = local_of.values().copied().collect();
     assert_eq!(locals.len(), n as usize, "local ports are unique");
     for (i, c) in clients.iter_mut().enumerate() {
-        let port = 1000 + i as u32;
+        let port = 1000 + u32::try_from(i).unwrap();
         assert_eq!(read_line(c), format!("OK {}\n", local_of[&port]));
         c.write_all(format!("client {i}").as_bytes()).unwrap();
     }
@@ -569,7 +569,7 @@ fn three_hundred_concurrent_connections() {
         g.send(&Pkt::guest(op::RW, p.dst_port, p.src_port).with_data(&i.to_le_bytes()));
     }
     for (i, c) in clients.iter_mut().enumerate() {
-        assert_eq!(read_exactly(c, 4), (i as u32).to_le_bytes());
+        assert_eq!(read_exactly(c, 4), u32::try_from(i).unwrap().to_le_bytes());
     }
     drop(clients);
     let mut closing = vec![];
@@ -598,7 +598,7 @@ fn connection_limit_refuses_beyond() {
     // Without RX buffers the REQUESTs wait; the connections still count.
     let mut clients = vec![];
     for i in 0..MAX_CONNECTIONS {
-        clients.push(g.host_connect(i as u32));
+        clients.push(g.host_connect(u32::try_from(i).unwrap()));
         if i % 64 == 0 {
             g.pump();
         }
@@ -644,7 +644,9 @@ fn event_loop_on_its_own_thread() {
                 let mut s = UnixStream::connect(&path).unwrap();
                 writeln!(s, "CONNECT {}", 100 + i).unwrap();
                 assert!(read_line(&mut s).starts_with("OK "));
-                let data: Vec<u8> = (0..65536u32).map(|j| (j * 7 + i) as u8).collect();
+                let data: Vec<u8> = (0..65536u32)
+                    .map(|j| (j * 7 + i).to_le_bytes()[0])
+                    .collect();
                 s.write_all(&data).unwrap();
                 assert_eq!(read_exactly(&mut s, data.len()), data);
             })
