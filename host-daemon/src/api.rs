@@ -1,69 +1,108 @@
 //! HTTP/JSON routes. Every error is `{"error":{"code":..,"message":..}}`
-//! with a 4xx/5xx status; bodies and queries are parsed here so that a bad
-//! one gets a clear 400, not a framework default.
+//! with a 4xx/5xx status; bodies and queries are parsed by the handlers
+//! so that a bad one gets a clear 400, not a framework default.
+//!
+//! One table, [`routes`], lists every route with its handler; the router
+//! and the OpenAPI document ([`crate::openapi`]) are both built from it
+//! (`utoipa-axum`), each operation described by its handler's
+//! `#[utoipa::path]` and its bodies by the [`shoal_api`] types.
 
-use super::db::{Filter, State};
-use super::exec::{self, ExecBody};
-use super::ops::{self, CreateSandbox, SnapshotRequest};
-use super::templates::{self, CreateTemplate, SetPool};
-use super::{admission, metrics, openapi, ApiError, Daemon};
-use axum::body::{Body, Bytes};
-use axum::extract::{Path, RawQuery, Request, State as AxState};
+mod handlers;
+
+use super::{ApiError, Daemon};
+use axum::body::Bytes;
+use axum::extract::{Request, State as AxState};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post, put};
 use axum::{Json, Router};
-use guest_agent::client::UploadOptions;
+use handlers::*;
 use serde::de::DeserializeOwned;
-use std::collections::HashMap;
+use shoal_api::ErrorCode;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
+use utoipa::openapi::{ContentBuilder, Ref, RefOr, ResponseBuilder};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 type D = AxState<Arc<Daemon>>;
 type Res<T> = Result<T, ApiError>;
 
-/// Every route: (method, path). The OpenAPI document must describe each
-/// (a unit test checks).
-pub const ROUTES: &[(&str, &str)] = &[
-    ("get", "/openapi.json"),
-    ("get", "/healthz"),
-    ("get", "/metrics"),
-    ("get", "/v1/stats"),
-    ("get", "/v1/events"),
-    ("post", "/v1/sandboxes"),
-    ("get", "/v1/sandboxes"),
-    ("get", "/v1/sandboxes/{id}"),
-    ("delete", "/v1/sandboxes/{id}"),
-    ("post", "/v1/sandboxes/{id}/exec"),
-    ("post", "/v1/sandboxes/{id}/exec/stream"),
-    ("put", "/v1/sandboxes/{id}/files"),
-    ("get", "/v1/sandboxes/{id}/files"),
-    ("delete", "/v1/sandboxes/{id}/files"),
-    ("get", "/v1/sandboxes/{id}/files/stat"),
-    ("get", "/v1/sandboxes/{id}/files/list"),
-    ("post", "/v1/sandboxes/{id}/snapshot"),
-    ("post", "/v1/sandboxes/{id}/pause"),
-    ("post", "/v1/sandboxes/{id}/resume"),
-    ("post", "/v1/templates"),
-    ("get", "/v1/templates"),
-    ("get", "/v1/templates/{name}"),
-    ("delete", "/v1/templates/{name}"),
-    ("get", "/v1/pools"),
-    ("put", "/v1/pools/{template}"),
-    ("delete", "/v1/pools/{template}"),
-];
+/// Every route and its handler: the router and the OpenAPI document are
+/// both made from this table (routes of one path share one `routes!`).
+pub fn routes() -> OpenApiRouter<Arc<Daemon>> {
+    OpenApiRouter::with_openapi(<crate::openapi::ApiDoc as utoipa::OpenApi>::openapi())
+        .routes(routes!(openapi_json))
+        .routes(routes!(healthz))
+        .routes(routes!(metrics_text))
+        .routes(routes!(stats))
+        .routes(routes!(events))
+        .routes(routes!(create, list))
+        .routes(routes!(get_one, kill))
+        .routes(routes!(exec_once))
+        .routes(routes!(exec_stream))
+        .routes(routes!(upload, download, remove))
+        .routes(routes!(stat))
+        .routes(routes!(ls))
+        .routes(routes!(snapshot))
+        .routes(routes!(pause))
+        .routes(routes!(resume))
+        .routes(routes!(tpl_create, tpl_list))
+        .routes(routes!(tpl_get, tpl_delete))
+        .routes(routes!(pool_list))
+        .routes(routes!(pool_set, pool_delete))
+}
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
+        let code = self.code();
         let status =
-            StatusCode::from_u16(self.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        let body = serde_json::json!({"error": {"code": self.code(), "message": self.to_string()}});
-        let mut r = (status, Json(body)).into_response();
-        if status == StatusCode::TOO_MANY_REQUESTS || status == StatusCode::SERVICE_UNAVAILABLE {
+            StatusCode::from_u16(code.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let mut r = (status, Json(self.body())).into_response();
+        if code.retryable() {
             r.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         }
         r
+    }
+}
+
+/// The error responses of every route (all codes but admission's).
+pub struct Errors;
+
+/// The error responses of routes that may start a VMM (create, resume,
+/// and requests that resume a paused sandbox): [`Errors`] and admission's
+/// 429 and 503 (with `Retry-After`).
+pub struct AdmissionErrors;
+
+fn error_responses(admission: bool) -> BTreeMap<String, RefOr<utoipa::openapi::Response>> {
+    ErrorCode::ALL
+        .into_iter()
+        .filter(|c| admission || !c.retryable())
+        .map(|c| {
+            let r = ResponseBuilder::new()
+                .description(format!("error `{c}`"))
+                .content(
+                    "application/json",
+                    ContentBuilder::new()
+                        .schema(Some(Ref::from_schema_name("Error")))
+                        .build(),
+                )
+                .build();
+            (c.status().to_string(), RefOr::T(r))
+        })
+        .collect()
+}
+
+impl utoipa::IntoResponses for Errors {
+    fn responses() -> BTreeMap<String, RefOr<utoipa::openapi::Response>> {
+        error_responses(false)
+    }
+}
+
+impl utoipa::IntoResponses for AdmissionErrors {
+    fn responses() -> BTreeMap<String, RefOr<utoipa::openapi::Response>> {
+        error_responses(true)
     }
 }
 
@@ -73,7 +112,7 @@ fn body<T: DeserializeOwned>(b: &Bytes) -> Res<T> {
     } else {
         b
     };
-    serde_json::from_slice(b).map_err(|e| ApiError::BadRequest(format!("invalid JSON body: {e}")))
+    serde_json::from_slice(b).map_err(ApiError::InvalidBody)
 }
 
 fn query(q: &Option<String>) -> Res<HashMap<String, String>> {
@@ -129,250 +168,6 @@ fn path_arg(q: &HashMap<String, String>) -> Res<String> {
         .ok_or_else(|| ApiError::BadRequest("missing ?path=/absolute/guest/path".into()))
 }
 
-async fn create(AxState(d): D, b: Bytes) -> Res<impl IntoResponse> {
-    let req: CreateSandbox = body(&b)?;
-    Ok((StatusCode::CREATED, Json(ops::create(&d, req).await?)))
-}
-
-async fn list(AxState(d): D, RawQuery(q): RawQuery) -> Res<impl IntoResponse> {
-    let q = query(&q)?;
-    let mut f = Filter::default();
-    for (k, v) in &q {
-        match k.as_str() {
-            "state" => {
-                f.state = Some(State::parse(v).ok_or_else(|| {
-                    ApiError::BadRequest(format!(
-                        "state={v}: expected starting, running, pausing, paused, failed or pooled"
-                    ))
-                })?)
-            }
-            "template" => f.template = Some(v.clone()),
-            "metadata" => {
-                for pair in v.split(',') {
-                    let (a, b) = pair.split_once(':').ok_or_else(|| {
-                        ApiError::BadRequest(format!(
-                            "metadata={v}: expected KEY:VALUE[,KEY:VALUE]"
-                        ))
-                    })?;
-                    f.metadata.push((a.into(), b.into()));
-                }
-            }
-            o => {
-                return Err(ApiError::BadRequest(format!(
-                    "unknown filter '{o}' (state, template, metadata)"
-                )))
-            }
-        }
-    }
-    let rows = d.db(|db| db.list_sandboxes(&f))?;
-    Ok(Json(
-        rows.into_iter()
-            .map(ops::SandboxView::from)
-            .collect::<Vec<_>>(),
-    ))
-}
-
-async fn get_one(AxState(d): D, Path(id): Path<String>) -> Res<impl IntoResponse> {
-    Ok(Json(ops::SandboxView::from(ops::row(&d, &id)?)))
-}
-
-async fn kill(AxState(d): D, Path(id): Path<String>) -> Res<impl IntoResponse> {
-    ops::row(&d, &id)?;
-    ops::kill(&d, &id, "deleted through the API").await?;
-    Ok(StatusCode::NO_CONTENT)
-}
-
-async fn exec_once(AxState(d): D, Path(id): Path<String>, b: Bytes) -> Res<impl IntoResponse> {
-    let req: ExecBody = body(&b)?;
-    Ok(Json(exec::exec(&d, &id, req).await?))
-}
-
-async fn exec_stream(AxState(d): D, Path(id): Path<String>, b: Bytes) -> Res<impl IntoResponse> {
-    let req: ExecBody = body(&b)?;
-    let s = exec::exec_stream(&d, &id, req).await?;
-    Ok(([(header::CONTENT_TYPE, "application/x-ndjson")], s))
-}
-
-async fn upload(
-    AxState(d): D,
-    Path(id): Path<String>,
-    RawQuery(q): RawQuery,
-    b: Body,
-) -> Res<impl IntoResponse> {
-    let q = query(&q)?;
-    let path = path_arg(&q)?;
-    let mode = match q.get("mode") {
-        None => 0o644,
-        Some(m) => u32::from_str_radix(m, 8)
-            .ok()
-            .filter(|m| *m <= 0o7777)
-            .ok_or_else(|| ApiError::BadRequest(format!("mode={m}: expected octal like 644")))?,
-    };
-    let opts = UploadOptions {
-        mode,
-        append: flag(&q, "append")?,
-        create_parents: flag(&q, "parents")?,
-    };
-    let n = exec::upload(&d, &id, path, opts, b).await?;
-    Ok((StatusCode::CREATED, Json(serde_json::json!({"bytes": n}))))
-}
-
-async fn download(AxState(d): D, Path(id): Path<String>, RawQuery(q): RawQuery) -> Res<Response> {
-    let path = path_arg(&query(&q)?)?;
-    let (size, b) = exec::download(&d, &id, path).await?;
-    let mut r = Response::new(b);
-    r.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/octet-stream"),
-    );
-    r.headers_mut()
-        .insert("x-file-size", HeaderValue::from(size));
-    Ok(r)
-}
-
-async fn remove(
-    AxState(d): D,
-    Path(id): Path<String>,
-    RawQuery(q): RawQuery,
-) -> Res<impl IntoResponse> {
-    let q = query(&q)?;
-    exec::remove(&d, &id, path_arg(&q)?, flag(&q, "recursive")?).await?;
-    Ok(StatusCode::NO_CONTENT)
-}
-
-async fn stat(
-    AxState(d): D,
-    Path(id): Path<String>,
-    RawQuery(q): RawQuery,
-) -> Res<impl IntoResponse> {
-    Ok(Json(exec::stat(&d, &id, path_arg(&query(&q)?)?).await?))
-}
-
-async fn ls(
-    AxState(d): D,
-    Path(id): Path<String>,
-    RawQuery(q): RawQuery,
-) -> Res<impl IntoResponse> {
-    Ok(Json(exec::list(&d, &id, path_arg(&query(&q)?)?).await?))
-}
-
-async fn snapshot(AxState(d): D, Path(id): Path<String>, b: Bytes) -> Res<impl IntoResponse> {
-    let req: SnapshotRequest = body(&b)?;
-    Ok((
-        StatusCode::CREATED,
-        Json(ops::snapshot(&d, &id, req).await?),
-    ))
-}
-
-async fn pause(AxState(d): D, Path(id): Path<String>) -> Res<impl IntoResponse> {
-    ops::row(&d, &id)?;
-    Ok(Json(ops::pause(&d, &id).await?))
-}
-
-async fn resume(AxState(d): D, Path(id): Path<String>) -> Res<impl IntoResponse> {
-    ops::row(&d, &id)?;
-    Ok(Json(ops::resume(&d, &id).await?))
-}
-
-async fn tpl_create(AxState(d): D, b: Bytes) -> Res<impl IntoResponse> {
-    let req: CreateTemplate = body(&b)?;
-    Ok((
-        StatusCode::ACCEPTED,
-        Json(templates::create_template(&d, req)?),
-    ))
-}
-
-async fn tpl_list(AxState(d): D) -> Res<impl IntoResponse> {
-    Ok(Json(d.db(|db| db.templates())?))
-}
-
-async fn tpl_get(AxState(d): D, Path(n): Path<String>) -> Res<impl IntoResponse> {
-    d.db(|db| db.template(&n))?
-        .map(Json)
-        .ok_or_else(|| ApiError::NotFound(format!("no template '{n}'")))
-}
-
-async fn tpl_delete(AxState(d): D, Path(n): Path<String>) -> Res<impl IntoResponse> {
-    templates::delete_template(&d, &n).await?;
-    Ok(StatusCode::NO_CONTENT)
-}
-
-async fn pool_list(AxState(d): D) -> Res<impl IntoResponse> {
-    Ok(Json(templates::pools(&d)?))
-}
-
-async fn pool_set(AxState(d): D, Path(t): Path<String>, b: Bytes) -> Res<impl IntoResponse> {
-    let req: SetPool = body(&b)?;
-    Ok(Json(templates::set_pool(&d, &t, req).await?))
-}
-
-async fn pool_delete(AxState(d): D, Path(t): Path<String>) -> Res<impl IntoResponse> {
-    templates::set_pool(&d, &t, SetPool { target: 0 }).await?;
-    Ok(StatusCode::NO_CONTENT)
-}
-
-fn gauges(d: &Daemon) -> Res<metrics::Gauges> {
-    let u = d.db(|db| db.usage())?;
-    let pools = templates::pools(d)?;
-    let l = &d.cfg.limits;
-    Ok(metrics::Gauges {
-        by_state: State::ALL
-            .iter()
-            .map(|s| (s.as_str(), u.by_state.get(s.as_str()).copied().unwrap_or(0)))
-            .collect(),
-        pools: pools
-            .into_iter()
-            .map(|p| (p.template, u64::from(p.target), p.ready))
-            .collect(),
-        host_memory: (
-            admission::meminfo_kib("MemTotal").unwrap_or(0) * 1024,
-            admission::meminfo_kib("MemAvailable").unwrap_or(0) * 1024,
-        ),
-        reserved: (u.memory_mib << 20, u.vcpus),
-        budget: (l.memory_budget_mib() << 20, l.vcpu_budget()),
-        frozen: super::freeze::frozen_count(d),
-    })
-}
-
-async fn metrics_text(AxState(d): D) -> Res<impl IntoResponse> {
-    let text = d.metrics.render(&gauges(&d)?);
-    Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text))
-}
-
-async fn stats(AxState(d): D) -> Res<impl IntoResponse> {
-    let u = d.db(|db| db.usage())?;
-    Ok(Json(serde_json::json!({
-        "version": env!("CARGO_PKG_VERSION"),
-        "usage": u,
-        "limits": d.cfg.limits,
-        "memory_budget_mib": d.cfg.limits.memory_budget_mib(),
-        "vcpu_budget": d.cfg.limits.vcpu_budget(),
-        "host": {
-            "memory_total_mib": admission::meminfo_kib("MemTotal").unwrap_or(0) / 1024,
-            "memory_available_mib": admission::available_mib(),
-            "cpus": d.cfg.limits.host_cpus,
-            "load1": std::fs::read_to_string("/proc/loadavg").ok()
-                .and_then(|s| s.split_whitespace().next().and_then(|v| v.parse::<f64>().ok())),
-        },
-        "pools": templates::pools(&d)?,
-    })))
-}
-
-async fn events(AxState(d): D, RawQuery(q): RawQuery) -> Res<impl IntoResponse> {
-    let q = query(&q)?;
-    let num = |k: &str, dflt: i64| -> Res<i64> {
-        q.get(k).map_or(Ok(dflt), |v| {
-            v.parse()
-                .map_err(|_| ApiError::BadRequest(format!("{k}={v}: expected a number")))
-        })
-    };
-    let (since, limit) = (num("since", 0)?, num("limit", 1000)?.clamp(1, 10_000));
-    let subject = q.get("sandbox").cloned();
-    Ok(Json(d.db(|db| {
-        db.events(since, subject.as_deref(), limit as u32)
-    })?))
-}
-
 async fn count_status(AxState(d): D, req: Request, next: Next) -> Response {
     let r = next.run(req).await;
     d.metrics.response(r.status().as_u16());
@@ -385,33 +180,8 @@ async fn not_found() -> ApiError {
 
 /// The API router (on TCP, `token` is required as a bearer token).
 pub fn router(d: Arc<Daemon>, token: Option<String>) -> Router {
-    let sb = "/v1/sandboxes/{id}";
-    let r = Router::new()
-        .route("/openapi.json", get(|| async { Json(openapi::document()) }))
-        .route(
-            "/healthz",
-            get(|| async { Json(serde_json::json!({"ok": true})) }),
-        )
-        .route("/metrics", get(metrics_text))
-        .route("/v1/stats", get(stats))
-        .route("/v1/events", get(events))
-        .route("/v1/sandboxes", post(create).get(list))
-        .route(sb, get(get_one).delete(kill))
-        .route(&format!("{sb}/exec"), post(exec_once))
-        .route(&format!("{sb}/exec/stream"), post(exec_stream))
-        .route(
-            &format!("{sb}/files"),
-            put(upload).get(download).delete(remove),
-        )
-        .route(&format!("{sb}/files/stat"), get(stat))
-        .route(&format!("{sb}/files/list"), get(ls))
-        .route(&format!("{sb}/snapshot"), post(snapshot))
-        .route(&format!("{sb}/pause"), post(pause))
-        .route(&format!("{sb}/resume"), post(resume))
-        .route("/v1/templates", post(tpl_create).get(tpl_list))
-        .route("/v1/templates/{name}", get(tpl_get).delete(tpl_delete))
-        .route("/v1/pools", get(pool_list))
-        .route("/v1/pools/{template}", put(pool_set).delete(pool_delete))
+    let (r, _) = routes().split_for_parts();
+    let r = r
         .fallback(not_found)
         .method_not_allowed_fallback(|| async {
             ApiError::BadRequest("method not allowed on this route (see GET /openapi.json)".into())
@@ -458,62 +228,114 @@ mod tests {
         assert!(query(&Some("path=%2".into())).is_err());
     }
 
-    #[test]
-    fn request_bodies_are_documented() {
-        let doc = openapi::document();
-        let sandbox = ops::CreateSandbox {
-            template: Some("t".into()),
-            image: Some("tiny".into()),
-            vcpus: Some(1),
-            memory_mib: Some(128),
-            layers: vec!["/kit.img".into()],
-            upper_size_mib: Some(8),
-            upper_disk_mib: Some(64),
-            ..Default::default()
-        };
-        let template = CreateTemplate {
-            name: "t".into(),
-            image: "tiny".into(),
-            vcpus: Some(1),
-            memory_mib: Some(128),
-            layers: vec!["/kit.img".into()],
-            upper_size_mib: Some(8),
-            upper_disk_mib: Some(64),
-        };
-        for (schema, v) in [
-            ("CreateSandbox", serde_json::to_value(&sandbox).unwrap()),
-            ("CreateTemplate", serde_json::to_value(&template).unwrap()),
-        ] {
-            let props = &doc["components"]["schemas"][schema]["properties"];
-            for k in v.as_object().unwrap().keys() {
-                assert!(props[k].is_object(), "{schema}.{k} is not documented");
-            }
-        }
-        let t = &doc["components"]["schemas"]["Template"]["properties"];
-        for k in ["layers", "upper_size_mib", "upper_disk_mib"] {
-            assert!(t[k].is_object(), "Template.{k} is not documented");
-        }
+    async fn answer(e: ApiError) -> (u16, Option<String>, serde_json::Value) {
+        let r = e.into_response();
+        let retry = r
+            .headers()
+            .get(header::RETRY_AFTER)
+            .map(|v| v.to_str().unwrap().to_string());
+        let status = r.status().as_u16();
+        let b = axum::body::to_bytes(r.into_body(), 1 << 20).await.unwrap();
+        (status, retry, serde_json::from_slice(&b).unwrap())
     }
 
-    #[test]
-    fn every_route_is_documented() {
-        let doc = openapi::document();
-        for (m, p) in ROUTES {
-            assert!(
-                doc["paths"][p][m].is_object(),
-                "{m} {p} is missing from the OpenAPI document"
+    #[tokio::test]
+    async fn errors_keep_their_causes_and_answer_as_before() {
+        use crate::admission::Refusal;
+        use guest_agent::client::ClientError as C;
+        use std::error::Error;
+        let json = serde_json::from_slice::<serde_json::Value>(b"{x").unwrap_err();
+        let remote = |errno| C::Remote {
+            code: guest_agent::proto::ErrorCode::Io,
+            errno,
+            message: "m".into(),
+        };
+        let cases: Vec<(ApiError, u16, &str, &str)> = vec![
+            (
+                ApiError::InvalidBody(json),
+                400,
+                "bad_request",
+                "invalid JSON body: ",
+            ),
+            (
+                ApiError::Refused(Refusal::Quota("full".into())),
+                429,
+                "host_full",
+                "full",
+            ),
+            (
+                ApiError::Refused(Refusal::HostPressure("low".into())),
+                503,
+                "host_memory_low",
+                "low",
+            ),
+            (
+                ApiError::Agent(remote(libc::ENOENT)),
+                404,
+                "not_found",
+                "agent error",
+            ),
+            (
+                ApiError::Agent(remote(libc::EEXIST)),
+                409,
+                "conflict",
+                "agent error",
+            ),
+            (
+                ApiError::Agent(remote(libc::EINVAL)),
+                400,
+                "bad_request",
+                "agent error",
+            ),
+            (
+                ApiError::Agent(C::Timeout),
+                504,
+                "deadline_exceeded",
+                "sandbox agent: timed out",
+            ),
+            (
+                ApiError::Agent(C::Disconnected),
+                502,
+                "sandbox_error",
+                "sandbox agent: agent connection closed",
+            ),
+            (
+                ApiError::Vmm {
+                    context: "VMM",
+                    source: vmm::api::ApiError::Refused("no".into()),
+                },
+                502,
+                "sandbox_error",
+                "VMM: no",
+            ),
+            (
+                ApiError::SpawnVmm {
+                    vmm: "/x/vmm".into(),
+                    source: std::io::Error::from_raw_os_error(libc::ENOENT),
+                },
+                500,
+                "internal",
+                "cannot start /x/vmm: ",
+            ),
+            (
+                ApiError::Db(crate::db::DbError::TooNew(9)),
+                500,
+                "internal",
+                "state database schema 9",
+            ),
+        ];
+        for (e, status, code, msg) in cases {
+            assert!(e.source().is_some(), "{e:?} keeps its cause");
+            let (s, retry, body) = answer(e).await;
+            assert_eq!(
+                (s, body["error"]["code"].as_str()),
+                (status, Some(code)),
+                "{body}"
             );
+            let m = body["error"]["message"].as_str().unwrap();
+            assert!(m.starts_with(msg), "{m:?} does not start with {msg:?}");
+            assert_eq!(retry.is_some(), status == 429 || status == 503);
+            assert_eq!(body.as_object().unwrap().len(), 1, "{body}");
         }
-        let n: usize = doc["paths"]
-            .as_object()
-            .unwrap()
-            .values()
-            .map(|v| v.as_object().unwrap().len())
-            .sum();
-        assert_eq!(
-            n,
-            ROUTES.len(),
-            "the document lists routes that do not exist"
-        );
     }
 }
