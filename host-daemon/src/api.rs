@@ -3,35 +3,35 @@
 //! so that a bad one gets a clear 400, not a framework default.
 //!
 //! One table, [`routes`], lists every route with its handler; the router
-//! and the OpenAPI document ([`crate::openapi`]) are both built from it
-//! (`utoipa-axum`), each operation described by its handler's
-//! `#[utoipa::path]` and its bodies by the [`shoal_api`] types.
+//! and the OpenAPI 3.1 document served at `/openapi.json` ([`document`])
+//! are both built from it (`utoipa-axum`), each operation described by
+//! its handler's `#[utoipa::path]` and its bodies by the [`shoal_api`]
+//! types. Unit tests check that the document lists exactly the routes the
+//! router serves and that every body in it is the schema of its shared
+//! type.
 
 mod handlers;
+mod wire;
 
-use super::{ApiError, Daemon};
-use axum::body::Bytes;
+use crate::{ApiError, Daemon};
 use axum::extract::{Request, State as AxState};
-use axum::http::{header, HeaderValue, StatusCode};
+use axum::http::header;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::{Json, Router};
 use handlers::*;
-use serde::de::DeserializeOwned;
-use shoal_api::ErrorCode;
-use std::collections::{BTreeMap, HashMap};
-use std::sync::Arc;
-use utoipa::openapi::{ContentBuilder, Ref, RefOr, ResponseBuilder};
+use std::sync::{Arc, OnceLock};
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::openapi::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
-
-type D = AxState<Arc<Daemon>>;
-type Res<T> = Result<T, ApiError>;
+use wire::D;
+pub use wire::{AdmissionErrors, Errors};
 
 /// Every route and its handler: the router and the OpenAPI document are
 /// both made from this table (routes of one path share one `routes!`).
 pub fn routes() -> OpenApiRouter<Arc<Daemon>> {
-    OpenApiRouter::with_openapi(<crate::openapi::ApiDoc as utoipa::OpenApi>::openapi())
+    OpenApiRouter::with_openapi(<ApiDoc as utoipa::OpenApi>::openapi())
         .routes(routes!(openapi_json))
         .routes(routes!(healthz))
         .routes(routes!(metrics_text))
@@ -53,119 +53,82 @@ pub fn routes() -> OpenApiRouter<Arc<Daemon>> {
         .routes(routes!(pool_set, pool_delete))
 }
 
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let code = self.code();
-        let status =
-            StatusCode::from_u16(code.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        let mut r = (status, Json(self.body())).into_response();
-        if code.retryable() {
-            r.headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+/// This document.
+///
+/// OpenAPI 3.1, generated from the route table and the API types.
+#[utoipa::path(get, path = "/openapi.json", tag = "meta",
+    responses((status = 200, description = "The OpenAPI document", content_type = "application/json")))]
+async fn openapi_json() -> Json<serde_json::Value> {
+    Json(document_json().clone())
+}
+
+/// The document's fixed parts (info, the error schema, the bearer
+/// scheme); [`routes`] adds every operation.
+#[derive(utoipa::OpenApi)]
+#[openapi(
+    info(
+        title = "shoald",
+        description = "Shoal host daemon: KVM microVM sandboxes restored from warm templates. \
+            Unix socket by default; on TCP every route but /healthz needs \
+            'Authorization: Bearer TOKEN'. Errors are {\"error\":{\"code\",\"message\"}}; \
+            429 and 503 come with Retry-After."
+    ),
+    components(schemas(shoal_api::ErrorBody, shoal_api::ErrorCode)),
+    modifiers(&Bearer),
+    tags(
+        (name = "sandboxes", description = "Create, list, pause, resume, snapshot, kill"),
+        (name = "exec", description = "Commands in a sandbox"),
+        (name = "files", description = "Files in a sandbox"),
+        (name = "templates", description = "Snapshots sandboxes are restored from"),
+        (name = "pools", description = "Warm pools of restored sandboxes"),
+        (name = "meta", description = "Health, metrics, stats, events, this document"),
+    )
+)]
+pub struct ApiDoc;
+
+struct Bearer;
+
+impl utoipa::Modify for Bearer {
+    fn modify(&self, doc: &mut OpenApi) {
+        if let Some(c) = doc.components.as_mut() {
+            c.add_security_scheme(
+                "bearer",
+                SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+            );
         }
-        r
     }
 }
 
-/// The error responses of every route (all codes but admission's).
-pub struct Errors;
-
-/// The error responses of routes that may start a VMM (create, resume,
-/// and requests that resume a paused sandbox): [`Errors`] and admission's
-/// 429 and 503 (with `Retry-After`).
-pub struct AdmissionErrors;
-
-fn error_responses(admission: bool) -> BTreeMap<String, RefOr<utoipa::openapi::Response>> {
-    ErrorCode::ALL
-        .into_iter()
-        .filter(|c| admission || !c.retryable())
-        .map(|c| {
-            let r = ResponseBuilder::new()
-                .description(format!("error `{c}`"))
-                .content(
-                    "application/json",
-                    ContentBuilder::new()
-                        .schema(Some(Ref::from_schema_name("Error")))
-                        .build(),
-                )
-                .build();
-            (c.status().to_string(), RefOr::T(r))
-        })
-        .collect()
+/// The document.
+pub fn document() -> &'static OpenApi {
+    static DOC: OnceLock<OpenApi> = OnceLock::new();
+    DOC.get_or_init(|| routes().split_for_parts().1)
 }
 
-impl utoipa::IntoResponses for Errors {
-    fn responses() -> BTreeMap<String, RefOr<utoipa::openapi::Response>> {
-        error_responses(false)
-    }
+/// The document as JSON.
+pub fn document_json() -> &'static serde_json::Value {
+    static DOC: OnceLock<serde_json::Value> = OnceLock::new();
+    DOC.get_or_init(|| serde_json::to_value(document()).unwrap_or_default())
 }
 
-impl utoipa::IntoResponses for AdmissionErrors {
-    fn responses() -> BTreeMap<String, RefOr<utoipa::openapi::Response>> {
-        error_responses(true)
-    }
-}
+/// HTTP methods, as the document names them.
+pub const METHODS: [&str; 8] = [
+    "get", "put", "post", "delete", "options", "head", "patch", "trace",
+];
 
-fn body<T: DeserializeOwned>(b: &Bytes) -> Res<T> {
-    let b: &[u8] = if b.iter().all(|c| c.is_ascii_whitespace()) {
-        b"{}"
-    } else {
-        b
-    };
-    serde_json::from_slice(b).map_err(ApiError::InvalidBody)
-}
-
-fn query(q: &Option<String>) -> Res<HashMap<String, String>> {
-    let mut m = HashMap::new();
-    for kv in q
-        .as_deref()
-        .unwrap_or("")
-        .split('&')
-        .filter(|s| !s.is_empty())
-    {
-        let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
-        m.insert(unescape(k)?, unescape(v)?);
-    }
-    Ok(m)
-}
-
-fn unescape(s: &str) -> Res<String> {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        match b[i] {
-            b'+' => out.push(b' '),
-            b'%' => {
-                let h = b
-                    .get(i + 1..i + 3)
-                    .and_then(|h| std::str::from_utf8(h).ok())
-                    .and_then(|h| u8::from_str_radix(h, 16).ok())
-                    .ok_or_else(|| ApiError::BadRequest(format!("bad escape in query: {s}")))?;
-                out.push(h);
-                i += 2;
+/// Every route the document lists: (method, path), methods lower-case.
+pub fn documented_routes() -> Vec<(String, String)> {
+    let mut v = Vec::new();
+    if let Some(paths) = document_json()["paths"].as_object() {
+        for (p, ops) in paths {
+            for m in ops.as_object().into_iter().flat_map(|o| o.keys()) {
+                if METHODS.contains(&m.as_str()) {
+                    v.push((m.clone(), p.clone()));
+                }
             }
-            c => out.push(c),
         }
-        i += 1;
     }
-    String::from_utf8(out).map_err(|_| ApiError::BadRequest("query is not UTF-8".into()))
-}
-
-fn flag(q: &HashMap<String, String>, k: &str) -> Res<bool> {
-    match q.get(k).map(String::as_str) {
-        None | Some("false") | Some("0") => Ok(false),
-        Some("") | Some("true") | Some("1") => Ok(true),
-        Some(v) => Err(ApiError::BadRequest(format!(
-            "{k}={v}: expected true or false"
-        ))),
-    }
-}
-
-fn path_arg(q: &HashMap<String, String>) -> Res<String> {
-    q.get("path")
-        .cloned()
-        .ok_or_else(|| ApiError::BadRequest("missing ?path=/absolute/guest/path".into()))
+    v
 }
 
 async fn count_status(AxState(d): D, req: Request, next: Next) -> Response {
@@ -216,126 +179,5 @@ fn constant_eq(a: &[u8], b: &[u8]) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn query_parsing() {
-        let q = query(&Some("path=%2Ftmp%2Fa+b&recursive".into())).unwrap();
-        assert_eq!(q["path"], "/tmp/a b");
-        assert!(flag(&q, "recursive").unwrap());
-        assert!(query(&Some("path=%zz".into())).is_err());
-        assert!(query(&Some("path=%2".into())).is_err());
-    }
-
-    async fn answer(e: ApiError) -> (u16, Option<String>, serde_json::Value) {
-        let r = e.into_response();
-        let retry = r
-            .headers()
-            .get(header::RETRY_AFTER)
-            .map(|v| v.to_str().unwrap().to_string());
-        let status = r.status().as_u16();
-        let b = axum::body::to_bytes(r.into_body(), 1 << 20).await.unwrap();
-        (status, retry, serde_json::from_slice(&b).unwrap())
-    }
-
-    #[tokio::test]
-    async fn errors_keep_their_causes_and_answer_as_before() {
-        use crate::admission::Refusal;
-        use guest_agent::client::ClientError as C;
-        use std::error::Error;
-        let json = serde_json::from_slice::<serde_json::Value>(b"{x").unwrap_err();
-        let remote = |errno| C::Remote {
-            code: guest_agent::proto::ErrorCode::Io,
-            errno,
-            message: "m".into(),
-        };
-        let cases: Vec<(ApiError, u16, &str, &str)> = vec![
-            (
-                ApiError::InvalidBody(json),
-                400,
-                "bad_request",
-                "invalid JSON body: ",
-            ),
-            (
-                ApiError::Refused(Refusal::Quota("full".into())),
-                429,
-                "host_full",
-                "full",
-            ),
-            (
-                ApiError::Refused(Refusal::HostPressure("low".into())),
-                503,
-                "host_memory_low",
-                "low",
-            ),
-            (
-                ApiError::Agent(remote(libc::ENOENT)),
-                404,
-                "not_found",
-                "agent error",
-            ),
-            (
-                ApiError::Agent(remote(libc::EEXIST)),
-                409,
-                "conflict",
-                "agent error",
-            ),
-            (
-                ApiError::Agent(remote(libc::EINVAL)),
-                400,
-                "bad_request",
-                "agent error",
-            ),
-            (
-                ApiError::Agent(C::Timeout),
-                504,
-                "deadline_exceeded",
-                "sandbox agent: timed out",
-            ),
-            (
-                ApiError::Agent(C::Disconnected),
-                502,
-                "sandbox_error",
-                "sandbox agent: agent connection closed",
-            ),
-            (
-                ApiError::Vmm {
-                    context: "VMM",
-                    source: vmm::api::ApiError::Refused("no".into()),
-                },
-                502,
-                "sandbox_error",
-                "VMM: no",
-            ),
-            (
-                ApiError::SpawnVmm {
-                    vmm: "/x/vmm".into(),
-                    source: std::io::Error::from_raw_os_error(libc::ENOENT),
-                },
-                500,
-                "internal",
-                "cannot start /x/vmm: ",
-            ),
-            (
-                ApiError::Db(crate::db::DbError::TooNew(9)),
-                500,
-                "internal",
-                "state database schema 9",
-            ),
-        ];
-        for (e, status, code, msg) in cases {
-            assert!(e.source().is_some(), "{e:?} keeps its cause");
-            let (s, retry, body) = answer(e).await;
-            assert_eq!(
-                (s, body["error"]["code"].as_str()),
-                (status, Some(code)),
-                "{body}"
-            );
-            let m = body["error"]["message"].as_str().unwrap();
-            assert!(m.starts_with(msg), "{m:?} does not start with {msg:?}");
-            assert_eq!(retry.is_some(), status == 429 || status == 503);
-            assert_eq!(body.as_object().unwrap().len(), 1, "{body}");
-        }
-    }
-}
+#[path = "api/openapi_tests.rs"]
+mod tests;

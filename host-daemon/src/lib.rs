@@ -3,7 +3,7 @@
 //! survives its own restart and reports what it is doing.
 //!
 //! - [`api`]: HTTP/JSON routes (axum), served on a Unix socket and
-//!   optionally on TCP with a bearer token; [`openapi`] is the document
+//!   optionally on TCP with a bearer token, and the OpenAPI document
 //!   generated from the same route table and the [`shoal_api`] types.
 //! - [`ops`]: the sandbox and template operations behind the routes.
 //! - [`db`]: state in SQLite (WAL).
@@ -19,7 +19,6 @@ pub mod exec;
 pub mod freeze;
 pub mod lifecycle;
 pub mod metrics;
-pub mod openapi;
 pub mod ops;
 pub mod pool;
 pub mod supervisor;

@@ -1,10 +1,10 @@
 //! The route handlers, each with its OpenAPI operation
-//! (`#[utoipa::path]`): the route table in [`super::routes`] registers
-//! them in the router and in the document at once. Bodies and queries
+//! (`#[utoipa::path]`): the route table (`api::routes`) registers them in
+//! the router and in the document at once. Bodies and queries
 //! are parsed here (not by extractors) so that a bad one gets a clear
 //! 400; the documented types are the ones parsed.
 
-use super::{body, flag, path_arg, query, AdmissionErrors, Errors, Res, D};
+use super::wire::{body, flag, path_arg, query, AdmissionErrors, Errors, Res, D};
 use crate::db::{Filter, State};
 use crate::{admission, exec, metrics, ops, templates, ApiError, Daemon};
 use axum::body::{Body, Bytes};
@@ -19,15 +19,6 @@ use shoal_api::{
     FileQuery, FileStat, Health, HostStats, ListFilter, Pool, RemoveQuery, Sandbox, SetPool,
     SnapshotRequest, Stats, Template, UploadQuery, Uploaded,
 };
-
-/// This document.
-///
-/// OpenAPI 3.1, generated from the route table and the API types.
-#[utoipa::path(get, path = "/openapi.json", tag = "meta",
-    responses((status = 200, description = "The OpenAPI document", content_type = "application/json")))]
-pub(super) async fn openapi_json() -> Json<serde_json::Value> {
-    Json(crate::openapi::document_json().clone())
-}
 
 /// Liveness (no token needed on TCP).
 #[utoipa::path(get, path = "/healthz", tag = "meta",
