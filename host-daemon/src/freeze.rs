@@ -43,7 +43,10 @@ pub async fn busy(live: &Arc<Live>) -> ApiResult<Busy> {
         blocking("thaw", Duration::from_secs(10), move || {
             Client::new(&sock, Duration::from_secs(5))
                 .resume()
-                .map_err(|e| ApiError::Sandbox(format!("continuing a frozen sandbox: {e}")))
+                .map_err(|source| ApiError::Vmm {
+                    context: "continuing a frozen sandbox",
+                    source,
+                })
         })
         .await?;
         *frozen = false;
