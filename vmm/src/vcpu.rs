@@ -133,10 +133,9 @@ impl<E: From<VcpuReport>> VcpuCtx<E> {
         self.report(VcpuEvent::Paused(self.id));
         loop {
             match self.cmds.recv() {
-                Ok(VcpuCmd::Resume) => {
-                    self.flags.pause.store(false, Ordering::Release);
-                    return true;
-                }
+                // The controller cleared `pause` before sending this; if it
+                // is set again, the run loop parks again at once.
+                Ok(VcpuCmd::Resume) => return true,
                 Ok(VcpuCmd::Save(reply)) => {
                     let r = VcpuRef {
                         fd: &self.fd,

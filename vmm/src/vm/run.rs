@@ -372,6 +372,11 @@ impl Controller {
             return;
         }
         for v in &self.vcpus {
+            // The controller owns the flag: cleared here, before the vCPU
+            // wakes, so a pause requested right after this resume (which
+            // sets it again) cannot be undone by a vCPU that is slow to
+            // take its Resume.
+            v.flags.pause.store(false, Ordering::Release);
             let _ = v.cmds.send(VcpuCmd::Resume);
         }
         self.paused = false;
