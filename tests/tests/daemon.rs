@@ -19,7 +19,7 @@ use shoal_client::api::{
     SandboxState, TemplateState,
 };
 use shoal_client::{Body, DaemonClient, Target};
-use std::process::Command;
+use shoal_test_support::{debugfs, file_data, layer};
 use std::time::{Duration, Instant};
 
 #[test]
@@ -166,9 +166,7 @@ fn api_contract_end_to_end() {
     );
 
     // Files: streamed upload and download, stat, list, remove.
-    let data: Vec<u8> = (0..1u32 << 20)
-        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
-        .collect();
+    let data = file_data(1 << 20);
     let up = d.must(
         "upload",
         d.c.put_file(&id, &api::UploadQuery::new("/tmp/blob"), &mut &data[..]),
@@ -410,10 +408,7 @@ fn pause_resume_on_exec_snapshot_ttl_idle() {
         d.kill(x);
     }
     wait_for("every VMM to end", 10, || d.vmms().is_empty());
-    let left: Vec<_> = std::fs::read_dir(d.dir.join("sandboxes"))
-        .unwrap()
-        .collect();
-    assert!(left.is_empty(), "sandbox directories left: {left:?}");
+    d.assert_no_sandbox_dirs();
 }
 
 #[test]
@@ -441,17 +436,6 @@ fn admission_refuses_with_429_and_503() {
     assert!(l.is_empty(), "a refused create leaves nothing");
 }
 
-/// `debugfs -R CMD` on an ext4 image (read on the host without mounting).
-fn debugfs(img: &std::path::Path, cmd: &str) -> String {
-    let out = Command::new("debugfs")
-        .arg("-R")
-        .arg(cmd)
-        .arg(img)
-        .output()
-        .expect("debugfs (e2fsprogs)");
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
 /// Total 1K blocks of `/` from `df -k /` output (its last line).
 fn df_total_kib(out: &str) -> u64 {
     out.lines()
@@ -468,21 +452,14 @@ fn output(v: &ExecResult) -> String {
 
 #[test]
 fn template_layers_and_upper_layers_end_to_end() {
-    use shoal_images::image::{build_image_with, AgentSource, BuildOptions, ImageSource};
     let work = tempfile::Builder::new()
         .prefix("layers")
         .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
         .unwrap();
     // A toolkit layer, built from a small directory like `shoal image
     // build DIR -o OUT --no-agent`.
-    let src = work.path().join("toolkit");
-    std::fs::create_dir_all(src.join("opt/toolkit")).unwrap();
-    std::fs::write(src.join("opt/toolkit/hello.txt"), "from-the-toolkit\n").unwrap();
     let kit = work.path().join("toolkit.img");
-    let opts = BuildOptions {
-        agent: AgentSource::None,
-    };
-    let info = build_image_with(ImageSource::Dir(src), &kit, &opts).unwrap();
+    let info = layer(&kit, &[("opt/toolkit/hello.txt", "from-the-toolkit\n")]);
     let misaligned = work.path().join("misaligned.img");
     std::fs::copy(&kit, &misaligned).unwrap();
     std::fs::OpenOptions::new()
@@ -681,8 +658,5 @@ fn template_layers_and_upper_layers_end_to_end() {
     assert!(!t.dir.exists());
     wait_for("every VMM to end", 10, || d.vmms().is_empty());
     assert!(!b2_disk.exists());
-    let left: Vec<_> = std::fs::read_dir(d.dir.join("sandboxes"))
-        .unwrap()
-        .collect();
-    assert!(left.is_empty(), "sandbox directories left: {left:?}");
+    d.assert_no_sandbox_dirs();
 }

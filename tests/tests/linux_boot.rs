@@ -4,7 +4,7 @@
 use shoal_test_support::{cmdline, image, kernel, require_kvm, Console};
 use std::io::Write;
 use std::time::Duration;
-use vmm::{BootSource, DiskConfig, ExitReason, SerialOutput, Vm, VmConfig};
+use vmm::{BootSource, DiskConfig, ExitReason, RunOutcome, SerialOutput, Vm, VmConfig};
 
 const BOOT_LIMIT: Duration = Duration::from_secs(300);
 
@@ -24,6 +24,15 @@ fn linux(cmd: String, initrd: Option<std::path::PathBuf>, disks: Vec<DiskConfig>
         vsock: None,
         pmem: vec![],
     }
+}
+
+/// Runs `cfg` to its end (within [`BOOT_LIMIT`]): how it ended and what
+/// the guest printed.
+fn boot(cfg: &VmConfig) -> (RunOutcome, String) {
+    let console = Console::default();
+    let vm = Vm::new(cfg, Some(Box::new(console.clone()))).unwrap();
+    let out = vm.run(Some(BOOT_LIMIT)).unwrap();
+    (out, console.text())
 }
 
 #[test]
@@ -62,10 +71,7 @@ fn boots_to_init_with_ro_and_rw_disks_and_exits_on_reboot() {
             },
         ],
     );
-    let console = Console::default();
-    let vm = Vm::new(&cfg, Some(Box::new(console.clone()))).unwrap();
-    let out = vm.run(Some(BOOT_LIMIT)).unwrap();
-    let text = console.text();
+    let (out, text) = boot(&cfg);
     assert_eq!(out.exit, ExitReason::Reset, "console:\n{text}");
     assert!(text.contains("SHOAL-INIT-READY"), "no init marker:\n{text}");
     assert!(
@@ -92,10 +98,7 @@ fn initrd_only_boot() {
         cmdline()
     );
     let cfg = linux(cmd, Some(image("tiny_cpio")), vec![]);
-    let console = Console::default();
-    let vm = Vm::new(&cfg, Some(Box::new(console.clone()))).unwrap();
-    let out = vm.run(Some(BOOT_LIMIT)).unwrap();
-    let text = console.text();
+    let (out, text) = boot(&cfg);
     assert_eq!(out.exit, ExitReason::Reset, "console:\n{text}");
     // The guest's tty turns "\n" into "\r\n".
     let lines: Vec<&str> = text.lines().map(|l| l.trim_end_matches('\r')).collect();
@@ -134,10 +137,7 @@ fn kernel_panic_ends_the_vm() {
     // reboots at once and the VMM ends instead of hanging.
     let cmd = format!("{} root=/dev/vda", cmdline());
     let cfg = linux(cmd, None, vec![]);
-    let console = Console::default();
-    let vm = Vm::new(&cfg, Some(Box::new(console.clone()))).unwrap();
-    let out = vm.run(Some(BOOT_LIMIT)).unwrap();
-    let text = console.text();
+    let (out, text) = boot(&cfg);
     assert_eq!(out.exit, ExitReason::Reset, "console:\n{text}");
     assert!(text.contains("Kernel panic"), "{text}");
     let _ = std::io::stderr().flush();

@@ -13,19 +13,16 @@
 //! nodes). The fixture directory stays in the target directory until the
 //! next run empties it.
 
-use guest_agent::client::{Client, ExecRequest, ExitStatus};
+use guest_agent::client::{Client, ExitStatus};
 use shoal_images::artifacts;
 use shoal_images::image::{build_image_with, AgentSource, BuildOptions, ImageSource};
 use shoal_runtime::launch::{BootSpec, Monitor, RootKind, INIT_MARKER};
-use shoal_runtime::sandbox::Sandbox;
 use shoal_runtime::template;
-use shoal_test_support::{cmdline, image, kernel, require_kvm};
+use shoal_test_support::{cmdline, image, kernel, require_kvm, require_root, RunningSandbox};
 use std::path::{Path, PathBuf};
-use std::process::Child;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-const UP: Duration = Duration::from_secs(180);
 const BIG: &str = "/data/big.bin";
 const BIG_LEN: usize = 6 << 20;
 
@@ -41,6 +38,7 @@ fn fixture() -> &'static Fixture {
     static F: OnceLock<Fixture> = OnceLock::new();
     F.get_or_init(|| {
         require_kvm();
+        require_root("the tiny image's tree has device nodes to extract");
         let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("pmem-tests");
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
@@ -123,35 +121,11 @@ fn template_for(kind: RootKind) -> PathBuf {
     .clone()
 }
 
-/// A restored sandbox, stopped when dropped.
-struct Running {
-    sb: Sandbox,
-    child: Option<Child>,
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        self.sb.stop(self.child.as_mut());
-    }
-}
-
-fn start(tpl: &Path) -> (Running, Client) {
-    let (sb, child) = Sandbox::start(tpl, false).expect("start sandbox");
-    let r = Running { sb, child };
-    let c = r.sb.connect(UP, true).expect("agent reachable");
-    // No call may hang a test: every answer is due within minutes even on
-    // a PVM host.
-    c.set_timeout(Some(Duration::from_secs(300)));
-    (r, c)
-}
-
+/// `/bin/sh -c script` in the guest: stdout and stderr together, and how
+/// it ended.
 fn sh(c: &Client, script: &str) -> (String, ExitStatus) {
-    let out = c
-        .exec_simple(&ExecRequest::argv(["/bin/sh", "-c", script]))
-        .expect("exec");
-    let mut s = String::from_utf8_lossy(&out.stdout).into_owned();
-    s.push_str(&String::from_utf8_lossy(&out.stderr));
-    (s, out.result.status)
+    let (out, err, status) = shoal_test_support::sh(c, script);
+    (out + &err, status)
 }
 
 fn sh_ok(c: &Client, script: &str) -> String {
@@ -182,8 +156,8 @@ fn pmem_root_is_dax_with_a_private_overlay_per_vm() {
     let f = fixture();
     let pristine = std::fs::read(&f.image).unwrap();
     let tpl = template_for(RootKind::Pmem);
-    let (ra, a) = start(&tpl);
-    let (_rb, b) = start(&tpl);
+    let (ra, a) = RunningSandbox::start(&tpl);
+    let (_rb, b) = RunningSandbox::start(&tpl);
 
     // The image's files.
     let out = sh_ok(
@@ -276,7 +250,7 @@ fn pmem_root_is_dax_with_a_private_overlay_per_vm() {
 #[test]
 fn large_reads_bypass_the_guest_page_cache_on_pmem_only() {
     let f = fixture();
-    let (_r, c) = start(&template_for(RootKind::Pmem));
+    let (_r, c) = RunningSandbox::start(&template_for(RootKind::Pmem));
     let (before, after) = cached_around_read(&c, BIG);
     eprintln!(
         "pmem: Cached {before} -> {after} KiB reading {} MiB",
@@ -287,7 +261,7 @@ fn large_reads_bypass_the_guest_page_cache_on_pmem_only() {
         "DAX read grew the guest page cache: {before} -> {after} KiB"
     );
     // The same image on virtio-blk: the read fills the guest page cache.
-    let (_r2, c2) = start(&template_for(RootKind::Blk));
+    let (_r2, c2) = RunningSandbox::start(&template_for(RootKind::Blk));
     let (before, after) = cached_around_read(&c2, BIG);
     eprintln!("blk: Cached {before} -> {after} KiB");
     assert!(

@@ -10,10 +10,8 @@
 //! (`SHOAL_VMM` or the workspace build), root and /dev/kvm.
 
 use shoal_images::artifacts;
-use shoal_images::image::{build_image_with, AgentSource, BuildOptions, ImageSource};
 use shoal_runtime::launch::{self, BootSpec, Monitor, RootKind};
-use shoal_test_support::{cmdline, image, kernel, require_kvm};
-use std::path::Path;
+use shoal_test_support::{cmdline, debugfs, image, kernel, layer, require_kvm};
 use std::process::Command;
 use std::time::Duration;
 
@@ -25,16 +23,9 @@ echo \"AFTER $(cat /opt/toolkit/hello.txt)\"
 grep -E ' / |/run/shoal/image' /proc/mounts
 ";
 
-/// `debugfs -R "cat PATH"` on an ext4 image: a file's content, read on
-/// the host without mounting it.
-fn ext4_cat(img: &Path, path: &str) -> String {
-    let out = Command::new("debugfs")
-        .arg("-R")
-        .arg(format!("cat {path}"))
-        .arg(img)
-        .output()
-        .expect("debugfs (e2fsprogs)");
-    String::from_utf8_lossy(&out.stdout).into_owned()
+/// A file's content in an ext4 image, read on the host.
+fn ext4_cat(img: &std::path::Path, path: &str) -> String {
+    debugfs(img, &format!("cat {path}"))
 }
 
 #[test]
@@ -46,15 +37,14 @@ fn toolkit_layer_and_scratch_disk_upper_from_a_cold_boot() {
         .unwrap();
     let base = image("tiny_erofs");
     // The toolkit layer: a directory with the check script.
-    let src = dir.path().join("toolkit");
-    std::fs::create_dir_all(src.join("opt/toolkit")).unwrap();
-    std::fs::write(src.join("opt/toolkit/hello.txt"), "from-the-toolkit\n").unwrap();
-    std::fs::write(src.join("opt/toolkit/check.sh"), CHECK).unwrap();
     let toolkit = dir.path().join("toolkit.erofs");
-    let opts = BuildOptions {
-        agent: AgentSource::None,
-    };
-    let info = build_image_with(ImageSource::Dir(src), &toolkit, &opts).unwrap();
+    let info = layer(
+        &toolkit,
+        &[
+            ("opt/toolkit/hello.txt", "from-the-toolkit\n"),
+            ("opt/toolkit/check.sh", CHECK),
+        ],
+    );
     assert!(info.dax && info.len.is_multiple_of(2 << 20), "{info:?}");
     // The scratch disk: pre-formatted ext4 (no mkfs in the guest), inode
     // tables initialised here rather than by the guest kernel.

@@ -7,50 +7,9 @@
 //! Slow on PVM hosts (each guest fork+exec takes ~0.5-1 s), so few and
 //! coarse; one template is booted per test binary.
 
-use guest_agent::client::{Client, ExecEvent, ExecRequest, ExitStatus, UploadOptions};
-use shoal_runtime::sandbox::Sandbox;
-use std::path::PathBuf;
-use std::process::Child;
+use guest_agent::client::{ExecEvent, ExecRequest, ExitStatus, UploadOptions};
+use shoal_test_support::{file_data, sh, tiny_template, RunningSandbox};
 use std::time::{Duration, Instant};
-
-const UP: Duration = Duration::from_secs(180);
-
-fn template() -> PathBuf {
-    shoal_test_support::tiny_template()
-}
-
-/// A running sandbox that is stopped (and reaped) when dropped.
-struct Running {
-    sb: Sandbox,
-    child: Option<Child>,
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        self.sb.stop(self.child.as_mut());
-    }
-}
-
-fn start(from: &std::path::Path) -> (Running, Client) {
-    let (sb, child) = Sandbox::start(from, false).expect("start sandbox");
-    let r = Running { sb, child };
-    let c = r.sb.connect(UP, true).expect("agent reachable");
-    // No call may hang a test: every answer is due within minutes even on
-    // a PVM host.
-    c.set_timeout(Some(Duration::from_secs(300)));
-    (r, c)
-}
-
-fn sh(c: &Client, script: &str) -> (String, String, ExitStatus) {
-    let out = c
-        .exec_simple(&ExecRequest::argv(["/bin/sh", "-c", script]))
-        .expect("exec");
-    (
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-        out.result.status,
-    )
-}
 
 fn vmm_rss_kib(pid: u32) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
@@ -64,7 +23,7 @@ fn vmm_rss_kib(pid: u32) -> u64 {
 
 #[test]
 fn exec_files_and_reattach() {
-    let (r, c) = start(&template());
+    let (r, c) = RunningSandbox::start(&tiny_template());
     let (out, err, st) = sh(&c, "echo out; echo err >&2; exit 3");
     assert_eq!(
         (out.as_str(), err.as_str(), st),
@@ -72,9 +31,7 @@ fn exec_files_and_reattach() {
     );
 
     // File round trip (1 MiB; guest-side copies are slow on PVM hosts).
-    let data: Vec<u8> = (0..1u32 << 20)
-        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
-        .collect();
+    let data = file_data(1 << 20);
     c.upload(&mut &data[..], "/tmp/blob", UploadOptions::default())
         .unwrap();
     assert_eq!(c.stat("/tmp/blob").unwrap().size, data.len() as u64);
@@ -99,7 +56,7 @@ fn exec_files_and_reattach() {
 
 #[test]
 fn agent_survives_fork_bomb_and_memory_hog() {
-    let (_r, c) = start(&template());
+    let (_r, c) = RunningSandbox::start(&tiny_template());
     // A fork bomb, limited to 20 s: the agent must keep answering, and the
     // timeout must kill every process of it.
     let bomb = c
@@ -156,8 +113,8 @@ fn agent_survives_fork_bomb_and_memory_hog() {
 
 #[test]
 fn guest_flood_does_not_grow_vmm_memory() {
-    let (r, c) = start(&template());
-    let pid = r.child.as_ref().unwrap().id();
+    let (r, c) = RunningSandbox::start(&tiny_template());
+    let pid = r.vmm_pid();
     let before = vmm_rss_kib(pid);
     // The guest writes as fast as it can; this client never reads, so the
     // agent, the guest's vsock credit and the VMM's per-connection buffer
@@ -190,7 +147,7 @@ fn snapshot_clones_keep_state_and_diverge() {
     let dir = tempfile::tempdir().unwrap();
     let snap = dir.path().join("snap");
     {
-        let (r, c) = start(&template());
+        let (r, c) = RunningSandbox::start(&tiny_template());
         // A background process holding a value in memory (it dumps it on
         // SIGUSR1) and a file in the writable layer.
         let (out, _, st) = sh(
@@ -207,7 +164,7 @@ fn snapshot_clones_keep_state_and_diverge() {
     }
     let mut randoms = Vec::new();
     for i in 0..3 {
-        let (_r, c) = start(&snap);
+        let (_r, c) = RunningSandbox::start(&snap);
         let (out, _, _) = sh(&c, "cat /tmp/f");
         assert_eq!(out, "written-before-snapshot\n", "clone {i} sees the file");
         let (out, _, _) = sh(

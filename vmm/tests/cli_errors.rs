@@ -8,24 +8,13 @@
     clippy::cast_lossless
 )]
 
-use std::path::Path;
+mod common;
+
+use common::{vmm_error, VMM};
 use std::process::Command;
 
-const VMM: &str = env!("CARGO_BIN_EXE_shoal-vmm");
-
-fn run(args: &[&str]) -> (i32, String) {
-    let out = Command::new(VMM).args(args).output().unwrap();
-    let err = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(!err.contains("panicked"), "panic for {args:?}: {err}");
-    (out.status.code().unwrap_or(-1), err)
-}
-
 fn expect_error(args: &[&str], needle: &str) {
-    let (code, err) = run(args);
-    assert_eq!(code, 1, "{args:?}: {err}");
-    let lines: Vec<_> = err.lines().collect();
-    assert_eq!(lines.len(), 1, "{args:?}: expected one line, got:\n{err}");
-    assert!(lines[0].starts_with("shoal-vmm: error: "), "{err}");
+    let err = vmm_error(args);
     assert!(err.contains(needle), "{args:?}: want {needle:?} in {err}");
 }
 
@@ -95,9 +84,8 @@ fn bad_configs_each_give_one_clear_line() {
 
 #[test]
 fn boot_stage_errors_need_a_kernel() {
-    // These are checked after the kernel loads; use the real guest kernel
-    // when it is built, else a minimal ELF is not available: build it.
-    let kernel = shoal_kernel();
+    // These are checked after the kernel loads: the real guest kernel.
+    let kernel = shoal_test_support::kernel();
     let k = kernel.to_string_lossy().into_owned();
     let dir = tempfile::tempdir().unwrap();
     let big = dir.path().join("big-initrd");
@@ -118,21 +106,6 @@ fn boot_stage_errors_need_a_kernel() {
     );
     let long = "x".repeat(3000);
     expect_error(&["--kernel", &k, "--cmdline", &long], "; the limit is 2047");
-}
-
-fn shoal_kernel() -> std::path::PathBuf {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
-    let out = Command::new("bash")
-        .arg(root.join("scripts/build-kernel.sh"))
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "kernel build failed");
-    String::from_utf8(out.stdout)
-        .unwrap()
-        .lines()
-        .last()
-        .unwrap()
-        .into()
 }
 
 #[test]

@@ -12,13 +12,15 @@
     clippy::cast_lossless
 )]
 
-use std::io::Write;
+mod common;
+
+use common::{small_config, spawn_with_api, vmm_error, VMM};
+use shoal_test_support::{require_kvm, Console};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use vmm::layout::VIRTIO_MMIO_BASE;
 use vmm::persist::SnapshotState;
-use vmm::{BootSource, ExitReason, PmemConfig, RunOptions, SerialOutput, Vm, VmConfig};
+use vmm::{BootSource, ExitReason, PmemConfig, Vm, VmConfig};
 use vmm_api::Client;
 
 const MIB: u64 = 1 << 20;
@@ -28,36 +30,25 @@ const PMEM_GPA: u64 = 0x1_0000_0000;
 const FIRST: u64 = 0x1122_3344_5566_7788;
 const LAST: u64 = 0x8877_6655_4433_2211;
 
-fn require_kvm() {
-    if let Err(e) = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/kvm")
-    {
-        panic!("these tests need /dev/kvm (read-write): {e}");
-    }
-}
-
-/// Console bytes; `resync` skips up to the first '\n' (a restored guest
-/// may resume mid-round). No image qword used here contains 0x0a.
+/// The guest's console; `resync` skips up to the first '\n' (a restored
+/// guest may resume mid-round). No image qword used here contains 0x0a.
 #[derive(Clone, Default)]
-struct Capture(Arc<Mutex<Vec<u8>>>, bool);
-impl Write for Capture {
-    fn write(&mut self, d: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(d);
-        Ok(d.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
+struct Capture {
+    console: Console,
+    resync: bool,
 }
 
 impl Capture {
+    /// A writer for the VM's console.
+    fn sink(&self) -> Option<Box<dyn std::io::Write + Send>> {
+        Some(Box::new(self.console.clone()))
+    }
+
     /// Complete rounds so far: (first qword, last qword, first qword after
     /// the guest wrote 0x55 to it).
     fn rounds(&self) -> Vec<(u64, u64, u64)> {
-        let mut b = self.0.lock().unwrap().clone();
-        if self.1 {
+        let mut b = self.console.bytes();
+        if self.resync {
             match b.iter().position(|&c| c == b'\n') {
                 Some(i) => drop(b.drain(..=i)),
                 None => return vec![],
@@ -172,22 +163,16 @@ fn setup() -> Setup {
 }
 
 fn config(s: &Setup) -> VmConfig {
+    let boot = BootSource::Linux {
+        kernel: s.kernel.clone(),
+        cmdline: "console=ttyS0".into(),
+        initrd: None,
+    };
     VmConfig {
-        boot: BootSource::Linux {
-            kernel: s.kernel.clone(),
-            cmdline: "console=ttyS0".into(),
-            initrd: None,
-        },
-        vcpus: 1,
-        memory_mib: 32,
-        disks: vec![],
-        serial: SerialOutput::Null,
-        serial_limit_bytes: 1 << 20,
-        cpu_profile: None,
-        vsock: None,
         pmem: vec![PmemConfig {
             path: s.image.clone(),
         }],
+        ..small_config(boot, 32)
     }
 }
 
@@ -208,16 +193,7 @@ fn run_rounds(
     rounds: usize,
     at_rounds: impl FnOnce(&Path),
 ) -> vmm_api::Stats {
-    let s2 = sock.to_path_buf();
-    let runner = std::thread::spawn(move || {
-        vm.run_with(RunOptions {
-            timeout: Some(Duration::from_secs(300)),
-            api_sock: Some(s2),
-            keep_alive: false,
-            ready: None,
-        })
-        .unwrap()
-    });
+    let runner = spawn_with_api(vm, sock, Duration::from_secs(300), false);
     let t = Duration::from_secs(30);
     let deadline = Instant::now() + Duration::from_secs(240);
     while cap.rounds().len() < rounds {
@@ -256,7 +232,7 @@ fn guest_reads_the_image_and_its_writes_are_dropped() {
     let s = setup();
     let before = std::fs::read(&s.image).unwrap();
     let cap = Capture::default();
-    let vm = Vm::new(&config(&s), Some(Box::new(cap.clone()))).unwrap();
+    let vm = Vm::new(&config(&s), cap.sink()).unwrap();
 
     // One pmem device after the one RAM slot, at 4 GiB.
     let info = vm.pmem_info();
@@ -297,7 +273,7 @@ fn guest_reads_the_image_and_its_writes_are_dropped() {
 
 fn take_snapshot(s: &Setup) -> PathBuf {
     let cap = Capture::default();
-    let vm = Vm::new(&config(s), Some(Box::new(cap.clone()))).unwrap();
+    let vm = Vm::new(&config(s), cap.sink()).unwrap();
     let snap = s.root.join("snap");
     let s2 = snap.clone();
     run_rounds(vm, &cap, &s.root.join("api.sock"), 1, move |sock| {
@@ -310,8 +286,11 @@ fn take_snapshot(s: &Setup) -> PathBuf {
 
 /// Restores `snap` and runs it for two more rounds.
 fn restore_and_run(s: &Setup, snap: &Path) {
-    let cap = Capture(Arc::default(), true);
-    let vm = Vm::restore(snap, Some(Box::new(cap.clone())), Default::default()).unwrap();
+    let cap = Capture {
+        resync: true,
+        ..Capture::default()
+    };
+    let vm = Vm::restore(snap, cap.sink(), Default::default()).unwrap();
     let info = vm.pmem_info();
     assert_eq!(
         (info[0].slot, info[0].guest_addr, info[0].len),
@@ -471,22 +450,9 @@ fn two_vms_share_one_image() {
     // b's mapping is untouched by a's teardown.
     let cap = Capture::default();
     drop(b);
-    let vm = Vm::new(&config(&s), Some(Box::new(cap.clone()))).unwrap();
+    let vm = Vm::new(&config(&s), cap.sink()).unwrap();
     run_rounds(vm, &cap, &s.root.join("api.sock"), 1, |_| {});
     assert_rounds_ok(&cap, "after teardown of others");
-}
-
-const VMM: &str = env!("CARGO_BIN_EXE_shoal-vmm");
-
-fn cli_error(args: &[&str]) -> String {
-    let out = std::process::Command::new(VMM).args(args).output().unwrap();
-    let err = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
-    assert!(!err.contains("panicked"), "{err}");
-    let lines: Vec<_> = err.lines().collect();
-    assert_eq!(lines.len(), 1, "one line: {err}");
-    assert!(lines[0].starts_with("shoal-vmm: error: "), "{err}");
-    err
 }
 
 #[test]
@@ -495,14 +461,14 @@ fn cli_refuses_missing_misaligned_and_truncated_images() {
     let kernel = s.kernel.to_string_lossy().into_owned();
     let p = |n: &str| s.root.join(n).to_string_lossy().into_owned();
 
-    let e = cli_error(&["--kernel", &kernel, "--pmem", &p("missing.img")]);
+    let e = vmm_error(&["--kernel", &kernel, "--pmem", &p("missing.img")]);
     assert!(
         e.contains("missing.img") && e.contains("No such file"),
         "{e}"
     );
 
     std::fs::write(p("odd.img"), vec![0u8; 3 << 20]).unwrap();
-    let e = cli_error(&["--kernel", &kernel, "--pmem", &p("odd.img")]);
+    let e = vmm_error(&["--kernel", &kernel, "--pmem", &p("odd.img")]);
     assert!(
         e.contains("odd.img") && e.contains("not a multiple of 2097152"),
         "{e}"
@@ -510,7 +476,7 @@ fn cli_refuses_missing_misaligned_and_truncated_images() {
     assert!(e.contains("shoal image build"), "{e}");
 
     std::fs::write(p("empty.img"), b"").unwrap();
-    let e = cli_error(&["--kernel", &kernel, "--pmem", &p("empty.img")]);
+    let e = vmm_error(&["--kernel", &kernel, "--pmem", &p("empty.img")]);
     assert!(e.contains("empty"), "{e}");
 
     // An erofs superblock claiming 8 MiB in a 2 MiB file: truncated.
@@ -519,11 +485,11 @@ fn cli_refuses_missing_misaligned_and_truncated_images() {
     t[1024 + 12] = 12;
     t[1024 + 36..1024 + 40].copy_from_slice(&2048u32.to_le_bytes());
     std::fs::write(p("trunc.img"), t).unwrap();
-    let e = cli_error(&["--kernel", &kernel, "--pmem", &p("trunc.img")]);
+    let e = vmm_error(&["--kernel", &kernel, "--pmem", &p("trunc.img")]);
     assert!(e.contains("truncated"), "{e}");
 
     // A directory.
-    let e = cli_error(&["--kernel", &kernel, "--pmem", &s.root.to_string_lossy()]);
+    let e = vmm_error(&["--kernel", &kernel, "--pmem", &s.root.to_string_lossy()]);
     assert!(e.contains("not a regular file"), "{e}");
 
     // Conflicts with a snapshot restore.

@@ -9,26 +9,19 @@
     clippy::cast_lossless
 )]
 
+mod common;
+
+use common::small_config;
 use devices::BusDevice;
-use std::io::Write;
+use shoal_test_support::{require_kvm, Console};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use vmm::{BootSource, CpuProfile, ExitReason, SerialOutput, Vm, VmConfig};
+use vmm::{BootSource, CpuProfile, ExitReason, Vm, VmConfig};
 use vmm_sys_util::eventfd::EventFd;
 
 const LOAD: u16 = 0x1000;
 const PROBE_PORT: u16 = 0xf0;
 const MMIO_PROBE: u64 = 0xd000_0000;
-
-fn require_kvm() {
-    if let Err(e) = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/kvm")
-    {
-        panic!("these tests need /dev/kvm (read-write): {e}");
-    }
-}
 
 /// Records every write; reads return a fixed pattern. A write to port
 /// offset 3 raises `irq` (if set).
@@ -54,30 +47,8 @@ impl BusDevice for Probe {
     }
 }
 
-#[derive(Clone, Default)]
-struct Capture(Arc<Mutex<Vec<u8>>>);
-impl Write for Capture {
-    fn write(&mut self, d: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(d);
-        Ok(d.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 fn config(code: Vec<u8>) -> VmConfig {
-    VmConfig {
-        boot: BootSource::RealMode { code, addr: LOAD },
-        vcpus: 1,
-        memory_mib: 16,
-        disks: vec![],
-        serial: SerialOutput::Null,
-        serial_limit_bytes: 1 << 20,
-        cpu_profile: None,
-        vsock: None,
-        pmem: vec![],
-    }
+    small_config(BootSource::RealMode { code, addr: LOAD }, 16)
 }
 
 /// Reset: mov al,0xfe; out 0x64,al; then hlt forever.
@@ -109,13 +80,13 @@ fn serial_output_and_reset_exit() {
         code.extend_from_slice(&[0xb0, *b, 0xee]);
     }
     code.extend_from_slice(RESET);
-    let out = Capture::default();
+    let out = Console::default();
     let vm = Vm::new(&config(code), Some(Box::new(out.clone()))).unwrap();
     let outcome = vm.run(Some(Duration::from_secs(20))).unwrap();
     assert_eq!(outcome.exit, ExitReason::Reset);
     assert!(outcome.first_run.is_some());
     assert!(outcome.first_console_byte.is_some());
-    assert_eq!(&*out.0.lock().unwrap(), b"hello from a tiny guest\n");
+    assert_eq!(out.bytes(), b"hello from a tiny guest\n");
 }
 
 #[test]
@@ -276,12 +247,12 @@ fn endless_printer_is_bounded() {
     require_kvm();
     // mov dx,0x3f8; l: mov al,'x'; out dx,al; jmp l
     let code = vec![0xba, 0xf8, 0x03, 0xb0, 0x78, 0xee, 0xeb, 0xfb];
-    let out = Capture::default();
+    let out = Console::default();
     let mut cfg = config(code);
     cfg.serial_limit_bytes = 1000;
     let vm = Vm::new(&cfg, Some(Box::new(out.clone()))).unwrap();
     vm.run(Some(Duration::from_millis(1500))).unwrap();
-    let got = out.0.lock().unwrap().len();
+    let got = out.len();
     assert!(
         got > 1000 && got < 1200,
         "output capped at the limit, got {got}"

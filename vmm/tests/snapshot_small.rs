@@ -1,6 +1,8 @@
 //! Snapshot and restore of small hand-made guests on /dev/kvm: a guest
 //! snapshotted mid-computation continues in every clone; bad snapshots are
-//! refused with clear errors.
+//! refused with clear errors. Each test holds `kvm_serial()` while its VMs
+//! exist: run in parallel in one process, they failed intermittently on a
+//! PVM host (see its documentation).
 
 #![warn(
     clippy::cast_possible_truncation,
@@ -9,56 +11,26 @@
     clippy::cast_lossless
 )]
 
-use std::io::Write;
+mod common;
+
+use common::{small_config, spawn_with_api};
+use shoal_test_support::{kvm_serial, Console};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use vmm::persist::SnapshotState;
-use vmm::{BootSource, ExitReason, RunOptions, SerialOutput, Vm, VmConfig};
+use vmm::{BootSource, ExitReason, Vm, VmConfig};
 use vmm_api::{Client, VmState};
-
-/// Serializes the tests of this file: production runs one VM per VMM
-/// process, and on the PVM dev host these tests run in parallel in one
-/// process failed intermittently (a running real-mode guest's pause not
-/// confirmed within 10 s; a pre-warmed reload's output check): 2 of 5
-/// parallel runs, 0 of 4 serial runs. Not root-caused; each test holds
-/// this while its VMs exist.
-static ONE_VM_AT_A_TIME: Mutex<()> = Mutex::new(());
-
-fn require_kvm() -> std::sync::MutexGuard<'static, ()> {
-    let guard = ONE_VM_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    if let Err(e) = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/kvm")
-    {
-        panic!("these tests need /dev/kvm (read-write): {e}");
-    }
-    guard
-}
-
-#[derive(Clone, Default)]
-struct Capture(Arc<Mutex<Vec<u8>>>);
-impl Write for Capture {
-    fn write(&mut self, d: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(d);
-        Ok(d.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
 
 const ITERS: u32 = 1 << 18;
 const DOT_EVERY: u32 = 1 << 12;
 
-/// Real-mode guest: for ecx = ITERS..1 { ebx = ebx*31 + ecx; in al,0x80;
-/// print '.' every DOT_EVERY }, then print ebx (4 bytes LE) and '\n', reset.
 /// A client of the VMM's control socket at `sock`.
 fn api(sock: &Path, t: Duration) -> Client {
     Client::new(sock, t)
 }
 
+/// Real-mode guest: for ecx = ITERS..1 { ebx = ebx*31 + ecx; in al,0x80;
+/// print '.' every DOT_EVERY }, then print ebx (4 bytes LE) and '\n', reset.
 fn program() -> Vec<u8> {
     let mut c = vec![0xba, 0xf8, 0x03, 0x66, 0x31, 0xdb, 0x66, 0xb9];
     c.extend_from_slice(&ITERS.to_le_bytes());
@@ -90,20 +62,11 @@ fn expected() -> Vec<u8> {
 }
 
 fn config() -> VmConfig {
-    VmConfig {
-        boot: BootSource::RealMode {
-            code: program(),
-            addr: 0x1000,
-        },
-        vcpus: 1,
-        memory_mib: 16,
-        disks: vec![],
-        serial: SerialOutput::Null,
-        serial_limit_bytes: 1 << 20,
-        cpu_profile: None,
-        vsock: None,
-        pmem: vec![],
-    }
+    let boot = BootSource::RealMode {
+        code: program(),
+        addr: 0x1000,
+    };
+    small_config(boot, 16)
 }
 
 fn split(out: &[u8]) -> (usize, Vec<u8>) {
@@ -116,17 +79,8 @@ fn split(out: &[u8]) -> (usize, Vec<u8>) {
 fn snapshot_mid_run(dir: &Path) -> usize {
     let sock = dir.join("api.sock");
     let snap = dir.join("snap");
-    let vm = Vm::new(&config(), Some(Box::new(Capture::default()))).unwrap();
-    let s2 = sock.clone();
-    let runner = std::thread::spawn(move || {
-        vm.run_with(RunOptions {
-            timeout: Some(Duration::from_secs(120)),
-            api_sock: Some(s2),
-            keep_alive: false,
-            ready: None,
-        })
-        .unwrap()
-    });
+    let vm = Vm::new(&config(), Some(Box::new(Console::default()))).unwrap();
+    let runner = spawn_with_api(vm, &sock, Duration::from_secs(120), false);
     let t = Duration::from_secs(10);
     let deadline = Instant::now() + Duration::from_secs(60);
     let before;
@@ -156,17 +110,17 @@ fn snapshot_mid_run(dir: &Path) -> usize {
 
 #[test]
 fn clones_continue_a_computation_from_the_snapshot() {
-    let _one_vm_at_a_time = require_kvm();
+    let _one_vm_at_a_time = kvm_serial();
     let dir = tempfile::tempdir().unwrap();
     let before = snapshot_mid_run(dir.path());
     let snap = dir.path().join("snap");
     let total = (ITERS / DOT_EVERY) as usize;
     for i in 0..10 {
-        let cap = Capture::default();
+        let cap = Console::default();
         let vm = Vm::restore(&snap, Some(Box::new(cap.clone())), Default::default()).unwrap();
         let out = vm.run(Some(Duration::from_secs(120))).unwrap();
         assert_eq!(out.exit, ExitReason::Reset, "clone {i}");
-        let (dots, tail) = split(&cap.0.lock().unwrap());
+        let (dots, tail) = split(&cap.bytes());
         assert_eq!(
             before + dots,
             total,
@@ -182,7 +136,7 @@ fn take_snapshot(dir: &Path) -> PathBuf {
 }
 
 fn restore_err(snap: &Path) -> String {
-    match Vm::restore(snap, Some(Box::new(Capture::default())), Default::default()) {
+    match Vm::restore(snap, Some(Box::new(Console::default())), Default::default()) {
         Ok(_) => panic!("restore of a bad snapshot succeeded"),
         Err(e) => e.to_string(),
     }
@@ -196,7 +150,7 @@ fn edit_state(snap: &Path, f: impl FnOnce(&mut SnapshotState)) {
 
 #[test]
 fn bad_snapshots_are_refused_clearly() {
-    let _one_vm_at_a_time = require_kvm();
+    let _one_vm_at_a_time = kvm_serial();
     let dir = tempfile::tempdir().unwrap();
     let snap = take_snapshot(dir.path());
     let state = std::fs::read(snap.join("state")).unwrap();
@@ -269,7 +223,7 @@ fn bad_snapshots_are_refused_clearly() {
         disks: vec![dir.path().join("scratch.img")],
         ..Default::default()
     };
-    let e = match Vm::restore(&snap, Some(Box::new(Capture::default())), opts) {
+    let e = match Vm::restore(&snap, Some(Box::new(Console::default())), opts) {
         Ok(_) => panic!("a disk override for a snapshot without disks was accepted"),
         Err(e) => e.to_string(),
     };
@@ -281,7 +235,7 @@ fn bad_snapshots_are_refused_clearly() {
     // The original still restores.
     assert!(Vm::restore(
         &snap,
-        Some(Box::new(Capture::default())),
+        Some(Box::new(Console::default())),
         Default::default()
     )
     .is_ok());
@@ -291,17 +245,8 @@ fn bad_snapshots_are_refused_clearly() {
 /// socket answers.
 fn run_with_api(cfg: &VmConfig, dir: &Path) -> (PathBuf, std::thread::JoinHandle<vmm::RunOutcome>) {
     let sock = dir.join("api.sock");
-    let vm = Vm::new(cfg, Some(Box::new(Capture::default()))).unwrap();
-    let s2 = sock.clone();
-    let runner = std::thread::spawn(move || {
-        vm.run_with(RunOptions {
-            timeout: Some(Duration::from_secs(120)),
-            api_sock: Some(s2),
-            keep_alive: false,
-            ready: None,
-        })
-        .unwrap()
-    });
+    let vm = Vm::new(cfg, Some(Box::new(Console::default()))).unwrap();
+    let runner = spawn_with_api(vm, &sock, Duration::from_secs(120), false);
     while api(&sock, Duration::from_secs(10)).stats().is_err() {
         std::thread::sleep(Duration::from_millis(5));
     }
@@ -310,7 +255,7 @@ fn run_with_api(cfg: &VmConfig, dir: &Path) -> (PathBuf, std::thread::JoinHandle
 
 #[test]
 fn pause_resume_and_stats() {
-    let _one_vm_at_a_time = require_kvm();
+    let _one_vm_at_a_time = kvm_serial();
     let dir = tempfile::tempdir().unwrap();
     let (sock, runner) = run_with_api(&config(), dir.path());
     let t = Duration::from_secs(10);
@@ -334,7 +279,7 @@ fn pause_resume_and_stats() {
 
 #[test]
 fn sampling_a_running_guest_finds_it_and_leaves_it_running() {
-    let _one_vm_at_a_time = require_kvm();
+    let _one_vm_at_a_time = kvm_serial();
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = config();
     cfg.boot = BootSource::RealMode {
@@ -358,24 +303,15 @@ fn sampling_a_running_guest_finds_it_and_leaves_it_running() {
 
 #[test]
 fn prewarmed_vm_reloads_snapshots_repeatedly() {
-    let _one_vm_at_a_time = require_kvm();
+    let _one_vm_at_a_time = kvm_serial();
     let dir = tempfile::tempdir().unwrap();
     let before = snapshot_mid_run(dir.path());
     let snap = dir.path().join("snap");
     let total = (ITERS / DOT_EVERY) as usize;
     let sock = dir.path().join("pool.sock");
-    let cap = Capture::default();
+    let cap = Console::default();
     let vm = Vm::prewarmed(16, 1, Some(Box::new(cap.clone())), Default::default()).unwrap();
-    let s2 = sock.clone();
-    let runner = std::thread::spawn(move || {
-        vm.run_with(RunOptions {
-            timeout: Some(Duration::from_secs(300)),
-            api_sock: Some(s2),
-            keep_alive: true,
-            ready: None,
-        })
-        .unwrap()
-    });
+    let runner = spawn_with_api(vm, &sock, Duration::from_secs(300), true);
     let t = Duration::from_secs(30);
     let wait_empty = || {
         let end = Instant::now() + Duration::from_secs(120);
@@ -403,7 +339,7 @@ fn prewarmed_vm_reloads_snapshots_repeatedly() {
     }
     api(&sock, t).shutdown().unwrap();
     runner.join().unwrap();
-    let out = cap.0.lock().unwrap().clone();
+    let out = cap.bytes();
     let results: Vec<&[u8]> = out
         .split(|&b| b == b'\n')
         .filter(|l| !l.is_empty())
@@ -423,7 +359,7 @@ fn prewarmed_vm_reloads_snapshots_repeatedly() {
     let mut other = Vm::prewarmed(
         32,
         1,
-        Some(Box::new(Capture::default())),
+        Some(Box::new(Console::default())),
         Default::default(),
     )
     .unwrap();
@@ -433,25 +369,16 @@ fn prewarmed_vm_reloads_snapshots_repeatedly() {
 
 #[test]
 fn diff_snapshot_of_a_restored_vm_continues_correctly() {
-    let _one_vm_at_a_time = require_kvm();
+    let _one_vm_at_a_time = kvm_serial();
     let dir = tempfile::tempdir().unwrap();
     let before = snapshot_mid_run(dir.path());
     let snap = dir.path().join("snap");
     let total = (ITERS / DOT_EVERY) as usize;
     // Restore, let it run a little further, take a diff snapshot.
     let sock = dir.path().join("clone.sock");
-    let cap = Capture::default();
+    let cap = Console::default();
     let vm = Vm::restore(&snap, Some(Box::new(cap.clone())), Default::default()).unwrap();
-    let s2 = sock.clone();
-    let runner = std::thread::spawn(move || {
-        vm.run_with(RunOptions {
-            timeout: Some(Duration::from_secs(120)),
-            api_sock: Some(s2),
-            keep_alive: false,
-            ready: None,
-        })
-        .unwrap()
-    });
+    let runner = spawn_with_api(vm, &sock, Duration::from_secs(120), false);
     let t = Duration::from_secs(30);
     let diff_dir = dir.path().join("diff");
     let end = Instant::now() + Duration::from_secs(60);
@@ -476,11 +403,11 @@ fn diff_snapshot_of_a_restored_vm_continues_correctly() {
     assert!(!diff_dir.join("memory").exists());
     assert!(diff_dir.join("memory.diff").exists());
     for i in 0..2 {
-        let cap = Capture::default();
+        let cap = Console::default();
         let vm = Vm::restore(&diff_dir, Some(Box::new(cap.clone())), Default::default()).unwrap();
         let out = vm.run(Some(Duration::from_secs(120))).unwrap();
         assert_eq!(out.exit, ExitReason::Reset, "diff clone {i}");
-        let (dots, tail) = split(&cap.0.lock().unwrap());
+        let (dots, tail) = split(&cap.bytes());
         assert_eq!(
             before + at_diff + dots,
             total,
@@ -492,7 +419,7 @@ fn diff_snapshot_of_a_restored_vm_continues_correctly() {
     std::fs::rename(snap.join("memory"), snap.join("moved")).unwrap();
     let e = Vm::restore(
         &diff_dir,
-        Some(Box::new(Capture::default())),
+        Some(Box::new(Console::default())),
         Default::default(),
     )
     .err()

@@ -11,6 +11,7 @@
 
 use kvm_bindings::{kvm_msr_entry, Msrs};
 use kvm_ioctls::{Kvm, VcpuFd, VmFd};
+use shoal_test_support::kvm;
 use snapshot::Persist;
 use vmm::persist::{readable_msrs, VcpuRef, VcpuState};
 
@@ -19,10 +20,6 @@ const MSR_TSC_DEADLINE: u32 = 0x6e0;
 const APIC_LVTT: usize = 0x320;
 /// LVT timer: vector 0xec, TSC-deadline mode (bits 17-18 = 0b10).
 const LVTT_TSC_DEADLINE: u32 = 0xec | (0b10 << 17);
-
-fn kvm() -> Kvm {
-    Kvm::new().unwrap_or_else(|e| panic!("these tests need /dev/kvm (read-write): {e}"))
-}
 
 fn vm_and_vcpu(kvm: &Kvm) -> (VmFd, VcpuFd) {
     let vm = kvm.create_vm().expect("create VM");

@@ -181,6 +181,14 @@ impl Daemon {
     pub fn vmms(&self) -> Vec<vm::Proc> {
         vm::vmms_under(&self.dir)
     }
+
+    /// Panics if any sandbox directory is left in the state directory.
+    pub fn assert_no_sandbox_dirs(&self) {
+        let left: Vec<_> = std::fs::read_dir(self.dir.join("sandboxes"))
+            .unwrap()
+            .collect();
+        assert!(left.is_empty(), "sandbox directories left: {left:?}");
+    }
 }
 
 impl Drop for Daemon {
