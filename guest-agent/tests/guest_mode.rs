@@ -3,8 +3,8 @@
 //! as its command, so its guest-only paths run for real: the mounts, the
 //! user cgroup, one cgroup per exec with `cgroup.kill` on timeout,
 //! oom_score_adj, reaping as PID 1, post-restore reseeding, power-off.
-//! Skipped (with a message) unless running as root with `unshare` and a
-//! cgroup2 hierarchy.
+//! Fails with a clear message unless running as root with `unshare`
+//! (util-linux), namespaces permitted and a cgroup2 hierarchy.
 
 mod common;
 
@@ -13,10 +13,6 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use guest_agent::client::{AgentMode, Client, ExecRequest};
-
-fn skip(why: &str) {
-    eprintln!("SKIPPED: {why}");
-}
 
 fn sh(c: &Client, script: &str) -> (String, i32) {
     let out = c.exec_simple(&ExecRequest::shell(script)).unwrap();
@@ -27,12 +23,15 @@ fn sh(c: &Client, script: &str) -> (String, i32) {
 #[test]
 fn pid1_guest_mode_in_namespaces() {
     // SAFETY: getuid has no preconditions.
-    if unsafe { libc::getuid() } != 0 {
-        return skip("needs root");
-    }
-    if common::own_cgroup2_dir().is_none() {
-        return skip("no cgroup2 hierarchy");
-    }
+    let uid = unsafe { libc::getuid() };
+    assert_eq!(
+        uid, 0,
+        "the PID-1 agent needs root (namespaces, mounts, cgroups): run the tests as root"
+    );
+    assert!(
+        common::own_cgroup2_dir().is_some(),
+        "the PID-1 agent needs a cgroup2 hierarchy (none in /proc/self/cgroup or mountinfo)"
+    );
     // Outside /tmp: the agent mounts a tmpfs there in its namespace.
     let dir =
         PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("pid1-{}", std::process::id()));
@@ -55,16 +54,14 @@ fn pid1_guest_mode_in_namespaces() {
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .spawn();
-    let Ok(mut child) = spawned else {
-        return skip("unshare not installed");
-    };
+    let mut child = spawned.unwrap_or_else(|e| panic!("unshare (util-linux) is needed: {e}"));
     let t0 = Instant::now();
     let c = loop {
         if let Ok(c) = Client::connect_unix(&sock) {
             break c;
         }
         if let Some(st) = child.try_wait().unwrap() {
-            return skip(&format!("unshare failed ({st}): namespaces not permitted?"));
+            panic!("unshare failed ({st}): are new namespaces permitted here?");
         }
         assert!(
             t0.elapsed() < Duration::from_secs(20),

@@ -37,8 +37,12 @@ fn sb_refs(v: &[(usize, Vec<u8>)]) -> Vec<(usize, &[u8])> {
     v.iter().map(|(o, b)| (*o, b.as_slice())).collect()
 }
 
-fn have(tool: &str) -> bool {
-    Command::new(tool).arg("-V").output().is_ok()
+/// Panics unless `tool` (from `package`) can be run: a test that needs it
+/// fails rather than passes without checking anything.
+fn require_tool(tool: &str, package: &str) {
+    if let Err(e) = Command::new(tool).arg("-V").output() {
+        panic!("this test needs {tool} (install {package}): {e}");
+    }
 }
 
 #[test]
@@ -167,10 +171,7 @@ fn ext4_superblock_detected() {
 
 #[test]
 fn real_erofs_image_checked_padded_and_truncation_caught() {
-    if !have("mkfs.erofs") {
-        eprintln!("mkfs.erofs not installed; skipping");
-        return;
-    }
+    require_tool("mkfs.erofs", "erofs-utils");
     let d = tempfile::tempdir().unwrap();
     let root = d.path().join("root");
     std::fs::create_dir(&root).unwrap();
@@ -214,10 +215,7 @@ fn real_erofs_image_checked_padded_and_truncation_caught() {
 
 #[test]
 fn real_ext4_image_block_size() {
-    if !have("mkfs.ext4") {
-        eprintln!("mkfs.ext4 not installed; skipping");
-        return;
-    }
+    require_tool("mkfs.ext4", "e2fsprogs");
     for (bs, dax) in [(4096u32, true), (1024, false)] {
         let f = file_with(&vec![0u8; usize::try_from(8 * MIB).unwrap()]);
         let ok = Command::new("mkfs.ext4")
