@@ -179,5 +179,5 @@ fn constant_eq(a: &[u8], b: &[u8]) -> bool {
 }
 
 #[cfg(test)]
-#[path = "api/openapi_tests.rs"]
+#[path = "api_tests.rs"]
 mod tests;

@@ -294,9 +294,3 @@ impl BusDevice for MmioTransport {
         }
     }
 }
-
-// The transport's tests drive it through `virtio::testing`, which builds
-// on this module: they are a child module of their own (`mmio/tests.rs`),
-// so the dependency runs one way, tests -> testing -> mmio.
-#[cfg(test)]
-mod tests;

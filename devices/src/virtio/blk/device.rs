@@ -201,5 +201,5 @@ impl VirtioDevice for Block {
 }
 
 #[cfg(test)]
-#[path = "tests.rs"]
+#[path = "device_tests.rs"]
 mod tests;

@@ -31,6 +31,7 @@ mod persist;
 mod shared;
 mod unix;
 
+pub use conn::CREDIT_UPDATE_THRESHOLD;
 pub use device::{Vsock, VsockError, VsockHandle};
 pub use events::VsockEvents;
 pub use muxer::Counters;
@@ -59,10 +60,3 @@ pub const MAX_CONNECTIONS: usize = 1024;
 pub const FIRST_LOCAL_PORT: u32 = 1 << 30;
 /// Largest payload of one packet in either direction.
 pub const MAX_PKT_DATA: u32 = 64 * 1024;
-
-#[cfg(test)]
-mod persist_tests;
-#[cfg(test)]
-mod test_guest;
-#[cfg(test)]
-mod tests;

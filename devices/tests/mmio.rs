@@ -1,7 +1,27 @@
-use super::*;
-use crate::virtio::testing::Driver;
-use crate::virtio::{read_config_bytes, INT_USED_RING};
-use std::sync::Mutex;
+//! The virtio-mmio transport driven from the guest's side (register
+//! writes, rings in guest memory) by the test driver, with a probe device
+//! that records what the transport does to it.
+
+#![warn(
+    clippy::cast_possible_truncation,
+    clippy::cast_possible_wrap,
+    clippy::cast_sign_loss,
+    clippy::cast_lossless
+)]
+
+use devices::virtio::mmio::status;
+use devices::virtio::testing::Driver;
+use devices::virtio::{
+    read_config_bytes, ActivateError, VirtioDevice, VirtioInterrupt, INT_USED_RING,
+    VIRTIO_F_VERSION_1,
+};
+use devices::BusDevice;
+use std::sync::{Arc, Mutex};
+use virtio_queue::{Queue, QueueT};
+use vm_memory::GuestMemoryMmap;
+
+/// The magic value of register 0: "virt".
+const MAGIC: u32 = 0x7472_6976;
 
 /// A device that records what the transport does to it.
 #[derive(Default)]

@@ -1,14 +1,18 @@
 //! A guest for vsock tests: the shared test driver plus RX/TX/event buffer
 //! management and packet (de)coding, with the device's event half on an
-//! `EventManager` pumped in the test thread.
+//! `EventManager` pumped in the test thread; and host-socket helpers.
 
-use super::{Vsock, VsockEvents, VsockHandle, HOST_CID};
-use crate::virtio::testing::{mem_sized, Driver};
-use crate::virtio::VIRTIO_F_VERSION_1;
+#![allow(dead_code)] // each test binary uses some of these
+
+use devices::virtio::mmio::status;
+use devices::virtio::testing::{mem_sized, Driver};
+use devices::virtio::vsock::{Vsock, VsockEvents, VsockHandle, HOST_CID};
+use devices::virtio::VIRTIO_F_VERSION_1;
 use event_manager::{EventManager, SubscriberOps};
-use std::io::Write;
+use std::io::{ErrorKind, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
+use std::time::Duration;
 use vm_memory::{Bytes, GuestAddress};
 
 pub const CID: u64 = 3;
@@ -128,7 +132,7 @@ impl Guest {
         let handle = dev.handle();
         let mut d = Driver::with_mem(Box::new(dev), mem_sized(MEM_SIZE));
         let st = d.bring_up_queues(1 << VIRTIO_F_VERSION_1, &[QSIZE, QSIZE, EVQ_SIZE]);
-        assert_ne!(st & crate::virtio::mmio::status::DRIVER_OK, 0, "activated");
+        assert_ne!(st & status::DRIVER_OK, 0, "activated");
         let mut em = EventManager::new().unwrap();
         em.add_subscriber(events);
         let mut g = Self {
@@ -354,4 +358,23 @@ pub fn raise_fd_limit() -> u64 {
     // SAFETY: setrlimit only reads the rlimit we own.
     unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &r) };
     r.rlim_cur
+}
+
+/// Reads exactly `n` bytes from `s` (within 5 s).
+pub fn read_exactly(s: &mut UnixStream, n: usize) -> Vec<u8> {
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut b = vec![0u8; n];
+    s.read_exact(&mut b).unwrap();
+    b
+}
+
+/// Whether the peer closed `s` (EOF or reset) without sending anything.
+pub fn is_closed(s: &mut UnixStream) -> bool {
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut b = [0u8; 1];
+    match s.read(&mut b) {
+        Ok(0) => true,
+        Ok(_) => false,
+        Err(e) => e.kind() == ErrorKind::ConnectionReset,
+    }
 }

@@ -2,15 +2,23 @@
 //! and the transport reset that tells a restored guest its connections are
 //! gone.
 
-use super::test_guest::{op, Guest, Pkt, CID};
-use super::tests::{is_closed, read_exactly};
-use super::{Vsock, VsockArgs, VsockError, VsockState};
-use crate::virtio::persist::QueueState;
-use crate::virtio::{VirtioDevice, VirtioInterrupt};
-use crate::IrqLine;
+#![warn(
+    clippy::cast_possible_truncation,
+    clippy::cast_possible_wrap,
+    clippy::cast_sign_loss,
+    clippy::cast_lossless
+)]
+
+mod vsock_guest;
+
+use devices::virtio::persist::QueueState;
+use devices::virtio::vsock::{Vsock, VsockArgs, VsockError, VsockState};
+use devices::virtio::{VirtioDevice, VirtioInterrupt};
+use devices::IrqLine;
 use snapshot::Persist;
 use std::sync::Arc;
 use vm_memory::{Bytes, GuestAddress};
+use vsock_guest::{is_closed, op, read_exactly, Guest, Pkt, CID};
 
 fn irq() -> Arc<VirtioInterrupt> {
     Arc::new(VirtioInterrupt::new(IrqLine::new(5).unwrap()))
