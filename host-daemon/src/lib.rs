@@ -42,6 +42,9 @@ pub struct Config {
     pub state_dir: PathBuf,
     /// The `shoal-vmm` binary.
     pub vmm: PathBuf,
+    /// The installed guest kernel and images templates boot from (the
+    /// daemon only reads them; see [`shoal_images::artifacts`]).
+    pub artifacts: shoal_images::artifacts::Layout,
     /// Admission limits.
     pub limits: Limits,
     /// Deadline for connecting to a sandbox's agent.
@@ -67,9 +70,18 @@ impl Config {
         self.state_dir.join("sandboxes")
     }
 
-    /// Where snapshot templates live.
+    /// Where templates live: every template the daemon builds or
+    /// snapshots, removed only by the daemon ([`templates::sweep_dirs`]).
     pub fn templates_dir(&self) -> PathBuf {
         self.state_dir.join("templates")
+    }
+
+    /// A new directory for template `name`: `templates/NAME.ID`, never
+    /// reused, so that a deleted template's files stay where the sandboxes
+    /// restored from it recorded them until the last of those is gone.
+    pub fn new_template_dir(&self, name: &str) -> PathBuf {
+        self.templates_dir()
+            .join(format!("{name}{}{}", templates::DIR_ID_SEP, random_id()))
     }
 }
 
@@ -349,6 +361,7 @@ pub async fn serve(
     }
     let _ = std::fs::remove_file(&sock);
     supervisor::recover(&d).await;
+    templates::recover(&d);
     let unix =
         tokio::net::UnixListener::bind(&sock).map_err(|e| format!("{}: {e}", sock.display()))?;
     {
