@@ -111,29 +111,120 @@ fn add_root(body: &mut Value, root: &RootRequest) -> Result<()> {
     Ok(())
 }
 
+/// The images a template of `image` with `root` boots: the image, and
+/// the layers that are image names.
+fn template_images(image: &str, root: &RootRequest) -> Vec<String> {
+    let mut v = vec![image.to_string()];
+    for l in &root.layers {
+        if crate::IMAGES.contains(&l.as_str()) && !v.contains(l) {
+            v.push(l.clone());
+        }
+    }
+    v
+}
+
+/// Has the daemon make template `body["name"]` (a `POST /v1/templates`
+/// body) and waits for it, showing each step. From a checkout, for a
+/// daemon on this host, the guest kernel and images are built (the first
+/// time: minutes, with the build's progress) and installed in the
+/// foreground first, so that shoald only boots and snapshots. There is no
+/// deadline: each step ends when it ends, or fails saying what failed.
+/// An image template that exists is used as it is (one that failed is
+/// made again, unless `explicit`: `shoal template create` of a taken
+/// name is refused by the daemon).
+fn ensure_template(g: &Global, c: &DaemonClient, body: &Value, explicit: bool) -> Result<Value> {
+    use crate::artifacts_cmd::{build_into, build_steps, plan_build};
+    use crate::progress::{elapsed, Live};
+    let name = body["name"].as_str().context("a template needs a name")?;
+    let image = body["image"].as_str().unwrap_or("base");
+    let path = format!("/v1/templates/{name}");
+    if !explicit {
+        match c.call::<Value>("GET", &path, None::<&()>) {
+            Ok(t) if t["state"] == "ready" => return Ok(t),
+            Ok(t) if t["state"] == "failed" => {
+                let _ = c.request("DELETE", &path, Body::Empty);
+            }
+            _ => {}
+        }
+    }
+    let root: RootRequest = serde_json::from_value(body.clone()).unwrap_or_default();
+    let images = template_images(image, &root);
+    let layout = shoal_images::artifacts::Layout::default_location();
+    let checkout = crate::daemon_client::is_local(g.daemon.as_deref())
+        .then(|| plan_build(&layout, &images))
+        .flatten();
+    let mut steps = match &checkout {
+        Some(_) => build_steps(&images),
+        None => vec![],
+    };
+    steps.push("boot and snapshot".into());
+    let total = steps.len();
+    let live = Live::start(&format!(
+        "shoal: preparing template '{name}' (once): {}",
+        steps.join(", ")
+    ));
+    if let Some(co) = &checkout {
+        build_into(co, &layout, &images, &live, 1, total)?;
+    }
+    let title = format!("  [{total}/{total}] template '{name}'");
+    live.step(&title);
+    live.detail("booting and snapshotting in shoald");
+    let mut t: Value = match c.call("POST", "/v1/templates", Some(body)) {
+        Ok(t) => t,
+        // Being made by another client, or made meanwhile.
+        Err(shoal_client::ClientError::Http { status: 409, .. }) if !explicit => {
+            c.call("GET", &path, None::<&()>)?
+        }
+        Err(e) => return Err(e.into()),
+    };
+    while t["state"] == "building" {
+        std::thread::sleep(std::time::Duration::from_millis(250));
+        t = c.call("GET", &path, None::<&()>)?;
+    }
+    if t["state"] != "ready" {
+        bail!(
+            "template '{name}' failed: {}",
+            t["error"].as_str().unwrap_or("(no reason given)")
+        );
+    }
+    live.line(&format!(
+        "{title}: ready ({})",
+        elapsed(live.step_elapsed())
+    ));
+    Ok(t)
+}
+
+/// Has the daemon make (once) the template `POST /v1/sandboxes` with
+/// `image` at this shape uses, showing each step ([`ensure_template`]).
+pub fn image_template(
+    g: &Global,
+    c: &DaemonClient,
+    img: &str,
+    vcpus: u32,
+    mem: u32,
+    root: &RootRequest,
+) -> Result<Value> {
+    let mut t = json!({"name": image_template_name(img, vcpus, mem, root),
+        "image": img, "vcpus": vcpus, "memory_mib": mem});
+    add_root(&mut t, root)?;
+    ensure_template(g, c, &t, false)
+}
+
 fn create_sandbox(
+    g: &Global,
     c: &DaemonClient,
     body: &Value,
     image: Option<&str>,
     root: &RootRequest,
 ) -> Result<Value> {
-    // Say so when the first use of an image boots its template.
-    let _p = image.and_then(|img| {
-        let name = image_template_name(
-            img,
+    // The first use of an image at a shape makes its template first.
+    if let Some(img) = image {
+        let (vcpus, mem) = (
             body["vcpus"].as_u64().unwrap_or(1) as u32,
             body["memory_mib"].as_u64().unwrap_or(128) as u32,
-            root,
         );
-        let ready = c
-            .call::<Value>("GET", &format!("/v1/templates/{name}"), None::<&()>)
-            .is_ok_and(|t| t["state"] == "ready");
-        (!ready).then(|| {
-            Progress::start(&format!(
-                "shoal: preparing the '{img}' template (boot once, then snapshot; ~20-60 s on PVM hosts, once)"
-            ))
-        })
-    });
+        image_template(g, c, img, vcpus, mem, root)?;
+    }
     Ok(c.call("POST", "/v1/sandboxes", Some(body))?)
 }
 
@@ -144,7 +235,7 @@ pub fn run(g: &Global, a: &SandboxArgs, e: &ExecArgs, stdin: bool) -> Result<i32
         "metadata": {"by": "shoal run"}});
     let root = a.root.request()?;
     add_root(&mut body, &root)?;
-    let sb = create_sandbox(&c, &body, Some(&a.image), &root)?;
+    let sb = create_sandbox(g, &c, &body, Some(&a.image), &root)?;
     let id = sb["id"].as_str().context("no id in the reply")?.to_string();
     let res = read_stdin(stdin).and_then(|s| stream_exec(&c, &id, &exec_body(e, s)?));
     let _ = c.request("DELETE", &format!("/v1/sandboxes/{id}"), Body::Empty);
@@ -208,7 +299,7 @@ pub fn create(g: &Global, a: &CreateArgs) -> Result<i32> {
     }
     let img = body["image"].as_str().map(String::from);
     let c = connect(g.daemon.as_deref())?;
-    let sb = create_sandbox(&c, &body, img.as_deref(), &root)?;
+    let sb = create_sandbox(g, &c, &body, img.as_deref(), &root)?;
     if g.json {
         println!("{}", serde_json::to_string_pretty(&sb)?);
     } else {
@@ -412,19 +503,7 @@ pub fn template(g: &Global, op: &crate::TemplateCmd) -> Result<i32> {
             let mut body =
                 json!({"name": name, "image": image, "vcpus": cpus, "memory_mib": memory});
             add_root(&mut body, &root.request()?)?;
-            let mut v: Value = c.call("POST", "/v1/templates", Some(&body))?;
-            let p = Progress::start(&format!("shoal: building template '{name}' from '{image}'"));
-            while v["state"] == "building" {
-                std::thread::sleep(std::time::Duration::from_millis(250));
-                v = c.call("GET", &format!("/v1/templates/{name}"), None::<&()>)?;
-            }
-            drop(p);
-            if v["state"] != "ready" {
-                bail!(
-                    "template '{name}' failed: {}",
-                    v["error"].as_str().unwrap_or("")
-                );
-            }
+            let v = ensure_template(g, &c, &body, true)?;
             print(g, &v, |v| v["name"].as_str().unwrap_or("").into())
         }
         T::Ls => {

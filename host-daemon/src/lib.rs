@@ -23,6 +23,7 @@ pub mod openapi;
 pub mod ops;
 pub mod pool;
 pub mod supervisor;
+pub mod template_dirs;
 pub mod templates;
 
 use admission::{Limits, Refusal};
@@ -71,7 +72,7 @@ impl Config {
     }
 
     /// Where templates live: every template the daemon builds or
-    /// snapshots, removed only by the daemon ([`templates::sweep_dirs`]).
+    /// snapshots, removed only by the daemon ([`template_dirs::sweep_dirs`]).
     pub fn templates_dir(&self) -> PathBuf {
         self.state_dir.join("templates")
     }
@@ -80,8 +81,11 @@ impl Config {
     /// reused, so that a deleted template's files stay where the sandboxes
     /// restored from it recorded them until the last of those is gone.
     pub fn new_template_dir(&self, name: &str) -> PathBuf {
-        self.templates_dir()
-            .join(format!("{name}{}{}", templates::DIR_ID_SEP, random_id()))
+        self.templates_dir().join(format!(
+            "{name}{}{}",
+            template_dirs::DIR_ID_SEP,
+            random_id()
+        ))
     }
 }
 
@@ -361,7 +365,7 @@ pub async fn serve(
     }
     let _ = std::fs::remove_file(&sock);
     supervisor::recover(&d).await;
-    templates::recover(&d);
+    template_dirs::recover(&d);
     let unix =
         tokio::net::UnixListener::bind(&sock).map_err(|e| format!("{}: {e}", sock.display()))?;
     {

@@ -1,28 +1,17 @@
 //! Templates (an image booted once and snapshotted, or a sandbox's
-//! snapshot) and warm pools per template.
-//!
-//! Every template the daemon makes lives in its state directory
-//! (`templates/NAME.ID`, [`crate::Config::new_template_dir`]), never in the
-//! daemon-less cache, whose pruning of unused templates knows nothing of
-//! the daemon's. An image template's directory holds its own links (or
-//! copies) of the image and of image-name layers it was booted with, so
-//! that reinstalling the artifacts does not change a template under its
-//! snapshot. Directories are removed only here: with their template when
-//! no sandbox still names it, else by [`sweep_dirs`] once none does.
+//! snapshot) and warm pools per template. Where their files live:
+//! [`crate::template_dirs`].
 
 use super::db::{self, State, TemplateRow};
 use super::ops::{self, check_name};
+use super::template_dirs::build_from_layout;
 use super::{ApiError, ApiResult, Daemon};
 use serde::{Deserialize, Serialize};
-use shoal_images::artifacts::{ArtifactError, Layout};
 use shoal_images::layers::{self, Upper};
-use shoal_runtime::sandbox::{self, GuestFiles, SandboxError, TemplateSpec};
-use std::path::{Path, PathBuf};
+use shoal_runtime::sandbox::{self, TemplateSpec};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
-
-/// Between a template's name and the id of its directory.
-pub const DIR_ID_SEP: char = '.';
 
 /// Images the daemon can boot templates from.
 pub const IMAGES: [&str; 2] = ["tiny", "base"];
@@ -188,84 +177,6 @@ pub fn create_template(d: &Arc<Daemon>, req: CreateTemplate) -> ApiResult<Templa
     Ok(t)
 }
 
-/// Why an image template could not be built.
-#[derive(Debug, thiserror::Error)]
-pub enum BuildError {
-    /// The installed kernel or an image is missing.
-    #[error(transparent)]
-    Artifacts(#[from] ArtifactError),
-    /// Linking or copying an image into the template's directory.
-    #[error("{0}: {1}")]
-    Pin(PathBuf, std::io::Error),
-    /// The boot or the snapshot.
-    #[error(transparent)]
-    Sandbox(#[from] SandboxError),
-}
-
-/// Links `src` into `dst` (a copy where a hard link cannot be made, e.g.
-/// across file systems).
-fn pin(src: &Path, dst: &Path) -> Result<PathBuf, BuildError> {
-    if std::fs::hard_link(src, dst).is_err() {
-        let _ = std::fs::remove_file(dst);
-        layers::clone_file(src, dst)
-            .map_err(|e| BuildError::Pin(dst.into(), std::io::Error::other(e.to_string())))?;
-    }
-    Ok(dst.into())
-}
-
-/// Boots image template `spec` into `dir` from the installed `artifacts`:
-/// the image and image-name layers (`tiny`, `base`) are pinned into `dir`
-/// first; other layers are the caller's files, used where they are.
-pub fn build_from_layout(
-    artifacts: &Layout,
-    vmm: &Path,
-    dir: &Path,
-    mut spec: TemplateSpec,
-    layer_names: &[String],
-) -> Result<(), BuildError> {
-    // Everything is checked before anything is written.
-    let kernel = artifacts.kernel()?;
-    let cmdline = artifacts.cmdline()?;
-    let image = artifacts.image(&spec.image)?;
-    let layer_src: Vec<(PathBuf, bool)> = layer_names
-        .iter()
-        .map(|l| match IMAGES.contains(&l.as_str()) {
-            true => artifacts.image(l).map(|p| (p, true)),
-            false => Ok((PathBuf::from(l), false)),
-        })
-        .collect::<Result<_, _>>()?;
-    let _ = std::fs::remove_dir_all(dir);
-    std::fs::create_dir_all(dir).map_err(|e| BuildError::Pin(dir.into(), e))?;
-    let pinned = (|| {
-        let root = pin(&image, &dir.join("root.erofs"))?;
-        spec.layers = layer_src
-            .iter()
-            .enumerate()
-            .map(|(i, (p, ours))| match ours {
-                true => pin(p, &dir.join(format!("layer{}.erofs", i + 1))),
-                false => Ok(p.clone()),
-            })
-            .collect::<Result<_, _>>()?;
-        Ok::<_, BuildError>(root)
-    })();
-    let root = match pinned {
-        Ok(r) => r,
-        Err(e) => {
-            let _ = std::fs::remove_dir_all(dir);
-            return Err(e);
-        }
-    };
-    let guest = GuestFiles {
-        kernel,
-        image: root,
-        // `quiet`: a sandbox's boot log is read by no one, and every
-        // console byte is a VM exit (errors still print).
-        cmdline: format!("{cmdline} quiet"),
-    };
-    sandbox::build_template(dir, &spec, &guest, vmm)?;
-    Ok(())
-}
-
 async fn build(
     d: Arc<Daemon>,
     name: String,
@@ -335,7 +246,9 @@ pub async fn image_template(
     let name = image_template_name(image, vcpus, mem, root);
     // A failed image template is retried: what failed (missing artifacts,
     // a boot on an overloaded host) may be fixed by now.
-    if d.db(|db| db.template(&name))?.is_some_and(|t| t.state == "failed") {
+    if d.db(|db| db.template(&name))?
+        .is_some_and(|t| t.state == "failed")
+    {
         match delete_template(d, &name).await {
             Ok(()) | Err(ApiError::NotFound(_)) => {}
             Err(e) => return Err(e),
@@ -389,82 +302,6 @@ pub async fn delete_template(d: &Arc<Daemon>, name: &str) -> ApiResult<()> {
     }
     d.event(name, "template_deleted", "");
     Ok(())
-}
-
-/// The template name a directory under `templates/` is for
-/// (`NAME.ID`, or `NAME` for directories of older daemons).
-fn dir_template_name(file_name: &str) -> &str {
-    match file_name.rsplit_once(DIR_ID_SEP) {
-        Some((n, id)) if id.len() == 12 && id.bytes().all(|b| b.is_ascii_hexdigit()) => n,
-        _ => file_name,
-    }
-}
-
-/// Removes the template directories under the state directory that
-/// nothing refers to any more: no template row has it, and no sandbox
-/// names the template it was made for. Returns those removed.
-pub fn sweep_dirs(d: &Daemon) -> ApiResult<Vec<PathBuf>> {
-    let (dirs, names) = d.db(|db| {
-        let dirs: std::collections::HashSet<PathBuf> =
-            db.templates()?.into_iter().map(|t| t.dir).collect();
-        let f = db::Filter {
-            include_pooled: true,
-            ..Default::default()
-        };
-        let names: std::collections::HashSet<String> = db
-            .list_sandboxes(&f)?
-            .into_iter()
-            .map(|s| s.template)
-            .collect();
-        Ok((dirs, names))
-    })?;
-    let mut removed = vec![];
-    for e in std::fs::read_dir(d.cfg.templates_dir())
-        .into_iter()
-        .flatten()
-        .flatten()
-    {
-        let path = e.path();
-        let file_name = e.file_name();
-        let name = dir_template_name(&file_name.to_string_lossy()).to_string();
-        if dirs.contains(&path) || names.contains(&name) {
-            continue;
-        }
-        let gone = match e.file_type() {
-            Ok(t) if t.is_dir() => std::fs::remove_dir_all(&path),
-            _ => std::fs::remove_file(&path),
-        };
-        if gone.is_ok() {
-            removed.push(path);
-        }
-    }
-    Ok(removed)
-}
-
-/// On start: templates left `building` by a daemon that stopped are
-/// failed (an image template is rebuilt on its next use), and template
-/// directories nothing refers to are removed.
-pub fn recover(d: &Daemon) {
-    let r = d.db(|db| {
-        for mut t in db.templates()? {
-            if t.state == "building" {
-                t.state = "failed".into();
-                t.error = Some("the daemon stopped while it was being built".into());
-                db.put_template(&t)?;
-            }
-        }
-        Ok(())
-    });
-    if let Err(e) = r {
-        tracing::warn!("recovering templates: {e}");
-    }
-    match sweep_dirs(d) {
-        Ok(gone) if !gone.is_empty() => {
-            tracing::info!(removed = gone.len(), "removed template directories no one uses")
-        }
-        Ok(_) => {}
-        Err(e) => tracing::warn!("sweeping template directories: {e}"),
-    }
 }
 
 /// A pool as the API shows it.

@@ -8,11 +8,17 @@ fn a_missing_file_names_itself_and_how_to_get_it() {
     let l = Layout::at(dir.path());
     let e = l.kernel().unwrap_err().to_string();
     assert!(e.contains("the guest kernel is not installed"), "{e}");
-    assert!(e.contains(&dir.path().join("vmlinux").display().to_string()), "{e}");
+    assert!(
+        e.contains(&dir.path().join("vmlinux").display().to_string()),
+        "{e}"
+    );
     assert!(e.contains("shoal artifacts build"), "{e}");
     assert!(e.contains("SHOAL_ARTIFACTS"), "{e}");
     let e = l.image("base").unwrap_err().to_string();
-    assert!(e.contains("the 'base' image") && e.contains("images/base.erofs"), "{e}");
+    assert!(
+        e.contains("the 'base' image") && e.contains("images/base.erofs"),
+        "{e}"
+    );
     assert!(matches!(
         l.image("huge"),
         Err(ArtifactError::UnknownImage(_))
@@ -90,7 +96,11 @@ fn fake_checkout(dir: &Path) -> Checkout {
     let s = dir.join("scripts");
     std::fs::create_dir_all(&s).unwrap();
     std::fs::create_dir_all(dir.join("kernel-configs")).unwrap();
-    std::fs::write(dir.join("kernel-configs/cmdline"), "console=ttyS0 panic=-1\n").unwrap();
+    std::fs::write(
+        dir.join("kernel-configs/cmdline"),
+        "console=ttyS0 panic=-1\n",
+    )
+    .unwrap();
     let out = dir.join("out");
     std::fs::create_dir_all(&out).unwrap();
     for f in ["vmlinux", "tiny.erofs", "tiny.cpio"] {
@@ -144,7 +154,10 @@ fn a_checkout_builds_and_installs_with_every_line_reported() {
             "Step(\"tiny: building\")",
         ]
     );
-    assert_eq!(std::fs::read_to_string(l.kernel().unwrap()).unwrap(), "vmlinux");
+    assert_eq!(
+        std::fs::read_to_string(l.kernel().unwrap()).unwrap(),
+        "vmlinux"
+    );
     assert_eq!(
         std::fs::read_to_string(l.image("tiny").unwrap()).unwrap(),
         "tiny.erofs"

@@ -18,10 +18,11 @@ use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-/// Boots the tiny template into the shared cache once per test binary, so
-/// that daemons started in parallel find it instead of each booting it.
-fn prime_template() {
-    shoal_test_support::tiny_template();
+/// The installed guest kernel and `tiny` image the daemons read (built
+/// from this checkout and installed once per test binary).
+fn artifacts() -> PathBuf {
+    shoal_test_support::require_kvm();
+    shoal_test_support::artifacts().dir
 }
 
 fn shoald_bin() -> PathBuf {
@@ -52,27 +53,30 @@ struct Daemon {
     dir: PathBuf,
     args: Vec<String>,
     c: DaemonClient,
-    /// Templates built by this daemon go under `dir/cache` (SHOAL_STATE),
-    /// removed with it, instead of the shared cache.
-    own_cache: bool,
+    /// Environment of the daemon process.
+    env: Vec<(String, PathBuf)>,
     _tmp: Option<tempfile::TempDir>,
 }
 
 impl Daemon {
     fn start(args: &[&str]) -> Daemon {
-        Self::start_with(args, false)
+        Self::start_env(args, &[])
     }
 
-    fn start_with(args: &[&str], own_cache: bool) -> Daemon {
-        prime_template();
+    /// Templates the daemon builds go under its state directory (`dir`),
+    /// removed with it.
+    fn start_env(args: &[&str], env: &[(&str, &std::path::Path)]) -> Daemon {
+        let artifacts = artifacts();
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().to_path_buf();
+        let mut args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        args.extend(["--artifacts".into(), artifacts.display().to_string()]);
         let mut d = Daemon {
             child: None,
             c: DaemonClient::unix(dir.join("shoald.sock")),
             dir,
-            args: args.iter().map(|s| s.to_string()).collect(),
-            own_cache,
+            args,
+            env: env.iter().map(|(k, v)| (k.to_string(), v.into())).collect(),
             _tmp: Some(tmp),
         };
         d.spawn();
@@ -86,9 +90,7 @@ impl Daemon {
             .open(self.dir.join("shoald.log"))
             .unwrap();
         let mut cmd = Command::new(shoald_bin());
-        if self.own_cache {
-            cmd.env("SHOAL_STATE", self.dir.join("cache"));
-        }
+        cmd.envs(self.env.iter().map(|(k, v)| (k, v)));
         let child = cmd
             .arg("--state-dir")
             .arg(&self.dir)
@@ -700,7 +702,7 @@ fn template_layers_and_upper_layers_end_to_end() {
         .unwrap();
     let (kit_s, bad_s) = (kit.to_str().unwrap(), misaligned.to_str().unwrap());
 
-    let d = Daemon::start_with(&["--no-pools"], true);
+    let d = Daemon::start(&["--no-pools"]);
     // Bad inputs: clear 400s, nothing registered, nothing booted.
     let t = |extra: Value| {
         let mut b = json!({"name": "x", "image": "tiny"});
@@ -901,4 +903,87 @@ fn template_layers_and_upper_layers_end_to_end() {
         .unwrap()
         .collect();
     assert!(left.is_empty(), "sandbox directories left: {left:?}");
+}
+
+/// Sets the modification time of `p` (a file or a directory).
+fn age(p: &std::path::Path, by: Duration) {
+    let t = std::time::SystemTime::now() - by;
+    std::fs::File::open(p)
+        .and_then(|f| f.set_modified(t))
+        .unwrap_or_else(|e| panic!("ageing {}: {e}", p.display()));
+}
+
+/// Regression: the daemon's templates lived in the daemon-less cache,
+/// whose pruning of day-old unmapped templates (run whenever a daemon-less
+/// template is made) deleted templates the daemon still listed as ready (a
+/// restore never refreshes a template's time). They now live under the
+/// state directory: a day-old, unmapped daemon template survives the
+/// prune, a sandbox still restores from it, and the daemon wrote nothing
+/// into the daemon-less cache. Deleting the template removes its
+/// directory (the daemon is the one that removes it).
+#[test]
+fn daemon_templates_live_in_the_state_dir_and_survive_cache_pruning() {
+    let cache = tempfile::tempdir().unwrap();
+    let env: [(&str, &std::path::Path); 2] =
+        [("SHOAL_CACHE", cache.path()), ("SHOAL_STATE", cache.path())];
+    let d = Daemon::start_env(&["--no-pools"], &env);
+    let sb = d.create(json!({}));
+    let id = sb["id"].as_str().unwrap().to_string();
+    let t = d.ok("GET", "/v1/templates/tiny-1c-128m", None);
+    assert_eq!((&t["state"], &t["owned"]), (&json!("ready"), &json!(true)));
+    let dir = PathBuf::from(t["dir"].as_str().unwrap());
+    assert!(
+        dir.starts_with(d.dir.join("templates")),
+        "template {} is not under the state directory {}",
+        dir.display(),
+        d.dir.display()
+    );
+    // Its image is its own: a reinstall of the artifacts cannot change it.
+    assert!(
+        dir.join("root.erofs").is_file(),
+        "no pinned image in {}",
+        dir.display()
+    );
+    d.c.request("DELETE", &format!("/v1/sandboxes/{id}"), Body::Empty)
+        .unwrap()
+        .ok()
+        .unwrap();
+    wait_for("the VMM to end", 10, || d.vmms().is_empty());
+
+    // A day-old template no process maps, pruned by the daemon-less side
+    // as it does after making a template of its own.
+    for p in ["state", "memory", "root.erofs", ""] {
+        age(&dir.join(p), Duration::from_secs(2 * 24 * 3600));
+    }
+    let cache_templates = shoal_runtime::sandbox::prune_templates(
+        &cache.path().join("templates"),
+        std::path::Path::new("/nonexistent"),
+        Duration::from_secs(3600),
+    );
+    assert!(cache_templates.is_empty(), "pruned {cache_templates:?}");
+    let in_cache: Vec<_> = std::fs::read_dir(cache.path())
+        .map(|r| r.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    assert!(
+        in_cache.is_empty(),
+        "the daemon wrote into the daemon-less cache: {in_cache:?}"
+    );
+    assert!(
+        dir.join("memory").is_file(),
+        "the daemon's template was removed"
+    );
+
+    // Still restores, and runs a command.
+    let sb = d.create(json!({}));
+    let id = sb["id"].as_str().unwrap().to_string();
+    assert_eq!(d.sh(&id, "echo ok")["stdout"], "ok\n");
+    d.c.request("DELETE", &format!("/v1/sandboxes/{id}"), Body::Empty)
+        .unwrap()
+        .ok()
+        .unwrap();
+    d.c.request("DELETE", "/v1/templates/tiny-1c-128m", Body::Empty)
+        .unwrap()
+        .ok()
+        .unwrap();
+    assert!(!dir.exists(), "a deleted template's directory stayed");
 }

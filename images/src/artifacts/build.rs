@@ -26,10 +26,7 @@ impl<'a> Event<'a> {
     /// its messages with `build-kernel: `).
     pub fn parse(script: &str, line: &'a str) -> Event<'a> {
         let name = script.trim_end_matches(".sh");
-        match line
-            .strip_prefix(name)
-            .and_then(|l| l.strip_prefix(": "))
-        {
+        match line.strip_prefix(name).and_then(|l| l.strip_prefix(": ")) {
             Some(m) => match m.strip_prefix("progress ") {
                 Some(p) => Event::Progress(p),
                 None => Event::Step(m),
@@ -259,7 +256,9 @@ fn same_file(a: &Path, b: &Path) -> bool {
     match (std::fs::metadata(a), std::fs::metadata(b)) {
         (Ok(x), Ok(y)) => {
             (x.dev(), x.ino()) == (y.dev(), y.ino())
-                || (x.len() == y.len() && x.mtime() == y.mtime() && x.mtime_nsec() == y.mtime_nsec())
+                || (x.len() == y.len()
+                    && x.mtime() == y.mtime()
+                    && x.mtime_nsec() == y.mtime_nsec())
         }
         _ => false,
     }
