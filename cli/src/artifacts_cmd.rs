@@ -158,7 +158,7 @@ pub fn build_cmd(dir: Option<std::path::PathBuf>, images: &[String]) -> Result<i
     };
     let total = 1 + images.len();
     {
-        let live = Live::start(&format!(
+        let live = Live::start_with_line(&format!(
             "shoal: building the guest kernel and images {images:?} from {} into {}",
             checkout.root.display(),
             layout.dir.display()

@@ -159,7 +159,7 @@ fn ensure_template(g: &Global, c: &DaemonClient, body: &Value, explicit: bool) -
     };
     steps.push("boot and snapshot".into());
     let total = steps.len();
-    let live = Live::start(&format!(
+    let live = Live::start_with_line(&format!(
         "shoal: preparing template '{name}' (once): {}",
         steps.join(", ")
     ));
@@ -168,7 +168,8 @@ fn ensure_template(g: &Global, c: &DaemonClient, body: &Value, explicit: bool) -
     }
     let title = format!("  [{total}/{total}] template '{name}'");
     live.step(&title);
-    live.detail("booting and snapshotting in shoald");
+    let doing = "booting and snapshotting in shoald";
+    live.detail(doing);
     let mut t: Value = match c.call("POST", "/v1/templates", Some(body)) {
         Ok(t) => t,
         // Being made by another client, or made meanwhile.
@@ -180,6 +181,7 @@ fn ensure_template(g: &Global, c: &DaemonClient, body: &Value, explicit: bool) -
     while t["state"] == "building" {
         std::thread::sleep(std::time::Duration::from_millis(250));
         t = c.call("GET", &path, None::<&()>)?;
+        live.detail(doing);
     }
     if t["state"] != "ready" {
         bail!(

@@ -15,7 +15,7 @@ struct State {
     title: String,
     detail: String,
     since: Instant,
-    /// Plain output: when the status was last printed.
+    /// Plain output: when the status (or the title) was last printed.
     printed: Option<Instant>,
 }
 
@@ -86,12 +86,22 @@ impl Live {
         Self::start_on(title, std::io::stderr().is_terminal())
     }
 
+    /// [`Live::start`], with `title` also printed as a line that stays.
+    pub fn start_with_line(title: &str) -> Live {
+        let tty = std::io::stderr().is_terminal();
+        let l = Self::start_on(title, tty);
+        if tty {
+            l.line(title);
+        }
+        l
+    }
+
     fn start_on(title: &str, tty: bool) -> Live {
         let state = Arc::new(Mutex::new(State {
             title: title.into(),
             detail: String::new(),
             since: Instant::now(),
-            printed: None,
+            printed: Some(Instant::now()),
         }));
         let stop = Arc::new(AtomicBool::new(false));
         let thread = if tty {
@@ -134,7 +144,7 @@ impl Live {
         g.title = title.into();
         g.detail.clear();
         g.since = Instant::now();
-        g.printed = None;
+        g.printed = Some(g.since);
         if !self.tty {
             eprintln!("{title}");
         }
