@@ -58,7 +58,7 @@ fn start_daemon(sock: &std::path::Path) -> Result<()> {
     let bin = exe.with_file_name("shoald");
     if !bin.is_file() {
         bail!(
-            "shoald is not running at {} and {} is missing (cargo build --release -p host-daemon)",
+            "shoald is not running at {} and {} is missing (cargo build --release -p shoald)",
             sock.display(),
             bin.display()
         );

@@ -35,7 +35,7 @@ fn shoald_bin() -> PathBuf {
         // Always build: cargo is a no-op when it is up to date, and a stale
         // daemon would test old code.
         let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
-        c.args(["build", "-q", "-p", "host-daemon", "--bin", "shoald"]);
+        c.args(["build", "-q", "-p", "shoald", "--bin", "shoald"]);
         if !debug {
             c.arg("--release");
         }
