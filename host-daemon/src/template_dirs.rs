@@ -184,4 +184,4 @@ pub fn recover(d: &Daemon) {
 
 #[cfg(test)]
 #[path = "template_dirs_tests.rs"]
-mod tests;
+pub(crate) mod tests;

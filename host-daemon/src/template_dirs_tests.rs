@@ -1,15 +1,17 @@
 //! Template directories without KVM: where they go, when they go, and a
-//! build that lacks installed artifacts.
+//! build that lacks installed artifacts (the daemon's answer to that is
+//! tested in `templates`).
 
 use super::*;
 use crate::admission::Limits;
 use crate::db::{SandboxRow, State, TemplateRow};
-use crate::templates::{self, CreateTemplate};
 use crate::{Config, Daemon};
 use std::sync::Arc;
 use std::time::Duration;
 
-fn daemon(state: &Path, artifacts: &Path) -> Arc<Daemon> {
+/// A daemon on `state` reading artifacts from `artifacts` (no KVM: its
+/// VMM does not exist).
+pub(crate) fn daemon(state: &Path, artifacts: &Path) -> Arc<Daemon> {
     Daemon::open(Config {
         state_dir: state.into(),
         vmm: "/nonexistent/shoal-vmm".into(),
@@ -159,64 +161,4 @@ fn without_installed_artifacts_a_build_fails_at_once_naming_what_is_missing() {
     .to_string();
     assert!(e.contains("the 'tiny' image is not installed"), "{e}");
     assert!(!dir.exists());
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_image_template_without_artifacts_fails_clearly_and_is_retried() {
-    let tmp = tempfile::tempdir().unwrap();
-    let d = daemon(&tmp.path().join("state"), &tmp.path().join("none"));
-    let req = CreateTemplate {
-        name: "t1".into(),
-        image: "tiny".into(),
-        vcpus: None,
-        memory_mib: None,
-        layers: vec![],
-        upper_size_mib: None,
-        upper_disk_mib: None,
-    };
-    let t = templates::create_template(&d, req).unwrap();
-    assert_eq!(t.state, "building");
-    assert!(
-        t.dir.starts_with(d.cfg.templates_dir()),
-        "{}",
-        t.dir.display()
-    );
-    // No deadline to wait for: the build ends, here at once.
-    let t = tokio::time::timeout(Duration::from_secs(30), async {
-        loop {
-            let t = d.db(|db| db.template("t1")).unwrap().unwrap();
-            if t.state != "building" {
-                return t;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await
-    .expect("the build ended");
-    assert_eq!(t.state, "failed");
-    assert!(
-        t.error
-            .as_deref()
-            .unwrap_or("")
-            .contains("is not installed"),
-        "{t:?}"
-    );
-
-    // POST /v1/sandboxes with an image: its failed template is made again
-    // (the artifacts may be there by now), and the reason is the answer.
-    let root = templates::RootRequest::default();
-    let first = templates::image_template(&d, "tiny", 1, 128, &root)
-        .await
-        .unwrap_err()
-        .to_string();
-    assert!(first.contains("is not installed"), "{first}");
-    let row1 = d.db(|db| db.template("tiny-1c-128m")).unwrap().unwrap();
-    let again = templates::image_template(&d, "tiny", 1, 128, &root)
-        .await
-        .unwrap_err()
-        .to_string();
-    assert!(again.contains("is not installed"), "{again}");
-    let row2 = d.db(|db| db.template("tiny-1c-128m")).unwrap().unwrap();
-    assert_ne!(row1.dir, row2.dir, "built again, in a new directory");
-    assert!(!row1.dir.exists() && !row2.dir.exists());
 }
