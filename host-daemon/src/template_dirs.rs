@@ -8,7 +8,7 @@
 //! Directories are removed only by the daemon: with their template when no
 //! sandbox still names it, else by [`sweep_dirs`] once none does.
 
-use super::db;
+use super::db::{self, TemplateRow};
 use super::{ApiResult, Daemon};
 use shoal_images::artifacts::{ArtifactError, Layout, IMAGES};
 use shoal_images::layers;
@@ -148,13 +148,62 @@ pub fn sweep_dirs(d: &Daemon) -> ApiResult<Vec<PathBuf>> {
     Ok(removed)
 }
 
+/// Links (else copies) every file of directory `from` into a new
+/// directory `to`.
+fn link_dir(from: &Path, to: &Path) -> Result<(), BuildError> {
+    std::fs::create_dir_all(to).map_err(|e| BuildError::Dir(to.into(), e))?;
+    let entries = std::fs::read_dir(from).map_err(|e| BuildError::Dir(from.into(), e))?;
+    for e in entries {
+        let e = e.map_err(|e| BuildError::Dir(from.into(), e))?;
+        if e.file_type().is_ok_and(|t| t.is_file()) {
+            pin(&e.path(), &to.join(e.file_name()))?;
+        }
+    }
+    Ok(())
+}
+
+/// A ready image template of an older daemon, whose directory is in the
+/// daemon-less cache (where it may be pruned), is taken into the state
+/// directory: its files linked (else copied) into a new directory of its
+/// own. One whose files are gone already is failed (made again on its
+/// next use).
+fn adopt(d: &Daemon, t: &mut TemplateRow) {
+    if t.owned || t.state != "ready" || t.dir.starts_with(d.cfg.templates_dir()) {
+        return;
+    }
+    let to = d.cfg.new_template_dir(&t.name);
+    let res = match t.dir.join("state").is_file() && t.dir.join("memory").is_file() {
+        true => link_dir(&t.dir, &to).map_err(|e| e.to_string()),
+        false => Err(format!("its snapshot in {} is gone", t.dir.display())),
+    };
+    match res {
+        Ok(()) => {
+            tracing::info!(template = %t.name, from = %t.dir.display(), to = %to.display(),
+                "template taken into the state directory");
+            t.dir = to;
+            t.owned = true;
+        }
+        Err(e) => {
+            let _ = std::fs::remove_dir_all(&to);
+            tracing::warn!(template = %t.name, "{e}");
+            t.state = "failed".into();
+            t.error = Some(e);
+        }
+    }
+}
+
 /// On start: templates left `building` by a daemon that stopped are
 /// failed (an image template is rebuilt on its next use) and their
-/// directories removed, and so are template directories nothing refers
-/// to.
+/// directories removed, templates of older daemons still in the
+/// daemon-less cache are taken into the state directory ([`adopt`]), and
+/// template directories nothing refers to are removed.
 pub fn recover(d: &Daemon) {
     let r = d.db(|db| {
         for mut t in db.templates()? {
+            if !t.owned && t.state == "ready" {
+                adopt(d, &mut t);
+                db.put_template(&t)?;
+            }
             if t.state == "building" {
                 t.state = "failed".into();
                 t.error = Some("the daemon stopped while it was being built".into());

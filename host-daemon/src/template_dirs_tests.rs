@@ -162,3 +162,44 @@ fn without_installed_artifacts_a_build_fails_at_once_naming_what_is_missing() {
     assert!(e.contains("the 'tiny' image is not installed"), "{e}");
     assert!(!dir.exists());
 }
+
+#[test]
+fn templates_of_older_daemons_in_the_cache_are_taken_into_the_state_dir() {
+    use std::os::unix::fs::MetadataExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let d = daemon(&tmp.path().join("state"), &tmp.path().join("none"));
+    let cached = tmp.path().join("cache/templates/tiny-0123");
+    mkdir(&cached);
+    std::fs::write(cached.join("state"), "s").unwrap();
+    let mut old = template("tiny-1c-128m", cached.clone(), "ready");
+    old.owned = false;
+    let mut lost = template(
+        "base-1c-256m",
+        tmp.path().join("cache/templates/gone"),
+        "ready",
+    );
+    lost.owned = false;
+    d.db(|db| {
+        db.put_template(&old)?;
+        db.put_template(&lost)
+    })
+    .unwrap();
+    recover(&d);
+    let t = d.db(|db| db.template("tiny-1c-128m")).unwrap().unwrap();
+    assert_eq!((t.state.as_str(), t.owned), ("ready", true));
+    assert!(
+        t.dir.starts_with(d.cfg.templates_dir()),
+        "{}",
+        t.dir.display()
+    );
+    let ino = |p: PathBuf| std::fs::metadata(p).unwrap().ino();
+    assert_eq!(ino(t.dir.join("memory")), ino(cached.join("memory")));
+    // The cache's pruning takes its copy; the daemon's stays.
+    std::fs::remove_dir_all(&cached).unwrap();
+    assert!(t.dir.join("memory").is_file() && t.dir.join("state").is_file());
+    let t = d.db(|db| db.template("base-1c-256m")).unwrap().unwrap();
+    assert_eq!(t.state, "failed");
+    assert!(t.error.unwrap().contains("is gone"));
+    // Nothing else was left in the state directory.
+    assert_eq!(std::fs::read_dir(d.cfg.templates_dir()).unwrap().count(), 1);
+}

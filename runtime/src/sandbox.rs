@@ -75,12 +75,7 @@ pub fn state_dir() -> PathBuf {
     if let Some(p) = std::env::var_os("SHOAL_STATE") {
         return p.into();
     }
-    std::env::var_os("SHOAL_CACHE")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into()))
-                .join(".cache/shoal")
-        })
+    artifacts::cache_dir()
 }
 
 /// A 64-bit FNV-1a hash of `parts` (each terminated), as 16 hex digits.
