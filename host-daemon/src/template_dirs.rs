@@ -10,6 +10,7 @@
 
 use super::db::{self, TemplateRow};
 use super::{ApiResult, Daemon};
+use shoal_api::TemplateState;
 use shoal_images::artifacts::{ArtifactError, Layout, IMAGES};
 use shoal_images::layers;
 use shoal_runtime::sandbox::{self, GuestFiles, SandboxError, TemplateSpec};
@@ -168,7 +169,7 @@ fn link_dir(from: &Path, to: &Path) -> Result<(), BuildError> {
 /// own. One whose files are gone already is failed (made again on its
 /// next use).
 fn adopt(d: &Daemon, t: &mut TemplateRow) {
-    if t.owned || t.state != "ready" || t.dir.starts_with(d.cfg.templates_dir()) {
+    if t.owned || t.state != TemplateState::Ready || t.dir.starts_with(d.cfg.templates_dir()) {
         return;
     }
     let to = d.cfg.new_template_dir(&t.name);
@@ -186,7 +187,7 @@ fn adopt(d: &Daemon, t: &mut TemplateRow) {
         Err(e) => {
             let _ = std::fs::remove_dir_all(&to);
             tracing::warn!(template = %t.name, "{e}");
-            t.state = "failed".into();
+            t.state = TemplateState::Failed;
             t.error = Some(e);
         }
     }
@@ -200,12 +201,12 @@ fn adopt(d: &Daemon, t: &mut TemplateRow) {
 pub fn recover(d: &Daemon) {
     let r = d.db(|db| {
         for mut t in db.templates()? {
-            if !t.owned && t.state == "ready" {
+            if !t.owned && t.state == TemplateState::Ready {
                 adopt(d, &mut t);
                 db.put_template(&t)?;
             }
-            if t.state == "building" {
-                t.state = "failed".into();
+            if t.state == TemplateState::Building {
+                t.state = TemplateState::Failed;
                 t.error = Some("the daemon stopped while it was being built".into());
                 db.put_template(&t)?;
                 // Half written.

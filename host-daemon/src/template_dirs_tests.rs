@@ -34,13 +34,14 @@ pub(crate) fn daemon(state: &Path, artifacts: &Path) -> Arc<Daemon> {
 }
 
 fn template(name: &str, dir: PathBuf, state: &str) -> TemplateRow {
+    let state = shoal_api::TemplateState::parse(state).unwrap();
     TemplateRow {
         name: name.into(),
         source: "image:tiny".into(),
         vcpus: 1,
         memory_mib: 128,
         dir,
-        state: state.into(),
+        state,
         error: None,
         created_at: db::now(),
         owned: true,
@@ -125,7 +126,7 @@ fn template_dirs_are_in_the_state_dir_and_go_only_when_unused() {
     // next start, and its half-written directory removed.
     recover(&d);
     let t = d.db(|db| db.template("building")).unwrap().unwrap();
-    assert_eq!(t.state, "failed");
+    assert_eq!(t.state.as_str(), "failed");
     assert!(t
         .error
         .unwrap()
@@ -198,7 +199,7 @@ fn templates_of_older_daemons_in_the_cache_are_taken_into_the_state_dir() {
     std::fs::remove_dir_all(&cached).unwrap();
     assert!(t.dir.join("memory").is_file() && t.dir.join("state").is_file());
     let t = d.db(|db| db.template("base-1c-256m")).unwrap().unwrap();
-    assert_eq!(t.state, "failed");
+    assert_eq!(t.state.as_str(), "failed");
     assert!(t.error.unwrap().contains("is gone"));
     // Nothing else was left in the state directory.
     assert_eq!(std::fs::read_dir(d.cfg.templates_dir()).unwrap().count(), 1);
