@@ -144,7 +144,7 @@ pub enum ApiError {
         context: &'static str,
         /// The control-socket error.
         #[source]
-        source: vmm::api::ApiError,
+        source: vmm_api::ApiError,
     },
     /// 500: the VMM process could not be started.
     #[error("cannot start {}: {source}", .vmm.display())]

@@ -13,7 +13,6 @@ use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use vmm::api::{self as vmm_api, Request};
 
 /// Largest guest the API accepts (MiB).
 pub const MAX_MEMORY_MIB: u32 = 64 * 1024;
@@ -119,8 +118,10 @@ pub async fn start_vmm(
                 log_tail: vm::log_tail(&p2),
             }
         })?;
-        let frozen =
-            freeze && vmm_api::call(&p2.api_sock, &Request::Pause, Duration::from_secs(5)).is_ok();
+        let frozen = freeze
+            && vmm_api::Client::new(&p2.api_sock, Duration::from_secs(5))
+                .pause()
+                .is_ok();
         Ok((p, frozen))
     })
     .await;
