@@ -131,17 +131,42 @@ pub async fn snapshot(d: &Arc<Daemon>, id: &str, req: SnapshotRequest) -> ApiRes
         .template
         .unwrap_or_else(|| format!("snap-{id}-{}", db::now() as u64));
     check_name("template", &name)?;
-    if d.db(|db| db.template(&name))?.is_some() {
+    let (r, live, _busy) = ensure_running(d, id).await?;
+    // Layers and upper layer as the sandbox's template had them.
+    let from = d.db(|db| db.template(&r.template))?;
+    // Registered first (building), so that its name is taken and its
+    // directory is known to be in use while the snapshot is written.
+    let mut t = TemplateRow {
+        name: name.clone(),
+        source: format!("sandbox:{id}"),
+        vcpus: r.vcpus,
+        memory_mib: r.memory_mib,
+        dir: d.cfg.new_template_dir(&name),
+        state: TemplateState::Building,
+        error: None,
+        created_at: db::now(),
+        owned: true,
+        layers: from.as_ref().map(|f| f.layers.clone()).unwrap_or_default(),
+        upper_size_mib: from.as_ref().and_then(|f| f.upper_size_mib),
+        upper_disk_mib: from.as_ref().and_then(|f| f.upper_disk_mib),
+    };
+    let inserted = d.db(|db| {
+        if db.template(&name)?.is_some() {
+            return Ok(false);
+        }
+        db.put_template(&t)?;
+        Ok(true)
+    })?;
+    if !inserted {
         return Err(ApiError::Conflict(format!("template '{name}' exists")));
     }
-    let (r, live, _busy) = ensure_running(d, id).await?;
     let _g = live.op.lock().await;
     *live.client.lock().await = None;
-    let dir = d.cfg.templates_dir().join(&name);
+    let dir = t.dir.clone();
     let sock = live.paths.api_sock.clone();
     let sandbox_dir = live.paths.dir.clone();
     let dir2 = dir.clone();
-    blocking("snapshot", Duration::from_secs(180), move || {
+    let res = blocking("snapshot", Duration::from_secs(180), move || {
         let t = Duration::from_secs(120);
         let vmm = Client::new(&sock, t);
         let res = vmm.snapshot(&dir2, false).map_err(vmm_err).and_then(|_| {
@@ -161,23 +186,13 @@ pub async fn snapshot(d: &Arc<Daemon>, id: &str, req: SnapshotRequest) -> ApiRes
         }
         res.and(resumed).map(|_| ())
     })
-    .await?;
-    // Layers and upper layer as the sandbox's template had them.
-    let from = d.db(|db| db.template(&r.template))?;
-    let t = TemplateRow {
-        name: name.clone(),
-        source: format!("sandbox:{id}"),
-        vcpus: r.vcpus,
-        memory_mib: r.memory_mib,
-        dir,
-        state: TemplateState::Ready,
-        error: None,
-        created_at: db::now(),
-        owned: true,
-        layers: from.as_ref().map(|f| f.layers.clone()).unwrap_or_default(),
-        upper_size_mib: from.as_ref().and_then(|f| f.upper_size_mib),
-        upper_disk_mib: from.as_ref().and_then(|f| f.upper_disk_mib),
-    };
+    .await;
+    if let Err(e) = res {
+        let _ = d.db(|db| db.delete_template(&name));
+        let _ = std::fs::remove_dir_all(&dir);
+        return Err(e);
+    }
+    t.state = TemplateState::Ready;
     d.db(|db| db.put_template(&t))?;
     d.event(id, "snapshot", &format!("template '{name}'"));
     Ok(t)

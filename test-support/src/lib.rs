@@ -13,7 +13,7 @@ mod layers;
 mod prereq;
 mod sandbox;
 
-pub use artifacts::{cmdline, image, kernel, tiny_template};
+pub use artifacts::{artifacts, cmdline, image, kernel, tiny_template};
 pub use console::Console;
 pub use layers::{debugfs, layer};
 pub use prereq::{kvm, kvm_serial, require_kvm, require_root};
