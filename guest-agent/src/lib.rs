@@ -1,7 +1,13 @@
-//! Shoal guest agent: the wire protocol ([`proto`]) shared by the agent
-//! (`shoal-agent`, the guest's PID 1) and the host, and the host's blocking
-//! client ([`client`]).
+//! Temporary re-exports for the host crates that still import
+//! `guest_agent::{client, proto, syscount}`: the protocol now lives in the
+//! `agent-proto` crate and the clients in `agent-client`. Removed once the
+//! host crates import those directly (the agent binary uses neither this
+//! library nor `agent-client`).
 
-pub mod client;
-pub mod proto;
-pub mod syscount;
+pub use agent_client::syscount;
+pub use agent_proto as proto;
+
+/// The host clients (now `agent_client`).
+pub mod client {
+    pub use agent_client::*;
+}

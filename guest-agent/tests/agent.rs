@@ -7,12 +7,12 @@ use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
-use common::{process_dead, Agent, HashWriter, PseudoRandom};
-use guest_agent::client::{ClientError, ExecEvent, ExecRequest, UploadOptions};
-use guest_agent::proto::{
-    self, put_data, put_message, AgentMode, ErrorCode, ErrorReply, ExitStatus, FileType, Header,
-    Hello, Kind, HELLO_MAGIC, MAX_PAYLOAD, PROTOCOL_VERSION,
+use agent_client::{ClientError, ExecEvent, ExecRequest, UploadOptions};
+use agent_proto::{
+    self as proto, put_data, put_message, AgentMode, ErrorCode, ErrorReply, ExitStatus, FileType,
+    Header, Hello, Kind, HELLO_MAGIC, MAX_PAYLOAD, PROTOCOL_VERSION,
 };
+use common::{process_dead, Agent, HashWriter, PseudoRandom};
 
 fn sh(script: &str) -> ExecRequest {
     ExecRequest::shell(script)
@@ -496,8 +496,7 @@ fn raw_connect(agent: &Agent) -> UnixStream {
 }
 
 fn read(s: &mut UnixStream) -> Option<(Header, Vec<u8>)> {
-    let mut p = Vec::new();
-    proto::read_frame(s, &mut p).unwrap().map(|h| (h, p))
+    common::read_frame(s)
 }
 
 fn expect_error(s: &mut UnixStream, code: ErrorCode) -> ErrorReply {
@@ -641,7 +640,7 @@ fn version_mismatch_is_refused_clearly() {
         version: PROTOCOL_VERSION + 998,
         client: "future".into(),
     };
-    let err = guest_agent::client::Client::from_stream_with_hello(s, hello).unwrap_err();
+    let err = agent_client::Client::from_stream_with_hello(s, hello).unwrap_err();
     let ClientError::VersionMismatch(msg) = &err else {
         panic!("unexpected {err:?}");
     };
@@ -808,13 +807,13 @@ fn fake_hybrid_vsock(agent: &Agent, refuse: bool) -> std::path::PathBuf {
 fn connect_through_hybrid_vsock_socket() {
     let agent = Agent::start();
     let path = fake_hybrid_vsock(&agent, false);
-    let c = guest_agent::client::Client::connect_vsock(&path, proto::VSOCK_PORT).unwrap();
+    let c = agent_client::Client::connect_vsock(&path, proto::VSOCK_PORT).unwrap();
     assert_eq!(
         c.exec_simple(&sh("echo via vsock")).unwrap().stdout,
         b"via vsock\n"
     );
     let path = fake_hybrid_vsock(&agent, true);
-    let err = guest_agent::client::Client::connect_vsock(&path, proto::VSOCK_PORT).unwrap_err();
+    let err = agent_client::Client::connect_vsock(&path, proto::VSOCK_PORT).unwrap_err();
     assert!(matches!(err, ClientError::VsockHandshake(_)), "{err:?}");
     // Retried until the socket appears.
     let later = agent.dir.path().join("v.sock");
@@ -824,7 +823,7 @@ fn connect_through_hybrid_vsock_socket() {
             std::thread::sleep(Duration::from_millis(200));
             fake_hybrid_vsock(&agent, false);
         });
-        let c = guest_agent::client::Client::connect_vsock_retry(
+        let c = agent_client::Client::connect_vsock_retry(
             &later,
             proto::VSOCK_PORT,
             Duration::from_secs(10),

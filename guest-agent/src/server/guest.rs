@@ -5,7 +5,7 @@ use std::ffi::{c_int, CStr, CString};
 
 use super::os::{self, Errno};
 use crate::sys::report;
-use guest_agent::proto::{AgentMode, PostRestore, PostRestoreReply, PowerAction};
+use agent_proto::{AgentMode, PostRestore, PostRestoreReply, PowerAction};
 
 /// Parent cgroup of every user command (one child cgroup per exec).
 const USER_CGROUP: &CStr = c"/sys/fs/cgroup/shoal-user";

@@ -32,8 +32,8 @@ use std::ffi::CString;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 
-use guest_agent::proto::{
-    self, begin_frame, decode, end_frame, put_data, put_empty, put_message, AgentMode,
+use agent_proto::{
+    self as proto, begin_frame, decode, end_frame, put_data, put_empty, put_message, AgentMode,
     AttachRequest, ChmodRequest, Command, DirEntries, ErrorCode, ErrorReply, ExecRequest,
     ExecResult, ExecStarted, ExitStatus, FileDone, FileRead, FileWrite, Header, HealthReply, Hello,
     HelloOk, Kind, Message, MkdirRequest, PathRequest, PostRestore, PowerAction, PowerRequest,
