@@ -4,6 +4,13 @@
 //! host crates import those directly (the agent binary uses neither this
 //! library nor `agent-client`).
 
+#![warn(
+    clippy::cast_possible_truncation,
+    clippy::cast_possible_wrap,
+    clippy::cast_sign_loss,
+    clippy::cast_lossless
+)]
+
 pub use agent_client::syscount;
 pub use agent_proto as proto;
 

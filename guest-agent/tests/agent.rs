@@ -1,6 +1,13 @@
 //! The agent protocol end to end, against `shoal-agent --listen unix:...`
 //! running as a host process.
 
+#![warn(
+    clippy::cast_possible_truncation,
+    clippy::cast_possible_wrap,
+    clippy::cast_sign_loss,
+    clippy::cast_lossless
+)]
+
 mod common;
 
 use std::io::{Read, Write};
@@ -596,7 +603,7 @@ fn malformed_frames() {
     expect_usable(&mut s);
     // Oversized length: error, then closed (cannot resynchronise).
     let mut b = Header {
-        len: (MAX_PAYLOAD + 1) as u32,
+        len: u32::try_from(MAX_PAYLOAD + 1).unwrap(),
         kind: Kind::FileData as u8,
         id: 12,
     }

@@ -126,12 +126,9 @@ impl PseudoRandom {
 
 impl Read for PseudoRandom {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        let n = buf.len().min(self.left as usize) & !7;
-        let n = if n == 0 {
-            buf.len().min(self.left as usize)
-        } else {
-            n
-        };
+        let left = usize::try_from(self.left).unwrap_or(usize::MAX);
+        let n = buf.len().min(left) & !7;
+        let n = if n == 0 { buf.len().min(left) } else { n };
         for chunk in buf[..n].chunks_mut(8) {
             self.state ^= self.state >> 12;
             self.state ^= self.state << 25;
