@@ -290,7 +290,11 @@ impl AsyncClient {
 
     fn register(&self) -> Result<Route> {
         let (tx, rx) = mpsc::channel(self.inner.config.channel_frames.max(1));
-        let id = lock(&self.inner.shared.routes).insert(tx)?;
+        let inserted = lock(&self.inner.shared.routes).insert(tx);
+        let id = inserted.map_err(|e| match e {
+            ClientError::Disconnected => self.ended(),
+            e => e,
+        })?;
         Ok(Route {
             shared: Arc::clone(&self.inner.shared),
             id,

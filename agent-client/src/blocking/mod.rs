@@ -234,7 +234,11 @@ impl Client {
 
     fn register(&self) -> Result<Route<'_>> {
         let (tx, rx) = sync_channel(CHANNEL_FRAMES);
-        let id = lock(&self.inner.shared.routes).insert(tx)?;
+        let inserted = lock(&self.inner.shared.routes).insert(tx);
+        let id = inserted.map_err(|e| match e {
+            ClientError::Disconnected => self.ended(),
+            e => e,
+        })?;
         Ok(Route {
             client: self,
             id,
