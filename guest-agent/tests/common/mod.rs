@@ -10,7 +10,11 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use agent_client::Client;
-use agent_proto::{Header, HEADER_LEN};
+use agent_proto::{
+    put_empty, put_message, ErrorCode, ErrorReply, Header, Hello, Kind, HEADER_LEN, HELLO_MAGIC,
+    PROTOCOL_VERSION,
+};
+use std::os::unix::net::UnixStream;
 
 static COUNTER: AtomicU32 = AtomicU32::new(0);
 
@@ -355,4 +359,47 @@ pub fn start_pid1(wrap: impl FnOnce(Vec<String>) -> Vec<String>, stdout: Stdio) 
         );
         std::thread::sleep(Duration::from_millis(10));
     }
+}
+
+/// A raw connection after a good Hello (for tests that write frames by hand).
+pub fn raw_connect(agent: &Agent) -> UnixStream {
+    let mut s = UnixStream::connect(&agent.sock).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut b = Vec::new();
+    let hello = Hello {
+        magic: HELLO_MAGIC,
+        version: PROTOCOL_VERSION,
+        client: "raw".into(),
+    };
+    put_message(&mut b, 0, &hello);
+    s.write_all(&b).unwrap();
+    let (h, _) = read(&mut s).unwrap();
+    assert_eq!(h.kind, Kind::HelloOk as u8);
+    s
+}
+
+pub fn read(s: &mut UnixStream) -> Option<(Header, Vec<u8>)> {
+    read_frame(s)
+}
+
+pub fn expect_error(s: &mut UnixStream, code: ErrorCode) -> ErrorReply {
+    let (h, p) = read(s).expect("an error frame");
+    assert_eq!(h.kind, Kind::Error as u8);
+    let e: ErrorReply = agent_proto::decode(&p).unwrap();
+    assert_eq!(e.code, code, "{e:?}");
+    e
+}
+
+pub fn expect_usable(s: &mut UnixStream) {
+    let mut b = Vec::new();
+    put_empty(&mut b, Kind::Health, 99);
+    s.write_all(&b).unwrap();
+    let (h, _) = read(s).unwrap();
+    assert_eq!((h.kind, h.id), (Kind::HealthOk as u8, 99));
+}
+
+pub fn expect_closed(s: &mut UnixStream) {
+    let mut rest = Vec::new();
+    s.read_to_end(&mut rest).unwrap();
+    assert!(rest.is_empty());
 }
