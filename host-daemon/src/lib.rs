@@ -1,14 +1,491 @@
-//! Host side of Shoal: locating and building guest artifacts, launching
-//! `shoal-vmm` processes, the benchmarks, and the `shoald` daemon
-//! ([`daemon`]).
+//! `shoald`: the host daemon. One per host; it restores sandboxes from warm
+//! templates, runs commands and moves files in them, enforces limits,
+//! survives its own restart and reports what it is doing.
+//!
+//! - [`api`]: HTTP/JSON routes (axum), served on a Unix socket and
+//!   optionally on TCP with a bearer token, and the OpenAPI document
+//!   generated from the same route table and the [`shoal_api`] types.
+//! - [`ops`]: the sandbox and template operations behind the routes.
+//! - [`db`]: state in SQLite (WAL).
+//! - [`supervisor`]: VMM exits (pidfd), TTL and idle sweeps, recovery on
+//!   start (reattach or reclaim).
+//! - [`pool`]: warm pools of restored sandboxes per template.
+//! - [`admission`], [`metrics`], [`vm`] (VMM processes).
 
-pub mod artifacts;
-pub mod bench;
-pub mod daemon;
-pub mod image;
-pub mod launch;
-pub mod layers;
-pub mod ready;
-pub mod sandbox;
-pub mod stats;
-pub mod template;
+pub mod admission;
+pub mod api;
+pub mod db;
+pub mod exec;
+pub mod freeze;
+pub mod lifecycle;
+pub mod metrics;
+pub mod ops;
+pub mod pool;
+pub mod supervisor;
+pub mod templates;
+
+use admission::{Limits, Refusal};
+use db::Db;
+use agent_client::Client;
+use shoal_api::{ErrorBody, ErrorCode};
+use shoal_images::layers::LayerError;
+use shoal_runtime::vm;
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// Daemon settings.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// State directory (database, sockets, sandboxes).
+    pub state_dir: PathBuf,
+    /// The `shoal-vmm` binary.
+    pub vmm: PathBuf,
+    /// Admission limits.
+    pub limits: Limits,
+    /// Deadline for connecting to a sandbox's agent.
+    pub agent_timeout: Duration,
+    /// How often TTLs and idle timeouts are checked.
+    pub sweep_interval: Duration,
+    /// Refill pools (off in some tests).
+    pub pools: bool,
+    /// Pause the vCPUs of sandboxes idle this long (see [`freeze`]).
+    pub freeze_after: Option<Duration>,
+    /// VMM restores in flight at most.
+    pub max_restores: usize,
+}
+
+impl Config {
+    /// The API's Unix socket.
+    pub fn socket(&self) -> PathBuf {
+        self.state_dir.join("shoald.sock")
+    }
+
+    /// Where sandbox directories live.
+    pub fn sandboxes_dir(&self) -> PathBuf {
+        self.state_dir.join("sandboxes")
+    }
+
+    /// Where snapshot templates live.
+    pub fn templates_dir(&self) -> PathBuf {
+        self.state_dir.join("templates")
+    }
+}
+
+/// The default state directory: `$SHOAL_STATE/daemon` or
+/// `~/.cache/shoal/daemon`.
+pub fn default_state_dir() -> PathBuf {
+    shoal_runtime::sandbox::state_dir().join("daemon")
+}
+
+/// Errors the API answers with. Each has an [`ErrorCode`] (and so an HTTP
+/// status) and keeps its cause as a typed [`source`](std::error::Error::source)
+/// where there is one; the body is always `{"error":{"code","message"}}`
+/// with this error's `Display` as the message.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// 400: the request is malformed or invalid.
+    #[error("{0}")]
+    BadRequest(String),
+    /// 400: the body is not the JSON the route takes.
+    #[error("invalid JSON body: {0}")]
+    InvalidBody(#[source] serde_json::Error),
+    /// 400: the layers or upper layer asked for are unusable.
+    #[error("{0}")]
+    Layers(#[source] LayerError),
+    /// 401: missing or wrong bearer token.
+    #[error("{0}")]
+    Unauthorized(String),
+    /// 404: no such sandbox, template, file.
+    #[error("{0}")]
+    NotFound(String),
+    /// 409: not possible in the current state.
+    #[error("{0}")]
+    Conflict(String),
+    /// 429 or 503: admission refused.
+    #[error("{0}")]
+    Refused(#[from] Refusal),
+    /// The sandbox's agent answered with an error or failed: 404 (ENOENT),
+    /// 409 (EEXIST), 400 (another errno: the request was wrong), 504 (its
+    /// deadline), 502 (anything else).
+    #[error("{}", agent_message(.0))]
+    Agent(#[from] agent_client::ClientError),
+    /// 502: the sandbox's agent could not be reached.
+    #[error("sandbox '{id}' agent unreachable: {source}")]
+    AgentUnreachable {
+        /// The sandbox.
+        id: String,
+        /// Why.
+        #[source]
+        source: shoal_runtime::sandbox::SandboxError,
+    },
+    /// 502: a control call to the sandbox's VMM failed.
+    #[error("{context}: {source}")]
+    Vmm {
+        /// What the daemon was doing.
+        context: &'static str,
+        /// The control-socket error.
+        #[source]
+        source: vmm::api::ApiError,
+    },
+    /// 500: the VMM process could not be started.
+    #[error("cannot start {}: {source}", .vmm.display())]
+    SpawnVmm {
+        /// The VMM binary.
+        vmm: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// 502: a VMM restoring a snapshot did not come up.
+    #[error("restore failed: {reason}: {log_tail}")]
+    RestoreFailed {
+        /// What the readiness wait saw.
+        reason: String,
+        /// The end of the VMM's log.
+        log_tail: String,
+    },
+    /// 502: the sandbox failed otherwise.
+    #[error("{0}")]
+    Sandbox(String),
+    /// 504: the deadline passed.
+    #[error("{0}")]
+    Timeout(String),
+    /// 500: the state database failed.
+    #[error("{0}")]
+    Db(#[from] db::DbError),
+    /// 500: a blocking task of the daemon panicked or was cancelled.
+    #[error("{what}: {source}")]
+    Task {
+        /// The task.
+        what: String,
+        /// How it ended.
+        #[source]
+        source: tokio::task::JoinError,
+    },
+    /// 500: a thread could not be started.
+    #[error("cannot start a thread: {0}")]
+    Thread(#[source] std::io::Error),
+    /// 500: the queue of VMM restores was closed.
+    #[error("{0}")]
+    RestoreQueue(#[from] tokio::sync::AcquireError),
+    /// 500: copying a sandbox's scratch disk into a template failed.
+    #[error("copying the scratch disk: {0}")]
+    ScratchDisk(#[source] LayerError),
+    /// 500: the daemon failed otherwise.
+    #[error("{0}")]
+    Internal(String),
+}
+
+/// The message of an agent error as the API has always given it.
+fn agent_message(e: &agent_client::ClientError) -> String {
+    match e {
+        agent_client::ClientError::Remote { .. } => e.to_string(),
+        _ => format!("sandbox agent: {e}"),
+    }
+}
+
+impl ApiError {
+    /// The machine-readable code (and so the HTTP status).
+    pub fn code(&self) -> ErrorCode {
+        use agent_client::ClientError as C;
+        match self {
+            ApiError::BadRequest(_) | ApiError::InvalidBody(_) | ApiError::Layers(_) => {
+                ErrorCode::BadRequest
+            }
+            ApiError::Unauthorized(_) => ErrorCode::Unauthorized,
+            ApiError::NotFound(_) => ErrorCode::NotFound,
+            ApiError::Conflict(_) => ErrorCode::Conflict,
+            ApiError::Refused(Refusal::Quota(_)) => ErrorCode::HostFull,
+            ApiError::Refused(Refusal::HostPressure(_)) => ErrorCode::HostMemoryLow,
+            ApiError::Agent(C::Remote { errno, .. }) if *errno == libc::ENOENT => {
+                ErrorCode::NotFound
+            }
+            ApiError::Agent(C::Remote { errno, .. }) if *errno == libc::EEXIST => {
+                ErrorCode::Conflict
+            }
+            ApiError::Agent(C::Remote { .. }) => ErrorCode::BadRequest,
+            ApiError::Agent(C::Timeout) | ApiError::Timeout(_) => ErrorCode::DeadlineExceeded,
+            ApiError::Agent(_)
+            | ApiError::AgentUnreachable { .. }
+            | ApiError::Vmm { .. }
+            | ApiError::RestoreFailed { .. }
+            | ApiError::Sandbox(_) => ErrorCode::SandboxError,
+            ApiError::SpawnVmm { .. }
+            | ApiError::Db(_)
+            | ApiError::Task { .. }
+            | ApiError::Thread(_)
+            | ApiError::RestoreQueue(_)
+            | ApiError::ScratchDisk(_)
+            | ApiError::Internal(_) => ErrorCode::Internal,
+        }
+    }
+
+    /// HTTP status code.
+    pub fn status(&self) -> u16 {
+        self.code().status()
+    }
+
+    /// The response body.
+    pub fn body(&self) -> ErrorBody {
+        ErrorBody::new(self.code(), self.to_string())
+    }
+}
+
+/// Result of API operations.
+pub type ApiResult<T> = Result<T, ApiError>;
+
+/// A sandbox's live (in-memory) side: its VMM and agent connection.
+pub struct Live {
+    /// Sandbox id.
+    pub id: String,
+    /// Its files.
+    pub paths: vm::Paths,
+    /// The VMM's pid (0: none).
+    pub pid: AtomicI32,
+    /// The VMM's start time.
+    pub pid_start: AtomicU64,
+    /// An exit now is the daemon's doing (kill, pause).
+    pub expect_exit: AtomicBool,
+    /// The next agent connection must send fresh entropy and time.
+    pub needs_post_restore: AtomicBool,
+    /// The cached agent connection.
+    pub client: tokio::sync::Mutex<Option<Client>>,
+    /// Serializes lifecycle operations (pause, resume, snapshot, kill).
+    pub op: tokio::sync::Mutex<()>,
+    /// Operations in flight (a busy sandbox is never frozen).
+    pub busy: AtomicUsize,
+    /// The vCPUs are paused by the freezer.
+    pub frozen: tokio::sync::Mutex<bool>,
+    /// Last activity (monotonic ms).
+    pub last_active_ms: AtomicU64,
+    /// Never frozen.
+    pub keep_running: AtomicBool,
+}
+
+impl Live {
+    /// A live record for the sandbox `id` in `dir`.
+    pub fn new(id: &str, dir: &std::path::Path, p: Option<vm::Proc>, post_restore: bool) -> Live {
+        Live {
+            id: id.into(),
+            paths: vm::Paths::new(dir),
+            pid: AtomicI32::new(p.map_or(0, |p| p.pid)),
+            pid_start: AtomicU64::new(p.map_or(0, |p| p.start)),
+            expect_exit: AtomicBool::new(false),
+            needs_post_restore: AtomicBool::new(post_restore),
+            client: tokio::sync::Mutex::new(None),
+            op: tokio::sync::Mutex::new(()),
+            busy: AtomicUsize::new(0),
+            frozen: tokio::sync::Mutex::new(false),
+            last_active_ms: AtomicU64::new(freeze::now_ms()),
+            keep_running: AtomicBool::new(false),
+        }
+    }
+
+    /// The VMM process, if one runs.
+    pub fn proc(&self) -> Option<vm::Proc> {
+        let pid = self.pid.load(Ordering::Acquire);
+        (pid > 0).then(|| vm::Proc {
+            pid,
+            start: self.pid_start.load(Ordering::Acquire),
+        })
+    }
+
+    /// Records a new VMM process (or none).
+    pub fn set_proc(&self, p: Option<vm::Proc>) {
+        self.pid_start
+            .store(p.map_or(0, |p| p.start), Ordering::Release);
+        self.pid.store(p.map_or(0, |p| p.pid), Ordering::Release);
+    }
+}
+
+/// The daemon's shared state.
+pub struct Daemon {
+    /// Settings.
+    pub cfg: Config,
+    /// The database (short critical sections only).
+    pub db: Mutex<Db>,
+    /// Live sandboxes by id.
+    pub live: Mutex<HashMap<String, Arc<Live>>>,
+    /// Metrics.
+    pub metrics: metrics::Metrics,
+    /// Wakes the pool filler.
+    pub pool_wake: tokio::sync::Notify,
+    /// Serializes template builds.
+    pub building: tokio::sync::Mutex<()>,
+    /// Bounds concurrent VMM restores: past a few per CPU they only slow
+    /// each other down (KVM VM set-up and the guests' first instructions
+    /// compete for the same cores), so excess creates queue here.
+    pub restores: tokio::sync::Semaphore,
+}
+
+impl Daemon {
+    /// Opens the state and prepares the daemon (no tasks started yet).
+    pub fn open(cfg: Config) -> Result<Arc<Daemon>, String> {
+        for d in [&cfg.state_dir, &cfg.sandboxes_dir(), &cfg.templates_dir()] {
+            std::fs::create_dir_all(d).map_err(|e| format!("{}: {e}", d.display()))?;
+        }
+        let db = Db::open(&cfg.state_dir.join("state.db")).map_err(|e| e.to_string())?;
+        let permits = cfg.max_restores.max(1);
+        Ok(Arc::new(Daemon {
+            cfg,
+            db: Mutex::new(db),
+            live: Mutex::new(HashMap::new()),
+            metrics: metrics::Metrics::default(),
+            pool_wake: tokio::sync::Notify::new(),
+            building: tokio::sync::Mutex::new(()),
+            restores: tokio::sync::Semaphore::new(permits),
+        }))
+    }
+
+    /// Runs `f` with the database locked.
+    pub fn db<T>(&self, f: impl FnOnce(&mut Db) -> Result<T, db::DbError>) -> ApiResult<T> {
+        let mut g = self.db.lock().unwrap_or_else(|e| e.into_inner());
+        Ok(f(&mut g)?)
+    }
+
+    /// Logs an event (errors are logged, not returned).
+    pub fn event(&self, subject: &str, kind: &str, detail: &str) {
+        tracing::info!(sandbox = subject, event = kind, "{detail}");
+        if let Err(e) = self.db(|d| d.event(subject, kind, detail)) {
+            tracing::warn!("event log: {e}");
+        }
+    }
+
+    /// A live sandbox by id.
+    pub fn live(&self, id: &str) -> Option<Arc<Live>> {
+        self.live
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(id)
+            .cloned()
+    }
+
+    /// Registers a live sandbox.
+    pub fn insert_live(&self, l: Arc<Live>) {
+        self.live
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(l.id.clone(), l);
+    }
+
+    /// Forgets a live sandbox.
+    pub fn remove_live(&self, id: &str) -> Option<Arc<Live>> {
+        self.live
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(id)
+    }
+}
+
+/// A random 12-hex-digit id.
+pub fn random_id() -> String {
+    let mut b = [0u8; 6];
+    // SAFETY: getrandom writes at most b.len() bytes into b.
+    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
+    if n != b.len() as isize {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos();
+        b.copy_from_slice(&t.to_le_bytes()[..6]);
+    }
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// Runs blocking `f` on the blocking pool with a deadline.
+pub async fn blocking<T: Send + 'static>(
+    what: &str,
+    deadline: Duration,
+    f: impl FnOnce() -> ApiResult<T> + Send + 'static,
+) -> ApiResult<T> {
+    match tokio::time::timeout(deadline, tokio::task::spawn_blocking(f)).await {
+        Ok(Ok(r)) => r,
+        Ok(Err(source)) => Err(ApiError::Task {
+            what: what.into(),
+            source,
+        }),
+        Err(_) => Err(ApiError::Timeout(format!(
+            "{what} did not finish within {deadline:?}"
+        ))),
+    }
+}
+
+/// Serves the API until SIGTERM or SIGINT: recovers state, starts the
+/// supervisor, sweeps and pool filler, listens on the Unix socket (and on
+/// `tcp` with its bearer token). VMMs keep running when it stops.
+pub async fn serve(
+    d: Arc<Daemon>,
+    tcp: Option<(std::net::SocketAddr, String)>,
+) -> Result<(), String> {
+    let sock = d.cfg.socket();
+    // Refuse to start twice on one state directory.
+    if std::os::unix::net::UnixStream::connect(&sock).is_ok() {
+        return Err(format!("a daemon already listens on {}", sock.display()));
+    }
+    let _ = std::fs::remove_file(&sock);
+    supervisor::recover(&d).await;
+    let unix =
+        tokio::net::UnixListener::bind(&sock).map_err(|e| format!("{}: {e}", sock.display()))?;
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let _ = std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o600));
+    }
+    tokio::spawn(supervisor::sweep_loop(d.clone()));
+    if d.cfg.pools {
+        tokio::spawn(pool::run(d.clone()));
+    }
+    if let Some(after) = d.cfg.freeze_after {
+        tokio::spawn(freeze::run(d.clone(), after));
+    }
+    let stop = async {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("SIGTERM handler");
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+    };
+    let (tx, rx) = tokio::sync::watch::channel(false);
+    let mut tasks = tokio::task::JoinSet::new();
+    {
+        let app = api::router(d.clone(), None);
+        let mut rx = rx.clone();
+        tasks.spawn(async move {
+            axum::serve(unix, app)
+                .with_graceful_shutdown(async move {
+                    let _ = rx.changed().await;
+                })
+                .await
+                .map_err(|e| e.to_string())
+        });
+    }
+    if let Some((addr, token)) = tcp {
+        let l = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|e| format!("{addr}: {e}"))?;
+        let app = api::router(d.clone(), Some(token));
+        let mut rx = rx.clone();
+        tasks.spawn(async move {
+            axum::serve(l, app)
+                .with_graceful_shutdown(async move {
+                    let _ = rx.changed().await;
+                })
+                .await
+                .map_err(|e| e.to_string())
+        });
+        tracing::info!(%addr, "listening on TCP (bearer token required)");
+    }
+    tracing::info!(socket = %sock.display(), "shoald ready");
+    stop.await;
+    tracing::info!("stopping; sandboxes keep running and are reattached on the next start");
+    let _ = tx.send(true);
+    let _ = tokio::time::timeout(Duration::from_secs(5), async {
+        while tasks.join_next().await.is_some() {}
+    })
+    .await;
+    let _ = std::fs::remove_file(&sock);
+    Ok(())
+}

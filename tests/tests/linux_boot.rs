@@ -1,7 +1,7 @@
 //! Boots our guest kernel on /dev/kvm with the tiny image (about 20 s per
 //! boot on a PVM host, well under a second on hardware KVM).
 
-use shoal_tests::{cmdline, image, kernel, require_kvm, Console};
+use shoal_test_support::{cmdline, image, kernel, require_kvm, Console};
 use std::io::Write;
 use std::time::Duration;
 use vmm::{BootSource, DiskConfig, ExitReason, SerialOutput, Vm, VmConfig};

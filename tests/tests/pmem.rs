@@ -1,6 +1,6 @@
 //! The read-only root on virtio-pmem with DAX, with real guests on /dev/kvm:
 //! a test image (the tiny image plus a 6 MiB file, built with
-//! `shoal_host::image::build_image`) is booted once as a pmem root and
+//! `shoal_images::image::build_image`) is booted once as a pmem root and
 //! snapshotted; sandboxes restored from that template see the image's
 //! files, a DAX root, an overlay that takes their writes (each VM its own,
 //! the image never changed) and read large files without growing the guest
@@ -13,12 +13,13 @@
 //! nodes). The fixture directory stays in the target directory until the
 //! next run empties it.
 
-use guest_agent::client::{Client, ExecRequest, ExitStatus};
-use shoal_host::image::{build_image_with, AgentSource, BuildOptions, ImageSource};
-use shoal_host::launch::{BootSpec, Monitor, RootKind, INIT_MARKER};
-use shoal_host::sandbox::Sandbox;
-use shoal_host::{artifacts, template};
-use shoal_tests::{cmdline, image, kernel, require_kvm};
+use agent_client::{Client, ExecRequest, ExitStatus};
+use shoal_images::artifacts;
+use shoal_images::image::{build_image_with, AgentSource, BuildOptions, ImageSource};
+use shoal_runtime::launch::{BootSpec, Monitor, RootKind, INIT_MARKER};
+use shoal_runtime::sandbox::Sandbox;
+use shoal_runtime::template;
+use shoal_test_support::{cmdline, image, kernel, require_kvm};
 use std::path::{Path, PathBuf};
 use std::process::Child;
 use std::sync::OnceLock;

@@ -9,10 +9,10 @@
 //! One guest boot (~20-30 s on a PVM host). Needs the `shoal-vmm` binary
 //! (`SHOAL_VMM` or the workspace build), root and /dev/kvm.
 
-use shoal_host::artifacts;
-use shoal_host::image::{build_image_with, AgentSource, BuildOptions, ImageSource};
-use shoal_host::launch::{self, BootSpec, Monitor, RootKind};
-use shoal_tests::{cmdline, image, kernel, require_kvm};
+use shoal_images::artifacts;
+use shoal_images::image::{build_image_with, AgentSource, BuildOptions, ImageSource};
+use shoal_runtime::launch::{self, BootSpec, Monitor, RootKind};
+use shoal_test_support::{cmdline, image, kernel, require_kvm};
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;

@@ -7,8 +7,8 @@
 //! Slow on PVM hosts (each guest fork+exec takes ~0.5-1 s), so few and
 //! coarse; one template is booted per test binary.
 
-use guest_agent::client::{Client, ExecEvent, ExecRequest, ExitStatus, UploadOptions};
-use shoal_host::sandbox::Sandbox;
+use agent_client::{Client, ExecEvent, ExecRequest, ExitStatus, UploadOptions};
+use shoal_runtime::sandbox::Sandbox;
 use std::path::PathBuf;
 use std::process::Child;
 use std::time::{Duration, Instant};
@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 const UP: Duration = Duration::from_secs(180);
 
 fn template() -> PathBuf {
-    shoal_tests::tiny_template()
+    shoal_test_support::tiny_template()
 }
 
 /// A running sandbox that is stopped (and reaped) when dropped.

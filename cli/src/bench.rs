@@ -1,0 +1,274 @@
+//! `shoal bench ...`.
+
+use crate::image_path;
+use anyhow::{bail, Context, Result};
+use shoal_bench::boot::{self as bootbench, BootBenchOpts};
+use shoal_images::artifacts;
+use shoal_runtime::launch::{BootSpec, RootKind};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+pub fn restore(
+    restores: usize,
+    concurrency: &str,
+    rate_restores: usize,
+    pss_vms: usize,
+    memory: u32,
+    json: &Path,
+) -> Result<()> {
+    let concurrency = concurrency
+        .split(',')
+        .map(|k| {
+            k.trim()
+                .parse::<usize>()
+                .with_context(|| format!("bad concurrency {k:?}"))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let work = std::env::temp_dir().join(format!("shoal-bench-restore-{}", std::process::id()));
+    let opts = shoal_bench::restore::RestoreBenchOpts {
+        spec: BootSpec {
+            kernel: artifacts::kernel()?,
+            root: image_path("tiny")?,
+            root_kind: RootKind::default(),
+            cmdline: artifacts::base_cmdline(),
+            init_args: vec![],
+            memory_mib: memory,
+            vcpus: 1,
+            vsock_uds: None,
+            extra_pmem: vec![],
+            upper_disk: None,
+            upper_size_mib: None,
+        },
+        vmm: artifacts::vmm_binary()?,
+        workdir: work.clone(),
+        restores,
+        concurrency,
+        rate_restores,
+        pss_vms,
+    };
+    let report = shoal_bench::restore::run(&opts, &mut |l| eprintln!("{l}"));
+    let _ = std::fs::remove_dir_all(&work);
+    let report = report?;
+    emit(&report.render(), &report, json)?;
+    Ok(())
+}
+
+pub fn boot(
+    runs: Option<usize>,
+    image: &str,
+    memory: u32,
+    no_qemu: bool,
+    json: &Path,
+) -> Result<()> {
+    let hw = vmm::host::kvm_kind() == vmm::host::KvmKind::Hardware;
+    let runs = runs.unwrap_or(if hw { 20 } else { 5 });
+    let spec = BootSpec {
+        kernel: artifacts::kernel()?,
+        root: image_path(image)?,
+        // The QEMU peer boots from virtio-blk: so does Shoal here, for a
+        // like-for-like comparison.
+        root_kind: RootKind::Blk,
+        cmdline: artifacts::base_cmdline(),
+        init_args: vec!["@reboot".into()],
+        memory_mib: memory,
+        vcpus: 1,
+        vsock_uds: None,
+        extra_pmem: vec![],
+        upper_disk: None,
+        upper_size_mib: None,
+    };
+    let opts = BootBenchOpts {
+        spec,
+        vmm: artifacts::vmm_binary()?,
+        runs,
+        qemu: !no_qemu,
+        // The peer boots the same words, except the clocksource: QEMU's
+        // guests are never restored, and with kvm-clock QEMU's guest idled
+        // without finishing its boot on a PVM host (5+ minutes, seen once).
+        qemu_kernel_args: vmm::vm::profile_kernel_args(None)?
+            .split_whitespace()
+            .filter(|w| !w.starts_with("clocksource="))
+            .collect::<Vec<_>>()
+            .join(" "),
+        timeout: Duration::from_secs(if hw { 30 } else { 300 }),
+    };
+    let report = bootbench::run(&opts, &mut |l| eprintln!("{l}"))?;
+    emit(&report.render(), &report, json)?;
+    if report.rows.is_empty() {
+        bail!("no successful boots");
+    }
+    Ok(())
+}
+
+pub fn exec(execs: usize, restores: usize, bytes: u64, json: &Path) -> Result<()> {
+    let host_agent = artifacts::vmm_binary()
+        .ok()
+        .and_then(|v| v.parent().map(|d| d.join("shoal-agent")))
+        .filter(|p| p.is_file());
+    let opts = shoal_bench::exec::ExecBenchOpts {
+        template: shoal_runtime::sandbox::TemplateSpec::new("tiny", 1, 128),
+        execs,
+        restores,
+        bytes,
+        host_agent,
+    };
+    let report = shoal_bench::exec::run(&opts, &mut |l| eprintln!("{l}"))?;
+    emit(&report.render(), &report, json)?;
+    Ok(())
+}
+
+/// `shoal bench pmem` options.
+pub struct PmemArgs {
+    pub vms: String,
+    pub read_bytes: Option<u64>,
+    pub read_files: usize,
+    pub concurrency: usize,
+    pub write_bytes: u64,
+    pub memory: u32,
+    pub workdir: Option<PathBuf>,
+}
+
+pub fn pmem(a: PmemArgs, json: &Path) -> Result<()> {
+    use shoal_bench::pmem::{self as pb, PmemBenchOpts};
+    let hw = vmm::host::kvm_kind() == vmm::host::KvmKind::Hardware;
+    let vm_counts = a
+        .vms
+        .split(',')
+        .map(|k| {
+            k.trim()
+                .parse::<usize>()
+                .ok()
+                .filter(|&n| n > 0)
+                .with_context(|| format!("bad VM count {k:?}"))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    // Not /tmp: often tmpfs, where disk-write figures would mean nothing.
+    let work = a.workdir.unwrap_or_else(|| {
+        shoal_runtime::sandbox::state_dir().join(format!("bench-pmem-{}", std::process::id()))
+    });
+    let mut o = PmemBenchOpts::new(
+        artifacts::kernel()?,
+        image_path("tiny")?,
+        artifacts::vmm_binary()?,
+        artifacts::base_cmdline(),
+        work.clone(),
+    );
+    o.vm_counts = vm_counts;
+    o.read_bytes = a
+        .read_bytes
+        .unwrap_or(if hw { 50_000_000 } else { 5_000_000 });
+    o.read_files = a.read_files.max(1);
+    o.concurrency = a.concurrency.max(1);
+    o.write_bytes = a.write_bytes;
+    o.memory_mib = a.memory;
+    let report = pb::run(&o, &mut |l| eprintln!("{l}"));
+    let _ = std::fs::remove_dir_all(&work);
+    let report = report?;
+    emit(&report.render(), &report, json)?;
+    Ok(())
+}
+
+/// `shoal bench load` settings.
+pub struct LoadArgs {
+    pub image: String,
+    pub concurrency: String,
+    pub cycles: usize,
+    pub exec: Vec<String>,
+    pub burst: usize,
+    pub burst_concurrency: usize,
+    pub idle_max: usize,
+    pub daemon_args: String,
+}
+
+/// A private shoald on a temporary state directory, stopped (with every
+/// VMM it left) when dropped.
+struct PrivateDaemon {
+    child: std::process::Child,
+    dir: PathBuf,
+}
+
+impl Drop for PrivateDaemon {
+    fn drop(&mut self) {
+        // SAFETY: SIGTERM to our own child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let _ = self.child.wait();
+        for p in shoal_runtime::vm::vmms_under(&self.dir) {
+            p.kill();
+            p.wait_gone(Duration::from_secs(2));
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+pub fn load(g: &crate::daemon_cmds::Global, a: &LoadArgs, json: &Path) -> Result<()> {
+    use shoal_client::DaemonClient;
+    let concurrency = a
+        .concurrency
+        .split(',')
+        .map(|k| {
+            k.trim()
+                .parse::<usize>()
+                .with_context(|| format!("bad concurrency {k:?}"))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let mut private = None;
+    let c = match &g.daemon {
+        Some(_) => crate::daemon_client::connect(g.daemon.as_deref())?,
+        None => {
+            let dir = std::env::temp_dir().join(format!("shoal-bench-load-{}", std::process::id()));
+            std::fs::create_dir_all(&dir)?;
+            let bin = std::env::current_exe()?.with_file_name("shoald");
+            let log = std::fs::File::create(dir.join("shoald.log"))?;
+            let child = std::process::Command::new(&bin)
+                .arg("--state-dir")
+                .arg(&dir)
+                .args(a.daemon_args.split_whitespace())
+                .stdin(std::process::Stdio::null())
+                .stdout(log.try_clone()?)
+                .stderr(log)
+                .spawn()
+                .with_context(|| format!("cannot start {}", bin.display()))?;
+            let c = DaemonClient::unix(dir.join("shoald.sock"));
+            private = Some(PrivateDaemon { child, dir });
+            let end = std::time::Instant::now() + Duration::from_secs(30);
+            while !c.ping() {
+                if std::time::Instant::now() > end {
+                    bail!("the private shoald did not come up");
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            eprintln!("private shoald on {}", c.target_display());
+            c
+        }
+    };
+    // The template (booted once and cached), then a warm-up sandbox.
+    let name = format!("{}-1c-128m", a.image);
+    let sb = c.create(&shoal_client::api::CreateSandbox {
+        vcpus: Some(1),
+        memory_mib: Some(128),
+        ..shoal_client::api::CreateSandbox::from_image(&a.image)
+    })?;
+    let _ = c.kill(&sb.id);
+    let opts = shoal_bench::load::LoadOpts {
+        template: name,
+        concurrency,
+        min_cycles: a.cycles,
+        exec: a.exec.clone(),
+        burst: a.burst,
+        burst_concurrency: a.burst_concurrency,
+        idle_max: a.idle_max,
+    };
+    let report = shoal_bench::load::run(&c, &opts, &mut |l| eprintln!("{l}"));
+    drop(private);
+    emit(&report.render(), &report, json)?;
+    Ok(())
+}
+
+/// Prints a bench's table and writes its JSON report to `json`.
+fn emit(table: &str, report: &impl serde::Serialize, json: &Path) -> Result<()> {
+    print!("{table}");
+    std::fs::write(json, serde_json::to_string_pretty(report)?)
+        .with_context(|| format!("cannot write {}", json.display()))?;
+    eprintln!("wrote {}", json.display());
+    Ok(())
+}

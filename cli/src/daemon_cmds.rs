@@ -1,0 +1,468 @@
+//! CLI commands that go through shoald: run, create, ls, exec, cp,
+//! snapshot, pause, resume, rm, template, pool, stats.
+
+use crate::daemon_client::{age, connect, table, Progress};
+use crate::{ExecArgs, SandboxArgs};
+use anyhow::{bail, Context, Result};
+use shoal_client::api::{self, ExecEvent, SandboxState, TemplateState};
+use shoal_client::DaemonClient;
+use shoald::templates::image_template_name;
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+
+/// Options every daemon command takes.
+#[derive(clap::Args, Clone, Default)]
+pub struct Global {
+    /// The daemon: a Unix socket path or http://HOST:PORT (token in
+    /// SHOAL_TOKEN). Default: SHOAL_DAEMON, else the local one (started
+    /// on demand).
+    #[arg(long, global = true)]
+    pub daemon: Option<String>,
+    /// Machine-readable JSON output.
+    #[arg(long, global = true)]
+    pub json: bool,
+}
+
+fn pairs(v: &[String], what: &str) -> Result<BTreeMap<String, String>> {
+    v.iter()
+        .map(|kv| {
+            kv.split_once('=')
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .with_context(|| format!("{what} {kv:?}: expected NAME=VALUE"))
+        })
+        .collect()
+}
+
+fn exec_body(e: &ExecArgs, stdin: Option<Vec<u8>>) -> Result<api::ExecRequest> {
+    let mut b = api::ExecRequest {
+        env: pairs(&e.env, "--env")?,
+        cwd: e.cwd.as_ref().map(|c| c.display().to_string()),
+        timeout_s: e.timeout,
+        ..api::ExecRequest::argv(e.command.iter().cloned())
+    };
+    if let Some(s) = stdin {
+        b = b.with_stdin(&s);
+    }
+    Ok(b)
+}
+
+/// Streams an exec's output to ours; returns the shell-style exit code.
+fn stream_exec(c: &DaemonClient, id: &str, body: &api::ExecRequest) -> Result<i32> {
+    let (mut out, mut err) = (std::io::stdout().lock(), std::io::stderr().lock());
+    for ev in c.exec_stream(id, body)? {
+        match ev? {
+            ExecEvent::Stdout { data, encoding } => {
+                out.write_all(&encoding.decode(&data).context("stdout")?)?;
+                out.flush()?;
+            }
+            ExecEvent::Stderr { data, encoding } => {
+                err.write_all(&encoding.decode(&data).context("stderr")?)?
+            }
+            ExecEvent::Exit {
+                exit_code,
+                signal,
+                timed_out,
+            } => {
+                if timed_out {
+                    eprintln!("shoal: command timed out; its processes were killed");
+                }
+                return Ok(api::exec::status_code(exit_code, signal));
+            }
+            ExecEvent::Error { message } => bail!("{message}"),
+            ExecEvent::Start { .. } => {}
+        }
+    }
+    bail!("the daemon closed the stream before the command ended")
+}
+
+fn read_stdin(forward: bool) -> Result<Option<Vec<u8>>> {
+    if !forward {
+        return Ok(None);
+    }
+    let mut v = Vec::new();
+    std::io::stdin().lock().read_to_end(&mut v)?;
+    Ok(Some(v))
+}
+
+fn create_sandbox(c: &DaemonClient, req: &api::CreateSandbox) -> Result<api::Sandbox> {
+    // Say so when the first use of an image boots its template.
+    let _p = req.image.as_deref().and_then(|img| {
+        let name = image_template_name(
+            img,
+            req.vcpus.unwrap_or(1),
+            req.memory_mib.unwrap_or(128),
+            &req.root(),
+        );
+        let ready = c
+            .template(&name)
+            .is_ok_and(|t| t.state == TemplateState::Ready);
+        (!ready).then(|| {
+            Progress::start(&format!(
+                "shoal: preparing the '{img}' template (boot once, then snapshot; ~20-60 s on PVM hosts, once)"
+            ))
+        })
+    });
+    Ok(c.create(req)?)
+}
+
+/// `shoal run`: a fresh sandbox through the daemon, the command, removal.
+pub fn run(g: &Global, a: &SandboxArgs, e: &ExecArgs, stdin: bool) -> Result<i32> {
+    let c = connect(g.daemon.as_deref())?;
+    let req = api::CreateSandbox {
+        vcpus: Some(u32::from(a.cpus)),
+        memory_mib: Some(a.memory),
+        metadata: BTreeMap::from([("by".to_string(), "shoal run".to_string())]),
+        ..api::CreateSandbox::from_image(&a.image)
+    }
+    .with_root(a.root.request()?);
+    let sb = create_sandbox(&c, &req)?;
+    let res = read_stdin(stdin).and_then(|s| stream_exec(&c, &sb.id, &exec_body(e, s)?));
+    let _ = c.kill(&sb.id);
+    res
+}
+
+/// Options of `shoal create`.
+#[derive(clap::Args, Clone)]
+pub struct CreateArgs {
+    /// A template name (`shoal template ls`).
+    #[arg(long, conflicts_with = "image")]
+    pub template: Option<String>,
+    /// Or an image: tiny or base.
+    #[arg(long)]
+    pub image: Option<String>,
+    /// vCPUs (with --image).
+    #[arg(long)]
+    pub cpus: Option<u32>,
+    /// Memory in MiB (with --image).
+    #[arg(long)]
+    pub memory: Option<u32>,
+    /// Layers and upper layer (with --image; a template fixes its own).
+    #[command(flatten)]
+    pub root: crate::RootArgs,
+    /// Kill after this many seconds.
+    #[arg(long, default_value_t = 0)]
+    pub ttl: u64,
+    /// Pause after this many idle seconds.
+    #[arg(long, default_value_t = 0)]
+    pub idle_timeout: u64,
+    /// Label KEY=VALUE (repeatable).
+    #[arg(long = "meta", short = 'm')]
+    pub meta: Vec<String>,
+    /// Environment NAME=VALUE for every exec (repeatable).
+    #[arg(long = "env", short = 'e')]
+    pub env: Vec<String>,
+    /// Never freeze it while idle (background work keeps running).
+    #[arg(long)]
+    pub keep_running: bool,
+}
+
+/// `shoal create`.
+pub fn create(g: &Global, a: &CreateArgs) -> Result<i32> {
+    let mut req = api::CreateSandbox {
+        ttl_s: a.ttl,
+        idle_timeout_s: a.idle_timeout,
+        metadata: pairs(&a.meta, "--meta")?,
+        env: pairs(&a.env, "--env")?,
+        keep_running: a.keep_running,
+        ..Default::default()
+    };
+    let root = a.root.request()?;
+    match (&a.template, &a.image) {
+        (Some(t), _) => {
+            if !root.is_default() {
+                bail!("--layer, --upper-size and --upper-disk go with --image; a template has its own");
+            }
+            req.template = Some(t.clone());
+        }
+        (None, img) => {
+            req.image = Some(img.clone().unwrap_or_else(|| "base".into()));
+            req.vcpus = Some(a.cpus.unwrap_or(1));
+            req.memory_mib = Some(a.memory.unwrap_or(128));
+            req = req.with_root(root);
+        }
+    }
+    let c = connect(g.daemon.as_deref())?;
+    let sb = create_sandbox(&c, &req)?;
+    print(g, &sb, |s| s.id.clone())
+}
+
+/// `shoal ls`.
+pub fn ls(g: &Global, state: Option<&str>, template: Option<&str>, meta: &[String]) -> Result<i32> {
+    let state = state
+        .map(|s| {
+            SandboxState::parse(s).with_context(|| {
+                format!("state={s}: expected starting, running, pausing, paused, failed or pooled")
+            })
+        })
+        .transpose()?;
+    let f = api::ListFilter {
+        state,
+        template: template.map(String::from),
+        metadata: pairs(meta, "--meta")?,
+    };
+    let c = connect(g.daemon.as_deref())?;
+    let v = c.list(&f)?;
+    if g.json {
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(0);
+    }
+    let now = shoald::db::now();
+    let rows: Vec<Vec<String>> = v
+        .iter()
+        .map(|s| {
+            let meta: Vec<String> = s.metadata.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            vec![
+                s.id.clone(),
+                s.state.to_string(),
+                s.template.clone(),
+                format!("{}/{}M", s.vcpus, s.memory_mib),
+                age(now - s.created_at),
+                s.pid.map_or_else(|| "-".into(), |p| p.to_string()),
+                meta.join(","),
+            ]
+        })
+        .collect();
+    table(
+        &[
+            "ID", "STATE", "TEMPLATE", "CPU/MEM", "AGE", "PID", "METADATA",
+        ],
+        &rows,
+    );
+    Ok(0)
+}
+
+/// `shoal exec`.
+pub fn exec(g: &Global, id: &str, e: &ExecArgs, stdin: bool) -> Result<i32> {
+    let c = connect(g.daemon.as_deref())?;
+    stream_exec(&c, id, &exec_body(e, read_stdin(stdin)?)?)
+}
+
+/// `shoal cp LOCAL ID:PATH` or `shoal cp ID:PATH LOCAL`.
+pub fn cp(g: &Global, src: &str, dst: &str) -> Result<i32> {
+    let remote = |s: &str| {
+        s.split_once(':')
+            .filter(|(id, p)| {
+                !id.is_empty() && id.bytes().all(|b| b.is_ascii_hexdigit()) && p.starts_with('/')
+            })
+            .map(|(id, p)| (id.to_string(), p.to_string()))
+    };
+    let c = connect(g.daemon.as_deref())?;
+    match (remote(src), remote(dst)) {
+        (None, Some((id, path))) => {
+            let mut f = std::fs::File::open(src).with_context(|| format!("cannot open {src}"))?;
+            let mode = f
+                .metadata()
+                .map(|m| std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o7777)
+                .unwrap_or(0o644);
+            let q = api::UploadQuery {
+                mode: Some(mode),
+                ..api::UploadQuery::new(&path)
+            };
+            let v = c.put_file(&id, &q, &mut f)?;
+            eprintln!("copied {} bytes to {id}:{path}", v.bytes);
+        }
+        (Some((id, path)), None) => {
+            let mut r = c.get_file(&id, &path)?;
+            let tmp = format!("{dst}.shoal-partial");
+            let mut f =
+                std::fs::File::create(&tmp).with_context(|| format!("cannot create {tmp}"))?;
+            match std::io::copy(&mut r, &mut f) {
+                Ok(n) => {
+                    std::fs::rename(&tmp, dst)?;
+                    eprintln!("copied {n} bytes from {id}:{path}");
+                }
+                Err(e) => {
+                    let _ = std::fs::remove_file(&tmp);
+                    bail!("download failed: {e}");
+                }
+            }
+        }
+        _ => bail!("exactly one of SRC and DST must be ID:/PATH (a sandbox path)"),
+    }
+    Ok(0)
+}
+
+fn print<T: serde::Serialize>(g: &Global, v: &T, short: impl FnOnce(&T) -> String) -> Result<i32> {
+    if g.json {
+        println!("{}", serde_json::to_string_pretty(v)?);
+    } else {
+        println!("{}", short(v));
+    }
+    Ok(0)
+}
+
+/// `shoal pause|resume ID`.
+pub fn lifecycle(g: &Global, id: &str, op: &str) -> Result<i32> {
+    let c = connect(g.daemon.as_deref())?;
+    let v = match op {
+        "pause" => c.pause(id)?,
+        "resume" => c.resume(id)?,
+        o => bail!("no such operation {o:?}"),
+    };
+    print(g, &v, |v| format!("{id} {}", v.state))
+}
+
+/// `shoal rm ID...`.
+pub fn rm(g: &Global, ids: &[String]) -> Result<i32> {
+    let c = connect(g.daemon.as_deref())?;
+    let mut code = 0;
+    for id in ids {
+        match c.kill(id) {
+            Ok(()) => println!("{id}"),
+            Err(e) => {
+                eprintln!("shoal: {id}: {e}");
+                code = 1;
+            }
+        }
+    }
+    Ok(code)
+}
+
+/// `shoal snapshot ID [--template NAME]`.
+pub fn snapshot(g: &Global, id: &str, template: Option<&str>) -> Result<i32> {
+    let c = connect(g.daemon.as_deref())?;
+    let _p = Progress::start(&format!("shoal: snapshotting {id}"));
+    let req = api::SnapshotRequest {
+        template: template.map(String::from),
+    };
+    let v = c.snapshot(id, &req)?;
+    drop(_p);
+    print(g, &v, |v| v.name.clone())
+}
+
+/// A template's upper layer in a few words.
+fn upper_text(t: &api::Template) -> String {
+    match (t.upper_disk_mib, t.upper_size_mib) {
+        (Some(d), _) => format!("disk {d}M"),
+        (None, Some(s)) => format!("tmpfs {s}M"),
+        (None, None) => "tmpfs".into(),
+    }
+}
+
+/// `shoal template create|ls|rm`.
+pub fn template(g: &Global, op: &crate::TemplateCmd) -> Result<i32> {
+    use crate::TemplateCmd as T;
+    let c = connect(g.daemon.as_deref())?;
+    match op {
+        T::Create {
+            name,
+            image,
+            cpus,
+            memory,
+            root,
+        } => {
+            let req = api::CreateTemplate {
+                vcpus: Some(*cpus),
+                memory_mib: Some(*memory),
+                ..api::CreateTemplate::new(name, image)
+            }
+            .with_root(root.request()?);
+            let mut v = c.create_template(&req)?;
+            let p = Progress::start(&format!("shoal: building template '{name}' from '{image}'"));
+            while v.state == TemplateState::Building {
+                std::thread::sleep(std::time::Duration::from_millis(250));
+                v = c.template(name)?;
+            }
+            drop(p);
+            if v.state != TemplateState::Ready {
+                bail!(
+                    "template '{name}' failed: {}",
+                    v.error.as_deref().unwrap_or("")
+                );
+            }
+            print(g, &v, |v| v.name.clone())
+        }
+        T::Ls => {
+            let v = c.templates()?;
+            if g.json {
+                return print(g, &v, |_| String::new());
+            }
+            let rows: Vec<Vec<String>> = v
+                .iter()
+                .map(|t| {
+                    vec![
+                        t.name.clone(),
+                        t.state.to_string(),
+                        t.source.clone(),
+                        format!("{}/{}M", t.vcpus, t.memory_mib),
+                        upper_text(t),
+                        t.layers.len().to_string(),
+                    ]
+                })
+                .collect();
+            table(
+                &["NAME", "STATE", "SOURCE", "CPU/MEM", "UPPER", "LAYERS"],
+                &rows,
+            );
+            Ok(0)
+        }
+        T::Rm { name } => {
+            c.delete_template(name)?;
+            println!("{name}");
+            Ok(0)
+        }
+    }
+}
+
+/// `shoal pool set|ls|rm`.
+pub fn pool(g: &Global, op: &crate::PoolCmd) -> Result<i32> {
+    use crate::PoolCmd as P;
+    let c = connect(g.daemon.as_deref())?;
+    match op {
+        P::Set { template, target } => {
+            let v = c.set_pool(template, *target)?;
+            print(g, &v, |v| {
+                format!("{template}: target {} ready {}", v.target, v.ready)
+            })
+        }
+        P::Ls => {
+            let v = c.pools()?;
+            if g.json {
+                return print(g, &v, |_| String::new());
+            }
+            let rows: Vec<Vec<String>> = v
+                .iter()
+                .map(|p| {
+                    vec![
+                        p.template.clone(),
+                        p.target.to_string(),
+                        p.ready.to_string(),
+                    ]
+                })
+                .collect();
+            table(&["TEMPLATE", "TARGET", "READY"], &rows);
+            Ok(0)
+        }
+        P::Rm { template } => {
+            c.delete_pool(template)?;
+            println!("{template}");
+            Ok(0)
+        }
+    }
+}
+
+/// `shoal stats`.
+pub fn stats(g: &Global) -> Result<i32> {
+    let c = connect(g.daemon.as_deref())?;
+    let v = c.stats()?;
+    if g.json {
+        return print(g, &v, |_| String::new());
+    }
+    let u = &v.usage;
+    println!("sandboxes   {}", serde_json::to_string(&u.by_state)?);
+    println!(
+        "reserved    {} vCPUs of {}, {} MiB guest memory of {}",
+        u.vcpus, v.vcpu_budget, u.memory_mib, v.memory_budget_mib
+    );
+    println!(
+        "host        {} CPUs, {} MiB available of {} MiB, load {}",
+        v.host.cpus,
+        v.host.memory_available_mib,
+        v.host.memory_total_mib,
+        serde_json::to_string(&v.host.load1)?
+    );
+    for p in &v.pools {
+        println!("pool        {} ready {}/{}", p.template, p.ready, p.target);
+    }
+    Ok(0)
+}

@@ -1,0 +1,693 @@
+//! `shoal`: the Shoal command-line tool.
+//!
+//! - `shoal run [--image base|tiny] -- CMD...`: run CMD in a fresh sandbox
+//!   through the daemon (`shoald`, started on demand), stream its output,
+//!   exit with its exit code.
+//! - `shoal create|ls|exec|cp|snapshot|pause|resume|rm`, `shoal template
+//!   ...`, `shoal pool ...`, `shoal stats`: sandboxes through the daemon.
+//! - `shoal vm ...`: sandboxes without the daemon (one VMM process each).
+//! - `shoal restore`: a snapshot in the foreground.
+//! - `shoal image build SRC -o OUT`: a DAX-ready root image (erofs, 4 KiB
+//!   blocks, padded to 2 MiB) from `base`, a directory or a tar archive.
+//! - `shoal doctor`: what this host offers. `shoal bench ...`: benchmarks.
+
+mod bench;
+mod daemon_client;
+mod daemon_cmds;
+mod image_cmd;
+mod sandbox_cmds;
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand};
+use shoal_images::artifacts;
+use std::path::PathBuf;
+
+#[derive(Parser)]
+#[command(
+    name = "shoal",
+    version,
+    about = "Shoal: KVM microVM sandboxes for RL agents"
+)]
+struct Cli {
+    #[command(flatten)]
+    g: daemon_cmds::Global,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+/// What a sandbox is made of.
+#[derive(clap::Args, Clone)]
+pub struct SandboxArgs {
+    /// Root image: base (Debian bookworm with bash, python3) or tiny (busybox).
+    #[arg(long, default_value = "base")]
+    pub image: String,
+    /// vCPUs.
+    #[arg(long, default_value_t = 1)]
+    pub cpus: u8,
+    /// Memory in MiB.
+    #[arg(long, default_value_t = 256)]
+    pub memory: u32,
+    #[command(flatten)]
+    pub root: RootArgs,
+}
+
+/// What a template's root has beyond its image.
+#[derive(clap::Args, Clone, Default)]
+pub struct RootArgs {
+    /// A further read-only layer over the image, lowest first (repeatable;
+    /// /dev/pmem1, ...): an image file built with `shoal image build DIR -o
+    /// OUT --no-agent`, or an image name (tiny, base).
+    #[arg(long = "layer", value_name = "IMG")]
+    pub layers: Vec<String>,
+    /// The overlay's upper layer (where writes go) on tmpfs of this many
+    /// MiB (default: half the memory; writes beyond it fail with ENOSPC).
+    #[arg(long, value_name = "MIB", conflicts_with = "upper_disk")]
+    pub upper_size: Option<u32>,
+    /// The upper layer on an ext4 scratch disk of this many MiB instead,
+    /// one per sandbox (sparse: the host pays for what the guest writes).
+    #[arg(long, value_name = "MIB")]
+    pub upper_disk: Option<u32>,
+}
+
+impl RootArgs {
+    /// Layers as the daemon takes them: image names, or absolute paths
+    /// (its working directory is not ours).
+    pub fn layers(&self) -> Result<Vec<String>> {
+        self.layers
+            .iter()
+            .map(|l| {
+                let p = std::path::Path::new(l);
+                if IMAGES.contains(&l.as_str()) && !p.exists() {
+                    return Ok(l.clone());
+                }
+                let abs = std::path::absolute(p).with_context(|| format!("--layer {l}"))?;
+                Ok(abs.display().to_string())
+            })
+            .collect()
+    }
+
+    /// The request the daemon takes.
+    pub fn request(&self) -> Result<shoal_client::api::RootRequest> {
+        Ok(shoal_client::api::RootRequest {
+            layers: self.layers()?,
+            upper_size_mib: self.upper_size,
+            upper_disk_mib: self.upper_disk,
+        })
+    }
+}
+
+/// How to run a command.
+#[derive(clap::Args, Clone)]
+pub struct ExecArgs {
+    /// Environment variable NAME=VALUE (repeatable).
+    #[arg(long = "env", short = 'e')]
+    pub env: Vec<String>,
+    /// Working directory in the guest.
+    #[arg(long)]
+    pub cwd: Option<PathBuf>,
+    /// Kill the command (and everything it started) after this many seconds.
+    #[arg(long)]
+    pub timeout: Option<f64>,
+    /// The command and its arguments.
+    #[arg(last = true, required = true)]
+    pub command: Vec<String>,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run a command in a fresh sandbox (through the daemon) and exit with
+    /// its exit code.
+    Run {
+        #[command(flatten)]
+        sandbox: SandboxArgs,
+        #[command(flatten)]
+        exec: ExecArgs,
+        /// Forward our standard input to the command (read to its end first).
+        #[arg(long, short = 'i')]
+        stdin: bool,
+        /// Without the daemon: restore a VMM here, run, stop it.
+        #[arg(long)]
+        direct: bool,
+    },
+    /// Create a sandbox; prints its id.
+    Create {
+        #[command(flatten)]
+        args: daemon_cmds::CreateArgs,
+    },
+    /// List sandboxes.
+    Ls {
+        /// Only this state (running, paused, failed, ...).
+        #[arg(long)]
+        state: Option<String>,
+        /// Only this template.
+        #[arg(long)]
+        template: Option<String>,
+        /// Only with label KEY=VALUE (repeatable).
+        #[arg(long = "meta", short = 'm')]
+        meta: Vec<String>,
+    },
+    /// Run a command in a sandbox (a paused one is resumed first).
+    Exec {
+        /// Sandbox id (`shoal ls`).
+        id: String,
+        #[command(flatten)]
+        exec: ExecArgs,
+        /// Forward our standard input to the command (read to its end first).
+        #[arg(long, short = 'i')]
+        stdin: bool,
+    },
+    /// Copy files: `shoal cp LOCAL ID:/PATH` or `shoal cp ID:/PATH LOCAL`.
+    Cp {
+        /// Source.
+        src: String,
+        /// Destination.
+        dst: String,
+    },
+    /// Snapshot a running sandbox into a new template (it keeps running).
+    Snapshot {
+        /// Sandbox id.
+        id: String,
+        /// Template name (default snap-ID-TIME).
+        #[arg(long)]
+        template: Option<String>,
+    },
+    /// Pause a sandbox: its state goes to disk and its VMM ends.
+    Pause {
+        /// Sandbox id.
+        id: String,
+    },
+    /// Resume a paused sandbox (exec and cp also do).
+    Resume {
+        /// Sandbox id.
+        id: String,
+    },
+    /// Kill sandboxes and remove everything they had.
+    Rm {
+        /// Sandbox ids.
+        #[arg(required = true)]
+        ids: Vec<String>,
+    },
+    /// Templates: images booted once and snapshotted.
+    Template {
+        #[command(subcommand)]
+        op: TemplateCmd,
+    },
+    /// Warm pools of restored sandboxes per template.
+    Pool {
+        #[command(subcommand)]
+        op: PoolCmd,
+    },
+    /// What the daemon holds: sandboxes, reservations, host memory, pools.
+    Stats,
+    /// Sandboxes without the daemon (one VMM process each, driven here).
+    Vm {
+        #[command(subcommand)]
+        op: VmCmd,
+    },
+    /// Start a VM from a snapshot directory in the foreground.
+    Restore {
+        /// Snapshot directory.
+        dir: PathBuf,
+        /// Serve the control socket here.
+        #[arg(long)]
+        sock: Option<PathBuf>,
+        /// vsock host socket for this VM.
+        #[arg(long)]
+        vsock: Option<PathBuf>,
+    },
+    /// Report what this host offers (KVM type, nesting, userfaultfd, core
+    /// scheduling, vhost-vsock, DAMON, cgroup v2) and what Shoal does about each.
+    Doctor,
+    /// Root images.
+    Image {
+        #[command(subcommand)]
+        op: ImageCmd,
+    },
+    /// Benchmarks.
+    Bench {
+        #[command(subcommand)]
+        which: BenchCmd,
+    },
+}
+
+/// `shoal template ...`.
+#[derive(Subcommand)]
+pub enum TemplateCmd {
+    /// Boot an image once and snapshot it (progress shown; cached).
+    Create {
+        /// Name.
+        name: String,
+        /// Image: tiny or base.
+        #[arg(long, default_value = "base")]
+        image: String,
+        /// vCPUs.
+        #[arg(long, default_value_t = 1)]
+        cpus: u32,
+        /// Memory in MiB.
+        #[arg(long, default_value_t = 128)]
+        memory: u32,
+        #[command(flatten)]
+        root: RootArgs,
+    },
+    /// List templates.
+    Ls,
+    /// Delete a template and its pool.
+    Rm {
+        /// Name.
+        name: String,
+    },
+}
+
+/// `shoal pool ...`.
+#[derive(Subcommand)]
+pub enum PoolCmd {
+    /// Keep N restored sandboxes of TEMPLATE ready (0 removes the pool).
+    Set {
+        /// Template name.
+        template: String,
+        /// Target size.
+        target: u32,
+    },
+    /// List pools.
+    Ls,
+    /// Remove a pool and its warm sandboxes.
+    Rm {
+        /// Template name.
+        template: String,
+    },
+}
+
+#[derive(Subcommand)]
+enum ImageCmd {
+    /// Build a DAX-ready root image for virtio-pmem (erofs, uncompressed,
+    /// 4 KiB blocks, no inline data, padded to a multiple of 2 MiB) with the
+    /// guest agent installed as /sbin/shoal-agent.
+    Build {
+        /// `base` (the project's Debian image), a root directory, or a tar
+        /// archive of one (plain or compressed).
+        source: String,
+        /// The image file to write (replaced atomically).
+        #[arg(long, short)]
+        output: PathBuf,
+        /// Guest agent binary to install (default: SHOAL_AGENT, else the
+        /// workspace's musl release build).
+        #[arg(long)]
+        agent: Option<PathBuf>,
+        /// Install no agent (a layer over another image, or a source that
+        /// brings its own).
+        #[arg(long, conflicts_with = "agent")]
+        no_agent: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum VmCmd {
+    /// Start a sandbox and leave it running; prints its id.
+    Start {
+        #[command(flatten)]
+        sandbox: SandboxArgs,
+    },
+    /// List running sandboxes.
+    Ls,
+    /// Stop a sandbox and remove it.
+    Stop {
+        /// Sandbox id.
+        id: String,
+    },
+    /// Stop a sandbox's vCPUs.
+    Pause {
+        /// Sandbox id.
+        id: String,
+    },
+    /// Continue a paused sandbox.
+    Resume {
+        /// Sandbox id.
+        id: String,
+    },
+    /// Counters (JSON).
+    Stats {
+        /// Sandbox id.
+        id: String,
+    },
+    /// Run a command in a running sandbox.
+    Exec {
+        /// Sandbox id (`shoal vm ls`).
+        id: String,
+        #[command(flatten)]
+        exec: ExecArgs,
+    },
+    /// Copy files: `shoal vm cp LOCAL ID:PATH` or `shoal vm cp ID:PATH LOCAL`.
+    Cp {
+        /// Source.
+        src: String,
+        /// Destination.
+        dst: String,
+    },
+    /// Snapshot a running sandbox into DIR (it stays paused; `shoal vm resume` continues it).
+    Snapshot {
+        /// Sandbox id.
+        id: String,
+        /// Target directory.
+        dir: PathBuf,
+        /// Only the pages changed since the sandbox's template (small, fast;
+        /// the template must stay in place).
+        #[arg(long)]
+        diff: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum BenchCmd {
+    /// shoald under load: create -> exec -> destroy at each concurrency,
+    /// the create rate from a warm template, idle sandboxes held until
+    /// admission refuses.
+    Load {
+        /// Image whose template the sandboxes restore from.
+        #[arg(long, default_value = "tiny")]
+        image: String,
+        /// Concurrency levels (comma-separated).
+        #[arg(long, default_value = "1,10,100,500")]
+        concurrency: String,
+        /// Cycles per level (at least the level).
+        #[arg(long, default_value_t = 20)]
+        cycles: usize,
+        /// The exec step's command (the cheapest: busybox `true`).
+        #[arg(long, default_value = "true")]
+        exec: String,
+        /// Skip the exec step.
+        #[arg(long)]
+        no_exec: bool,
+        /// Creates per create-rate burst (0 skips).
+        #[arg(long, default_value_t = 200)]
+        burst: usize,
+        /// Clients in the bursts and the idle fill.
+        #[arg(long, default_value_t = 16)]
+        burst_concurrency: usize,
+        /// Most idle sandboxes to hold (0 skips the idle test).
+        #[arg(long, default_value_t = 2000)]
+        idle_max: usize,
+        /// Extra shoald arguments for the private daemon (e.g. "--memory-overcommit 16").
+        #[arg(long, default_value = "")]
+        daemon_args: String,
+        /// Where to write the JSON report.
+        #[arg(long = "out", default_value = "bench-load.json")]
+        out: PathBuf,
+    },
+    /// VMM start to first instruction, console, init and exit; vs QEMU microvm.
+    Boot {
+        /// Boots per system (>= 20 on hardware KVM; each takes seconds on PVM hosts).
+        #[arg(long)]
+        runs: Option<usize>,
+        /// Root image (tiny or base).
+        #[arg(long, default_value = "tiny")]
+        image: String,
+        /// Guest memory in MiB.
+        #[arg(long, default_value_t = 128)]
+        memory: u32,
+        /// Skip the QEMU peer.
+        #[arg(long)]
+        no_qemu: bool,
+        /// Where to write the JSON report.
+        #[arg(long = "out", default_value = "bench-boot.json")]
+        out: PathBuf,
+    },
+    /// Exec round trip, stdout/upload/download throughput, restore to
+    /// agent-ready, and the agent's syscalls per exec and per MiB.
+    Exec {
+        /// Execs of /bin/true timed.
+        #[arg(long, default_value_t = 50)]
+        execs: usize,
+        /// Restores timed (to agent-ready).
+        #[arg(long, default_value_t = 20)]
+        restores: usize,
+        /// Bytes per throughput test.
+        #[arg(long, default_value_t = 8 << 20)]
+        bytes: u64,
+        /// Where to write the JSON report.
+        #[arg(long = "out", default_value = "bench-exec.json")]
+        out: PathBuf,
+    },
+    /// Snapshot size/time, restore latency, restore rate and PSS per restored VM.
+    Restore {
+        /// Sequential restores timed.
+        #[arg(long, default_value_t = 100)]
+        restores: usize,
+        /// Concurrency levels for the rate test (comma-separated).
+        #[arg(long, default_value = "1,2,4,8")]
+        concurrency: String,
+        /// Restores per concurrency level.
+        #[arg(long, default_value_t = 200)]
+        rate_restores: usize,
+        /// Idle VMs kept alive for the PSS measurement.
+        #[arg(long, default_value_t = 50)]
+        pss_vms: usize,
+        /// Guest memory in MiB.
+        #[arg(long, default_value_t = 128)]
+        memory: u32,
+        /// Where to write the JSON report.
+        #[arg(long = "out", default_value = "bench-restore.json")]
+        out: PathBuf,
+    },
+    /// Host memory of N VMs reading the same files from one image (pmem+DAX
+    /// vs virtio-blk), guest page metadata, host disk writes per VM.
+    Pmem {
+        /// VM counts (comma-separated); each for both root kinds.
+        #[arg(long, default_value = "50,200")]
+        vms: String,
+        /// Bytes each guest reads (default: 50 MB on hardware KVM, 5 MB on
+        /// PVM hosts, where a guest reads ~1 MB/s).
+        #[arg(long)]
+        read_bytes: Option<u64>,
+        /// Files the read set is split into.
+        #[arg(long, default_value_t = 5)]
+        read_files: usize,
+        /// Guests reading at the same time.
+        #[arg(long, default_value_t = 2)]
+        concurrency: usize,
+        /// Bytes one guest writes for the disk-write figure (0: skip).
+        #[arg(long, default_value_t = 20_000_000)]
+        write_bytes: u64,
+        /// Guest memory in MiB.
+        #[arg(long, default_value_t = 128)]
+        memory: u32,
+        /// Scratch directory (not on tmpfs; default: under the state dir).
+        #[arg(long)]
+        workdir: Option<PathBuf>,
+        /// Where to write the JSON report.
+        #[arg(long = "out", default_value = "bench-pmem.json")]
+        out: PathBuf,
+    },
+}
+
+/// Images by name.
+pub const IMAGES: [&str; 2] = ["base", "tiny"];
+
+/// An image's read-only root file.
+pub fn image_path(name: &str) -> Result<PathBuf> {
+    match name {
+        "base" | "tiny" => Ok(artifacts::image(&format!("{name}_erofs"))?),
+        o => bail!("unknown image '{o}' (expected base or tiny)"),
+    }
+}
+
+fn doctor(json: bool) -> Result<i32> {
+    let r = vmm::host::detect();
+    if json {
+        println!("{}", serde_json::to_string_pretty(&r)?);
+    } else {
+        print!("{}", r.table());
+    }
+    Ok(0)
+}
+
+fn restore_fg(dir: PathBuf, sock: Option<PathBuf>, vsock: Option<PathBuf>) -> Result<i32> {
+    use shoal_images::layers;
+    let mut c = std::process::Command::new(artifacts::vmm_binary()?);
+    // A snapshot with a scratch disk runs on a copy of it (removed when the
+    // VM ends), so the snapshot can be restored again.
+    let disk = match layers::scratch_disk(&dir) {
+        Some(src) => {
+            let own = dir.join(format!("scratch-run-{}.ext4", std::process::id()));
+            layers::clone_file(&src, &own)?;
+            c.arg("--restore-disk").arg(&own);
+            Some(own)
+        }
+        None => None,
+    };
+    c.arg("--restore").arg(&dir);
+    if let Some(s) = sock {
+        c.arg("--api-sock").arg(s);
+    }
+    if let Some(v) = vsock {
+        c.arg("--vsock-uds").arg(v);
+    }
+    let st = c.status().context("cannot start shoal-vmm");
+    if let Some(d) = disk {
+        let _ = std::fs::remove_file(d);
+    }
+    Ok(st?.code().unwrap_or(1))
+}
+
+fn main() {
+    let cli = Cli::parse();
+    use daemon_cmds as dc;
+    use sandbox_cmds as sb;
+    let g = &cli.g;
+    let res = match cli.cmd {
+        Cmd::Run {
+            sandbox,
+            exec,
+            direct: true,
+            ..
+        } => sb::run(&sandbox, &exec),
+        Cmd::Run {
+            sandbox,
+            exec,
+            stdin,
+            ..
+        } => dc::run(g, &sandbox, &exec, stdin),
+        Cmd::Create { args } => dc::create(g, &args),
+        Cmd::Ls {
+            state,
+            template,
+            meta,
+        } => dc::ls(g, state.as_deref(), template.as_deref(), &meta),
+        Cmd::Exec { id, exec, stdin } => dc::exec(g, &id, &exec, stdin),
+        Cmd::Cp { src, dst } => dc::cp(g, &src, &dst),
+        Cmd::Snapshot { id, template } => dc::snapshot(g, &id, template.as_deref()),
+        Cmd::Pause { id } => dc::lifecycle(g, &id, "pause"),
+        Cmd::Resume { id } => dc::lifecycle(g, &id, "resume"),
+        Cmd::Rm { ids } => dc::rm(g, &ids),
+        Cmd::Template { op } => dc::template(g, &op),
+        Cmd::Pool { op } => dc::pool(g, &op),
+        Cmd::Stats => dc::stats(g),
+        Cmd::Vm { op } => match op {
+            VmCmd::Start { sandbox } => sb::start(&sandbox),
+            VmCmd::Ls => sb::ls(),
+            VmCmd::Stop { id } => sb::stop(&id),
+            VmCmd::Pause { id } => sb::control(&id, vmm::api::Request::Pause),
+            VmCmd::Resume { id } => sb::control(&id, vmm::api::Request::Resume),
+            VmCmd::Stats { id } => sb::control(&id, vmm::api::Request::Stats),
+            VmCmd::Exec { id, exec } => sb::exec(&id, &exec),
+            VmCmd::Cp { src, dst } => sb::cp(&src, &dst),
+            VmCmd::Snapshot { id, dir, diff } => {
+                let dir = std::path::absolute(&dir).unwrap_or(dir);
+                sb::control(&id, vmm::api::Request::Snapshot { dir, diff })
+            }
+        },
+        Cmd::Restore { dir, sock, vsock } => restore_fg(dir, sock, vsock),
+        Cmd::Doctor => doctor(g.json),
+        Cmd::Image {
+            op:
+                ImageCmd::Build {
+                    source,
+                    output,
+                    agent,
+                    no_agent,
+                },
+        } => image_cmd::build(&source, &output, agent, no_agent),
+        Cmd::Bench {
+            which:
+                BenchCmd::Load {
+                    image,
+                    concurrency,
+                    cycles,
+                    exec,
+                    no_exec,
+                    burst,
+                    burst_concurrency,
+                    idle_max,
+                    daemon_args,
+                    out: json,
+                },
+        } => bench::load(
+            g,
+            &bench::LoadArgs {
+                image,
+                concurrency,
+                cycles,
+                exec: if no_exec {
+                    vec![]
+                } else {
+                    exec.split_whitespace().map(String::from).collect()
+                },
+                burst,
+                burst_concurrency,
+                idle_max,
+                daemon_args,
+            },
+            &json,
+        )
+        .map(|_| 0),
+        Cmd::Bench {
+            which:
+                BenchCmd::Boot {
+                    runs,
+                    image,
+                    memory,
+                    no_qemu,
+                    out: json,
+                },
+        } => bench::boot(runs, &image, memory, no_qemu, &json).map(|_| 0),
+        Cmd::Bench {
+            which:
+                BenchCmd::Exec {
+                    execs,
+                    restores,
+                    bytes,
+                    out: json,
+                },
+        } => bench::exec(execs, restores, bytes, &json).map(|_| 0),
+        Cmd::Bench {
+            which:
+                BenchCmd::Restore {
+                    restores,
+                    concurrency,
+                    rate_restores,
+                    pss_vms,
+                    memory,
+                    out: json,
+                },
+        } => bench::restore(
+            restores,
+            &concurrency,
+            rate_restores,
+            pss_vms,
+            memory,
+            &json,
+        )
+        .map(|_| 0),
+        Cmd::Bench {
+            which:
+                BenchCmd::Pmem {
+                    vms,
+                    read_bytes,
+                    read_files,
+                    concurrency,
+                    write_bytes,
+                    memory,
+                    workdir,
+                    out: json,
+                },
+        } => bench::pmem(
+            bench::PmemArgs {
+                vms,
+                read_bytes,
+                read_files,
+                concurrency,
+                write_bytes,
+                memory,
+                workdir,
+            },
+            &json,
+        )
+        .map(|_| 0),
+    };
+    match res {
+        Ok(code) => std::process::exit(code),
+        Err(e) => {
+            eprintln!("shoal: error: {e:#}");
+            std::process::exit(1);
+        }
+    }
+}

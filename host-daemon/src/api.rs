@@ -1,0 +1,183 @@
+//! HTTP/JSON routes. Every error is `{"error":{"code":..,"message":..}}`
+//! with a 4xx/5xx status; bodies and queries are parsed by the handlers
+//! so that a bad one gets a clear 400, not a framework default.
+//!
+//! One table, [`routes`], lists every route with its handler; the router
+//! and the OpenAPI 3.1 document served at `/openapi.json` ([`document`])
+//! are both built from it (`utoipa-axum`), each operation described by
+//! its handler's `#[utoipa::path]` and its bodies by the [`shoal_api`]
+//! types. Unit tests check that the document lists exactly the routes the
+//! router serves and that every body in it is the schema of its shared
+//! type.
+
+mod handlers;
+mod wire;
+
+use crate::{ApiError, Daemon};
+use axum::extract::{Request, State as AxState};
+use axum::http::header;
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::{Json, Router};
+use handlers::*;
+use std::sync::{Arc, OnceLock};
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::openapi::OpenApi;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+use wire::D;
+pub use wire::{AdmissionErrors, Errors};
+
+/// Every route and its handler: the router and the OpenAPI document are
+/// both made from this table (routes of one path share one `routes!`).
+pub fn routes() -> OpenApiRouter<Arc<Daemon>> {
+    OpenApiRouter::with_openapi(<ApiDoc as utoipa::OpenApi>::openapi())
+        .routes(routes!(openapi_json))
+        .routes(routes!(healthz))
+        .routes(routes!(metrics_text))
+        .routes(routes!(stats))
+        .routes(routes!(events))
+        .routes(routes!(create, list))
+        .routes(routes!(get_one, kill))
+        .routes(routes!(exec_once))
+        .routes(routes!(exec_stream))
+        .routes(routes!(upload, download, remove))
+        .routes(routes!(stat))
+        .routes(routes!(ls))
+        .routes(routes!(snapshot))
+        .routes(routes!(pause))
+        .routes(routes!(resume))
+        .routes(routes!(tpl_create, tpl_list))
+        .routes(routes!(tpl_get, tpl_delete))
+        .routes(routes!(pool_list))
+        .routes(routes!(pool_set, pool_delete))
+}
+
+/// This document.
+///
+/// OpenAPI 3.1, generated from the route table and the API types.
+#[utoipa::path(get, path = "/openapi.json", tag = "meta",
+    responses((status = 200, description = "The OpenAPI document", content_type = "application/json")))]
+async fn openapi_json() -> Json<serde_json::Value> {
+    Json(document_json().clone())
+}
+
+/// The document's fixed parts (info, the error schema, the bearer
+/// scheme); [`routes`] adds every operation.
+#[derive(utoipa::OpenApi)]
+#[openapi(
+    info(
+        title = "shoald",
+        description = "Shoal host daemon: KVM microVM sandboxes restored from warm templates. \
+            Unix socket by default; on TCP every route but /healthz needs \
+            'Authorization: Bearer TOKEN'. Errors are {\"error\":{\"code\",\"message\"}}; \
+            429 and 503 come with Retry-After."
+    ),
+    components(schemas(shoal_api::ErrorBody, shoal_api::ErrorCode)),
+    modifiers(&Bearer),
+    tags(
+        (name = "sandboxes", description = "Create, list, pause, resume, snapshot, kill"),
+        (name = "exec", description = "Commands in a sandbox"),
+        (name = "files", description = "Files in a sandbox"),
+        (name = "templates", description = "Snapshots sandboxes are restored from"),
+        (name = "pools", description = "Warm pools of restored sandboxes"),
+        (name = "meta", description = "Health, metrics, stats, events, this document"),
+    )
+)]
+pub struct ApiDoc;
+
+struct Bearer;
+
+impl utoipa::Modify for Bearer {
+    fn modify(&self, doc: &mut OpenApi) {
+        if let Some(c) = doc.components.as_mut() {
+            c.add_security_scheme(
+                "bearer",
+                SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+            );
+        }
+    }
+}
+
+/// The document.
+pub fn document() -> &'static OpenApi {
+    static DOC: OnceLock<OpenApi> = OnceLock::new();
+    DOC.get_or_init(|| routes().split_for_parts().1)
+}
+
+/// The document as JSON.
+pub fn document_json() -> &'static serde_json::Value {
+    static DOC: OnceLock<serde_json::Value> = OnceLock::new();
+    DOC.get_or_init(|| serde_json::to_value(document()).unwrap_or_default())
+}
+
+/// HTTP methods, as the document names them.
+pub const METHODS: [&str; 8] = [
+    "get", "put", "post", "delete", "options", "head", "patch", "trace",
+];
+
+/// Every route the document lists: (method, path), methods lower-case.
+pub fn documented_routes() -> Vec<(String, String)> {
+    let mut v = Vec::new();
+    if let Some(paths) = document_json()["paths"].as_object() {
+        for (p, ops) in paths {
+            for m in ops.as_object().into_iter().flat_map(|o| o.keys()) {
+                if METHODS.contains(&m.as_str()) {
+                    v.push((m.clone(), p.clone()));
+                }
+            }
+        }
+    }
+    v
+}
+
+async fn count_status(AxState(d): D, req: Request, next: Next) -> Response {
+    let r = next.run(req).await;
+    d.metrics.response(r.status().as_u16());
+    r
+}
+
+async fn not_found() -> ApiError {
+    ApiError::NotFound("no such route (see GET /openapi.json)".into())
+}
+
+/// The API router (on TCP, `token` is required as a bearer token).
+pub fn router(d: Arc<Daemon>, token: Option<String>) -> Router {
+    let (r, _) = routes().split_for_parts();
+    let r = r
+        .fallback(not_found)
+        .method_not_allowed_fallback(|| async {
+            ApiError::BadRequest("method not allowed on this route (see GET /openapi.json)".into())
+        })
+        .layer(axum::extract::DefaultBodyLimit::disable())
+        .layer(middleware::from_fn_with_state(d.clone(), count_status))
+        .with_state(d);
+    match token {
+        None => r,
+        Some(t) => r.layer(middleware::from_fn(move |req: Request, next: Next| {
+            let want = format!("Bearer {t}");
+            async move {
+                let ok = req.uri().path() == "/healthz"
+                    || req
+                        .headers()
+                        .get(header::AUTHORIZATION)
+                        .and_then(|v| v.to_str().ok())
+                        .is_some_and(|v| constant_eq(v.as_bytes(), want.as_bytes()));
+                if ok {
+                    next.run(req).await
+                } else {
+                    ApiError::Unauthorized("missing or wrong 'Authorization: Bearer TOKEN'".into())
+                        .into_response()
+                }
+            }
+        })),
+    }
+}
+
+fn constant_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+#[cfg(test)]
+#[path = "api/openapi_tests.rs"]
+mod tests;

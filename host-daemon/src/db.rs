@@ -1,0 +1,531 @@
+//! The daemon's state in SQLite (WAL): sandboxes, templates, pools and an
+//! event log. Schema changes bump [`SCHEMA_VERSION`] and add a migration
+//! step in [`Db::migrate`].
+
+use rusqlite::{params, Connection, OptionalExtension, Row};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// Current schema version (stored in `PRAGMA user_version`).
+pub const SCHEMA_VERSION: i64 = 2;
+
+/// Errors of the state database.
+#[derive(Debug, thiserror::Error)]
+pub enum DbError {
+    /// SQLite.
+    #[error("state database: {0}")]
+    Sql(#[from] rusqlite::Error),
+    /// The file was written by a newer daemon.
+    #[error("state database schema {0} is newer than this daemon's ({SCHEMA_VERSION})")]
+    TooNew(i64),
+}
+
+type Result<T> = std::result::Result<T, DbError>;
+
+/// Lifecycle states of a sandbox (the API's type: one enum for the
+/// wire, the database and the daemon).
+pub use shoal_api::SandboxState as State;
+pub use shoal_api::{Event, TemplateState, Usage};
+
+/// A sandbox row.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct SandboxRow {
+    /// Id.
+    pub id: String,
+    /// Template name.
+    pub template: String,
+    /// State.
+    pub state: State,
+    /// vCPUs.
+    pub vcpus: u32,
+    /// Guest memory (MiB).
+    pub memory_mib: u32,
+    /// VMM process id (while one runs).
+    pub pid: Option<i32>,
+    /// The VMM's start time (clock ticks since boot, /proc/PID/stat field
+    /// 22), so a recycled pid is never mistaken for it.
+    pub pid_start: Option<u64>,
+    /// Directory (sockets, logs, pause snapshot).
+    pub dir: PathBuf,
+    /// Seconds since the epoch.
+    pub created_at: f64,
+    /// Last API activity, seconds since the epoch.
+    pub last_active: f64,
+    /// Killed this many seconds after creation (0: never).
+    pub ttl_s: u64,
+    /// Paused after this many idle seconds (0: never).
+    pub idle_timeout_s: u64,
+    /// User metadata.
+    pub metadata: BTreeMap<String, String>,
+    /// Environment for every exec.
+    pub env: BTreeMap<String, String>,
+    /// The next agent connection must send fresh entropy and time.
+    pub needs_post_restore: bool,
+    /// Never frozen while idle (background work keeps running).
+    pub keep_running: bool,
+    /// Why it failed.
+    pub error: Option<String>,
+}
+
+/// A template row.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct TemplateRow {
+    /// Name.
+    pub name: String,
+    /// Image it was booted from (or the sandbox it was snapshotted from).
+    pub source: String,
+    /// vCPUs.
+    pub vcpus: u32,
+    /// Guest memory (MiB).
+    pub memory_mib: u32,
+    /// Snapshot directory (empty while building).
+    pub dir: PathBuf,
+    /// Building, ready or failed.
+    pub state: TemplateState,
+    /// Why it failed.
+    pub error: Option<String>,
+    /// Seconds since the epoch.
+    pub created_at: f64,
+    /// The daemon owns `dir` (removed with the template).
+    pub owned: bool,
+    /// Further read-only layers over the image, lowest first (image names
+    /// or absolute paths of erofs images).
+    #[serde(default)]
+    pub layers: Vec<String>,
+    /// Size of the tmpfs upper layer (MiB), when the upper layer is tmpfs.
+    #[serde(default)]
+    pub upper_size_mib: Option<u32>,
+    /// Size of each sandbox's scratch disk (MiB), when the upper layer is
+    /// one.
+    #[serde(default)]
+    pub upper_disk_mib: Option<u32>,
+}
+
+/// Seconds since the epoch.
+pub fn now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs_f64()
+}
+
+/// The database.
+pub struct Db {
+    conn: Connection,
+}
+
+const SANDBOX_COLS: &str = "id, template, state, vcpus, memory_mib, pid, pid_start, dir, \
+     created_at, last_active, ttl_s, idle_timeout_s, metadata, env, needs_post_restore, error, keep_running";
+
+fn sandbox_row(r: &Row<'_>) -> rusqlite::Result<SandboxRow> {
+    let state: String = r.get(2)?;
+    let json = |i: usize| -> rusqlite::Result<BTreeMap<String, String>> {
+        let s: String = r.get(i)?;
+        Ok(serde_json::from_str(&s).unwrap_or_default())
+    };
+    Ok(SandboxRow {
+        id: r.get(0)?,
+        template: r.get(1)?,
+        state: State::parse(&state).unwrap_or(State::Failed),
+        vcpus: r.get(3)?,
+        memory_mib: r.get(4)?,
+        pid: r.get(5)?,
+        pid_start: r.get::<_, Option<i64>>(6)?.map(|v| v as u64),
+        dir: PathBuf::from(r.get::<_, String>(7)?),
+        created_at: r.get(8)?,
+        last_active: r.get(9)?,
+        ttl_s: r.get::<_, i64>(10)? as u64,
+        idle_timeout_s: r.get::<_, i64>(11)? as u64,
+        metadata: json(12)?,
+        env: json(13)?,
+        needs_post_restore: r.get(14)?,
+        error: r.get(15)?,
+        keep_running: r.get(16)?,
+    })
+}
+
+fn template_row(r: &Row<'_>) -> rusqlite::Result<TemplateRow> {
+    let layers: String = r.get(9)?;
+    Ok(TemplateRow {
+        name: r.get(0)?,
+        source: r.get(1)?,
+        vcpus: r.get(2)?,
+        memory_mib: r.get(3)?,
+        dir: PathBuf::from(r.get::<_, String>(4)?),
+        state: TemplateState::parse(&r.get::<_, String>(5)?).unwrap_or(TemplateState::Failed),
+        error: r.get(6)?,
+        created_at: r.get(7)?,
+        owned: r.get(8)?,
+        layers: serde_json::from_str(&layers).map_err(|e| {
+            rusqlite::Error::FromSqlConversionFailure(9, rusqlite::types::Type::Text, Box::new(e))
+        })?,
+        upper_size_mib: r.get(10)?,
+        upper_disk_mib: r.get(11)?,
+    })
+}
+
+fn put(conn: &Connection, s: &SandboxRow) -> Result<()> {
+    conn.prepare_cached(&format!(
+        "INSERT OR REPLACE INTO sandboxes ({SANDBOX_COLS}) \
+         VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17)"
+    ))?
+    .execute(params![
+        s.id,
+        s.template,
+        s.state.as_str(),
+        s.vcpus,
+        s.memory_mib,
+        s.pid,
+        s.pid_start.map(|v| v as i64),
+        s.dir.to_string_lossy(),
+        s.created_at,
+        s.last_active,
+        s.ttl_s as i64,
+        s.idle_timeout_s as i64,
+        serde_json::to_string(&s.metadata).unwrap_or_default(),
+        serde_json::to_string(&s.env).unwrap_or_default(),
+        s.needs_post_restore,
+        s.error,
+        s.keep_running,
+    ])?;
+    Ok(())
+}
+
+/// Filters for [`Db::list_sandboxes`].
+#[derive(Debug, Default, Clone)]
+pub struct Filter {
+    /// Only this state.
+    pub state: Option<State>,
+    /// Only this template.
+    pub template: Option<String>,
+    /// Only sandboxes whose metadata has all these pairs.
+    pub metadata: Vec<(String, String)>,
+    /// Include pooled sandboxes.
+    pub include_pooled: bool,
+}
+
+impl Db {
+    /// Opens (creating and migrating) the database at `path`.
+    pub fn open(path: &Path) -> Result<Db> {
+        let conn = Connection::open(path)?;
+        Self::init(conn)
+    }
+
+    /// An in-memory database (tests).
+    pub fn in_memory() -> Result<Db> {
+        Self::init(Connection::open_in_memory()?)
+    }
+
+    fn init(conn: Connection) -> Result<Db> {
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        conn.pragma_update(None, "synchronous", "NORMAL")?;
+        conn.busy_timeout(std::time::Duration::from_secs(5))?;
+        let mut db = Db { conn };
+        db.migrate()?;
+        Ok(db)
+    }
+
+    /// The schema version on disk.
+    pub fn version(&self) -> Result<i64> {
+        Ok(self
+            .conn
+            .pragma_query_value(None, "user_version", |r| r.get(0))?)
+    }
+
+    fn migrate(&mut self) -> Result<()> {
+        let v = self.version()?;
+        if v > SCHEMA_VERSION {
+            return Err(DbError::TooNew(v));
+        }
+        let tx = self.conn.transaction()?;
+        if v < 1 {
+            tx.execute_batch(
+                "CREATE TABLE sandboxes (
+                    id TEXT PRIMARY KEY, template TEXT NOT NULL, state TEXT NOT NULL,
+                    vcpus INTEGER NOT NULL, memory_mib INTEGER NOT NULL,
+                    pid INTEGER, pid_start INTEGER, dir TEXT NOT NULL,
+                    created_at REAL NOT NULL, last_active REAL NOT NULL,
+                    ttl_s INTEGER NOT NULL, idle_timeout_s INTEGER NOT NULL,
+                    metadata TEXT NOT NULL, env TEXT NOT NULL,
+                    needs_post_restore INTEGER NOT NULL, error TEXT,
+                    keep_running INTEGER NOT NULL DEFAULT 0);
+                 CREATE INDEX sandboxes_state ON sandboxes(state, template);
+                 CREATE TABLE templates (
+                    name TEXT PRIMARY KEY, source TEXT NOT NULL, vcpus INTEGER NOT NULL,
+                    memory_mib INTEGER NOT NULL, dir TEXT NOT NULL, state TEXT NOT NULL,
+                    error TEXT, created_at REAL NOT NULL, owned INTEGER NOT NULL);
+                 CREATE TABLE pools (template TEXT PRIMARY KEY, target INTEGER NOT NULL);
+                 CREATE TABLE events (
+                    seq INTEGER PRIMARY KEY AUTOINCREMENT, ts REAL NOT NULL,
+                    subject TEXT NOT NULL, kind TEXT NOT NULL, detail TEXT NOT NULL);",
+            )?;
+        }
+        if v < 2 {
+            // Templates' layers and upper layer.
+            tx.execute_batch(
+                "ALTER TABLE templates ADD COLUMN layers TEXT NOT NULL DEFAULT '[]';
+                 ALTER TABLE templates ADD COLUMN upper_size_mib INTEGER;
+                 ALTER TABLE templates ADD COLUMN upper_disk_mib INTEGER;",
+            )?;
+        }
+        tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// Inserts or replaces a sandbox.
+    pub fn put_sandbox(&self, s: &SandboxRow) -> Result<()> {
+        put(&self.conn, s)
+    }
+
+    /// A sandbox by id.
+    pub fn sandbox(&self, id: &str) -> Result<Option<SandboxRow>> {
+        Ok(self
+            .conn
+            .query_row(
+                &format!("SELECT {SANDBOX_COLS} FROM sandboxes WHERE id = ?1"),
+                [id],
+                sandbox_row,
+            )
+            .optional()?)
+    }
+
+    /// Sandboxes matching `f`, oldest first.
+    pub fn list_sandboxes(&self, f: &Filter) -> Result<Vec<SandboxRow>> {
+        let mut st = self.conn.prepare_cached(&format!(
+            "SELECT {SANDBOX_COLS} FROM sandboxes ORDER BY created_at"
+        ))?;
+        let rows = st.query_map([], sandbox_row)?;
+        let mut out = Vec::new();
+        for r in rows {
+            let r = r?;
+            if (r.state == State::Pooled && !f.include_pooled && f.state != Some(State::Pooled))
+                || f.state.is_some_and(|s| s != r.state)
+                || f.template.as_ref().is_some_and(|t| *t != r.template)
+                || !f.metadata.iter().all(|(k, v)| r.metadata.get(k) == Some(v))
+            {
+                continue;
+            }
+            out.push(r);
+        }
+        Ok(out)
+    }
+
+    /// Deletes a sandbox row.
+    pub fn delete_sandbox(&self, id: &str) -> Result<bool> {
+        Ok(self
+            .conn
+            .execute("DELETE FROM sandboxes WHERE id = ?1", [id])?
+            > 0)
+    }
+
+    /// Sets a sandbox's state (and clears or keeps its pid).
+    pub fn set_state(&self, id: &str, state: State, error: Option<&str>) -> Result<()> {
+        let clear_pid = !state.has_vmm();
+        self.conn.execute(
+            "UPDATE sandboxes SET state = ?2, error = COALESCE(?3, error),
+                pid = CASE WHEN ?4 THEN NULL ELSE pid END,
+                pid_start = CASE WHEN ?4 THEN NULL ELSE pid_start END
+             WHERE id = ?1",
+            params![id, state.as_str(), error, clear_pid],
+        )?;
+        Ok(())
+    }
+
+    /// Records activity on a sandbox.
+    pub fn touch(&self, id: &str, t: f64) -> Result<()> {
+        self.conn.execute(
+            "UPDATE sandboxes SET last_active = ?2 WHERE id = ?1",
+            params![id, t],
+        )?;
+        Ok(())
+    }
+
+    /// Hands a pooled sandbox out: the oldest pooled one of `template`
+    /// keeps its id, VMM and directory and takes `s`'s settings (metadata,
+    /// limits, environment), atomically.
+    pub fn take_pooled(&mut self, template: &str, s: &SandboxRow) -> Result<Option<SandboxRow>> {
+        let tx = self.conn.transaction()?;
+        let found = tx
+            .query_row(
+                &format!(
+                    "SELECT {SANDBOX_COLS} FROM sandboxes WHERE state = 'pooled' AND template = ?1 \
+                     ORDER BY created_at LIMIT 1"
+                ),
+                [template],
+                sandbox_row,
+            )
+            .optional()?;
+        let Some(p) = found else {
+            return Ok(None);
+        };
+        let row = SandboxRow {
+            id: p.id,
+            state: State::Running,
+            pid: p.pid,
+            pid_start: p.pid_start,
+            dir: p.dir,
+            needs_post_restore: p.needs_post_restore,
+            ..s.clone()
+        };
+        put(&tx, &row)?;
+        tx.commit()?;
+        Ok(Some(row))
+    }
+
+    /// Counts per (template, state) of sandboxes holding a VMM, and the
+    /// reserved vCPUs and memory (for admission).
+    pub fn usage(&self) -> Result<Usage> {
+        let mut u = Usage::default();
+        let mut st = self.conn.prepare_cached(
+            "SELECT state, COUNT(*), SUM(vcpus), SUM(memory_mib) FROM sandboxes GROUP BY state",
+        )?;
+        let rows = st.query_map([], |r| {
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get::<_, i64>(1)?,
+                r.get::<_, Option<i64>>(2)?.unwrap_or(0),
+                r.get::<_, Option<i64>>(3)?.unwrap_or(0),
+            ))
+        })?;
+        for r in rows {
+            let (state, n, cpus, mem) = r?;
+            let state = State::parse(&state).unwrap_or(State::Failed);
+            u.by_state.insert(state.as_str().into(), n as u64);
+            if state.has_vmm() {
+                u.vms += n as u64;
+                u.vcpus += cpus as u64;
+                u.memory_mib += mem as u64;
+            }
+        }
+        Ok(u)
+    }
+
+    /// Pooled sandboxes per template.
+    pub fn pooled_counts(&self) -> Result<BTreeMap<String, u64>> {
+        let mut st = self.conn.prepare_cached(
+            "SELECT template, COUNT(*) FROM sandboxes WHERE state = 'pooled' GROUP BY template",
+        )?;
+        let rows = st.query_map([], |r| Ok((r.get(0)?, r.get::<_, i64>(1)? as u64)))?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
+    /// Inserts or replaces a template.
+    pub fn put_template(&self, t: &TemplateRow) -> Result<()> {
+        self.conn.execute(
+            "INSERT OR REPLACE INTO templates
+               (name, source, vcpus, memory_mib, dir, state, error, created_at, owned,
+                layers, upper_size_mib, upper_disk_mib)
+             VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12)",
+            params![
+                t.name,
+                t.source,
+                t.vcpus,
+                t.memory_mib,
+                t.dir.to_string_lossy(),
+                t.state.as_str(),
+                t.error,
+                t.created_at,
+                t.owned,
+                serde_json::to_string(&t.layers).unwrap_or_else(|_| "[]".into()),
+                t.upper_size_mib,
+                t.upper_disk_mib
+            ],
+        )?;
+        Ok(())
+    }
+
+    /// A template by name.
+    pub fn template(&self, name: &str) -> Result<Option<TemplateRow>> {
+        Ok(self
+            .conn
+            .query_row(
+                "SELECT name, source, vcpus, memory_mib, dir, state, error, created_at, owned,
+                        layers, upper_size_mib, upper_disk_mib
+                 FROM templates WHERE name = ?1",
+                [name],
+                template_row,
+            )
+            .optional()?)
+    }
+
+    /// All templates.
+    pub fn templates(&self) -> Result<Vec<TemplateRow>> {
+        let mut st = self.conn.prepare_cached(
+            "SELECT name, source, vcpus, memory_mib, dir, state, error, created_at, owned,
+                    layers, upper_size_mib, upper_disk_mib
+             FROM templates ORDER BY name",
+        )?;
+        let rows = st.query_map([], template_row)?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
+    /// Deletes a template (and its pool).
+    pub fn delete_template(&self, name: &str) -> Result<bool> {
+        self.conn
+            .execute("DELETE FROM pools WHERE template = ?1", [name])?;
+        Ok(self
+            .conn
+            .execute("DELETE FROM templates WHERE name = ?1", [name])?
+            > 0)
+    }
+
+    /// Sets a pool's target size (0 removes the pool).
+    pub fn set_pool(&self, template: &str, target: u32) -> Result<()> {
+        if target == 0 {
+            self.conn
+                .execute("DELETE FROM pools WHERE template = ?1", [template])?;
+        } else {
+            self.conn.execute(
+                "INSERT OR REPLACE INTO pools (template, target) VALUES (?1, ?2)",
+                params![template, target],
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Pools: template and target size.
+    pub fn pools(&self) -> Result<Vec<(String, u32)>> {
+        let mut st = self
+            .conn
+            .prepare_cached("SELECT template, target FROM pools ORDER BY template")?;
+        let rows = st.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
+    /// Appends an event (the log keeps the last 100,000).
+    pub fn event(&self, subject: &str, kind: &str, detail: &str) -> Result<()> {
+        let mut st = self.conn.prepare_cached(
+            "INSERT INTO events (ts, subject, kind, detail) VALUES (?1, ?2, ?3, ?4)",
+        )?;
+        let seq = st.insert(params![now(), subject, kind, detail])?;
+        if seq % 10_000 == 0 {
+            self.conn
+                .execute("DELETE FROM events WHERE seq <= ?1", [seq - 100_000])?;
+        }
+        Ok(())
+    }
+
+    /// Events after `since`, optionally for one subject, at most `limit`.
+    pub fn events(&self, since: i64, subject: Option<&str>, limit: u32) -> Result<Vec<Event>> {
+        let mut st = self.conn.prepare_cached(
+            "SELECT seq, ts, subject, kind, detail FROM events
+             WHERE seq > ?1 AND (?2 IS NULL OR subject = ?2) ORDER BY seq LIMIT ?3",
+        )?;
+        let rows = st.query_map(params![since, subject, limit], |r| {
+            Ok(Event {
+                seq: r.get(0)?,
+                ts: r.get(1)?,
+                subject: r.get(2)?,
+                kind: r.get(3)?,
+                detail: r.get(4)?,
+            })
+        })?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+}
+
+#[cfg(test)]
+#[path = "db_tests.rs"]
+mod tests;

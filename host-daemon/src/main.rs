@@ -1,0 +1,139 @@
+//! `shoald`: the Shoal host daemon (the library `shoald`).
+
+use anyhow::{bail, Context, Result};
+use clap::Parser;
+use shoald::{self as daemon, admission::Limits, Config, Daemon};
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(Parser)]
+#[command(
+    name = "shoald",
+    version,
+    about = "Shoal host daemon: sandboxes over an HTTP/JSON API"
+)]
+struct Args {
+    /// State directory (database, API socket `shoald.sock`, sandboxes).
+    /// Default: $SHOAL_STATE/daemon or ~/.cache/shoal/daemon.
+    #[arg(long)]
+    state_dir: Option<PathBuf>,
+    /// Also listen on TCP (e.g. 127.0.0.1:7070); needs --token-file.
+    #[arg(long)]
+    listen: Option<std::net::SocketAddr>,
+    /// File holding the bearer token TCP clients must send.
+    #[arg(long)]
+    token_file: Option<PathBuf>,
+    /// Guest memory reservable per MiB of host memory.
+    #[arg(long, default_value_t = 8.0)]
+    memory_overcommit: f64,
+    /// vCPUs reservable per host CPU (idle sandboxes use a few % of a CPU).
+    #[arg(long, default_value_t = 1024.0)]
+    cpu_overcommit: f64,
+    /// Refuse new sandboxes (503) below this much host MemAvailable (MiB).
+    #[arg(long, default_value_t = 1024)]
+    min_available_mib: u64,
+    /// Most sandboxes holding a VMM at once.
+    #[arg(long, default_value_t = 4000)]
+    max_sandboxes: u64,
+    /// Host memory to plan with (MiB; default: MemTotal).
+    #[arg(long)]
+    host_memory_mib: Option<u64>,
+    /// Seconds allowed to reach a sandbox's agent.
+    #[arg(long, default_value_t = 60)]
+    agent_timeout: u64,
+    /// Pause the vCPUs of a sandbox after this many ms without requests
+    /// (continued on the next one; 0: never). Idle guests cost ~1% of a
+    /// CPU each on PVM hosts.
+    #[arg(long, default_value_t = 2000)]
+    freeze_idle_ms: u64,
+    /// VMM restores in flight at most (default: 2 per CPU); more creates queue.
+    #[arg(long)]
+    max_restores: Option<usize>,
+    /// Do not refill warm pools.
+    #[arg(long)]
+    no_pools: bool,
+    /// Log as JSON lines (default: key=value text).
+    #[arg(long)]
+    log_json: bool,
+}
+
+fn main() -> Result<()> {
+    let a = Args::parse();
+    let filter = tracing_subscriber::EnvFilter::try_from_env("SHOAL_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let sub = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(false);
+    if a.log_json {
+        sub.json().init();
+    } else {
+        sub.init();
+    }
+    let tcp = match (a.listen, &a.token_file) {
+        (None, _) => None,
+        (Some(_), None) => {
+            bail!("--listen needs --token-file (TCP clients must send a bearer token)")
+        }
+        (Some(addr), Some(f)) => {
+            let t = std::fs::read_to_string(f)
+                .with_context(|| format!("cannot read {}", f.display()))?
+                .trim()
+                .to_string();
+            if t.len() < 16 {
+                bail!(
+                    "the token in {} is too short (at least 16 characters)",
+                    f.display()
+                );
+            }
+            Some((addr, t))
+        }
+    };
+    // Each VMM costs the daemon a pidfd and a few short-lived sockets.
+    raise_nofile();
+    let cfg = Config {
+        state_dir: a.state_dir.unwrap_or_else(daemon::default_state_dir),
+        vmm: shoal_images::artifacts::vmm_binary()?,
+        limits: Limits {
+            host_memory_mib: a
+                .host_memory_mib
+                .unwrap_or_else(|| daemon::admission::meminfo_kib("MemTotal").unwrap_or(0) / 1024),
+            host_cpus: std::thread::available_parallelism().map_or(1, |n| n.get() as u64),
+            memory_overcommit: a.memory_overcommit,
+            cpu_overcommit: a.cpu_overcommit,
+            min_available_mib: a.min_available_mib,
+            max_vms: a.max_sandboxes,
+        },
+        agent_timeout: Duration::from_secs(a.agent_timeout),
+        sweep_interval: Duration::from_secs(1),
+        pools: !a.no_pools,
+        max_restores: a
+            .max_restores
+            .unwrap_or_else(|| 2 * std::thread::available_parallelism().map_or(1, |n| n.get())),
+        freeze_after: (a.freeze_idle_ms > 0).then(|| Duration::from_millis(a.freeze_idle_ms)),
+    };
+    let d = Daemon::open(cfg).map_err(anyhow::Error::msg)?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .max_blocking_threads(2048)
+        .build()?;
+    rt.block_on(daemon::serve(d, tcp))
+        .map_err(anyhow::Error::msg)?;
+    // Blocking calls still stuck on a dead guest must not hold us up.
+    rt.shutdown_timeout(Duration::from_secs(1));
+    Ok(())
+}
+
+fn raise_nofile() {
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit with a valid local struct.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) == 0 {
+            r.rlim_cur = r.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &r);
+        }
+    }
+}

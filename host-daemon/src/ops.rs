@@ -1,0 +1,404 @@
+//! Sandbox lifecycle operations behind the API: create (from a warm pool
+//! or by restoring the template), kill, pause (state to disk, the VMM
+//! ends), resume (explicit or on the next request), snapshot to a new
+//! template, and the agent connection.
+
+use super::db::{self, SandboxRow, State, TemplateRow};
+use super::{admission, blocking, random_id, supervisor, ApiError, ApiResult, Daemon, Live};
+use agent_client::Client;
+use shoal_api::{CreateSandbox, TemplateState};
+use shoal_runtime::sandbox::Sandbox;
+use shoal_runtime::vm;
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use vmm::api::{self as vmm_api, Request};
+
+/// Largest guest the API accepts (MiB).
+pub const MAX_MEMORY_MIB: u32 = 64 * 1024;
+/// Most vCPUs the API accepts.
+pub const MAX_VCPUS: u32 = 32;
+
+/// A sandbox as the API shows it.
+pub use shoal_api::Sandbox as SandboxView;
+
+impl From<SandboxRow> for SandboxView {
+    fn from(r: SandboxRow) -> Self {
+        SandboxView {
+            id: r.id,
+            template: r.template,
+            state: r.state,
+            vcpus: r.vcpus,
+            memory_mib: r.memory_mib,
+            pid: r.pid,
+            created_at: r.created_at,
+            last_active: r.last_active,
+            ttl_s: r.ttl_s,
+            idle_timeout_s: r.idle_timeout_s,
+            metadata: r.metadata,
+            env: r.env,
+            error: r.error,
+            keep_running: r.keep_running,
+            from_pool: None,
+        }
+    }
+}
+
+/// The row of sandbox `id` (pooled sandboxes are not visible).
+pub fn row(d: &Daemon, id: &str) -> ApiResult<SandboxRow> {
+    match d.db(|db| db.sandbox(id))? {
+        Some(r) if r.state != State::Pooled => Ok(r),
+        _ => Err(ApiError::NotFound(format!("no sandbox '{id}'"))),
+    }
+}
+
+/// Admission check and insert, atomically (`count`: a user request, so a
+/// refusal is counted in the metrics).
+pub fn admit_and_insert(d: &Daemon, r: &SandboxRow, count: bool) -> ApiResult<()> {
+    let avail = admission::available_mib();
+    let res = d.db(|db| {
+        let u = db.usage()?;
+        let ok = admission::admit(
+            &d.cfg.limits,
+            &u,
+            u64::from(r.vcpus),
+            u64::from(r.memory_mib),
+            avail,
+        );
+        if ok.is_ok() {
+            db.put_sandbox(r)?;
+        }
+        Ok(ok)
+    })?;
+    res.map_err(|e| {
+        if count {
+            d.metrics.refused(e.reason());
+            tracing::warn!(sandbox = %r.id, "admission refused: {e}");
+        }
+        ApiError::Refused(e)
+    })
+}
+
+/// Restores `snapshot` into a new VMM for `row` (already inserted), waits
+/// until it answers, records it as `state` and starts watching it. With
+/// `freeze` (and unless the sandbox is `keep_running`) its vCPUs are
+/// paused at once, before the guest has done anything: on PVM hosts a
+/// freshly restored guest's first moments cost the host far more than its
+/// restore, and nothing needs to run until the first request.
+pub async fn start_vmm(
+    d: &Arc<Daemon>,
+    mut row: SandboxRow,
+    snapshot: PathBuf,
+    state: State,
+    freeze: bool,
+) -> ApiResult<SandboxRow> {
+    let freeze = freeze && !row.keep_running && d.cfg.freeze_after.is_some();
+    let paths = vm::Paths::new(&row.dir);
+    let vmm = d.cfg.vmm.clone();
+    let t0 = Instant::now();
+    let p2 = paths.clone();
+    let permit = tokio::time::timeout(Duration::from_secs(60), d.restores.acquire())
+        .await
+        .map_err(|_| {
+            ApiError::Refused(super::admission::Refusal::HostPressure(
+                "too many restores queued for 60 s; retry later".into(),
+            ))
+        })??;
+    let res = blocking("restore", Duration::from_secs(90), move || {
+        let (p, mut ready) =
+            vm::spawn_restore(&vmm, &snapshot, &p2).map_err(|source| ApiError::SpawnVmm {
+                vmm: vmm.clone(),
+                source,
+            })?;
+        vm::wait_ready(&p, &mut ready, Duration::from_secs(60)).map_err(|reason| {
+            p.kill();
+            p.wait_gone(Duration::from_secs(2));
+            ApiError::RestoreFailed {
+                reason,
+                log_tail: vm::log_tail(&p2),
+            }
+        })?;
+        let frozen =
+            freeze && vmm_api::call(&p2.api_sock, &Request::Pause, Duration::from_secs(5)).is_ok();
+        Ok((p, frozen))
+    })
+    .await;
+    drop(permit);
+    let (p, frozen) = match res {
+        Ok(p) => p,
+        Err(e) => {
+            d.event(&row.id, "restore_failed", &e.to_string());
+            return Err(e);
+        }
+    };
+    d.metrics.restore.observe(t0.elapsed().as_secs_f64());
+    let live = d
+        .live(&row.id)
+        .unwrap_or_else(|| Arc::new(Live::new(&row.id, &row.dir, None, true)));
+    live.set_proc(Some(p));
+    *live.frozen.lock().await = frozen;
+    // Nothing runs in a fresh guest until it is asked to: it may be frozen
+    // at once (the next request continues it in ~1 ms).
+    live.last_active_ms.store(0, Ordering::Release);
+    live.keep_running.store(row.keep_running, Ordering::Release);
+    live.needs_post_restore.store(true, Ordering::Release);
+    live.expect_exit.store(false, Ordering::Release);
+    // Killed while it was starting: do not resurrect it.
+    let still = d.db(|db| db.sandbox(&row.id))?;
+    if still.is_none_or(|r| r.state == State::Failed) {
+        p.kill();
+        return Err(ApiError::Conflict(format!(
+            "sandbox '{}' was removed while starting",
+            row.id
+        )));
+    }
+    row.pid = Some(p.pid);
+    row.pid_start = Some(p.start);
+    row.state = state;
+    row.needs_post_restore = true;
+    d.db(|db| db.put_sandbox(&row))?;
+    d.insert_live(live.clone());
+    supervisor::watch(d.clone(), live, p);
+    Ok(row)
+}
+
+pub fn check_name(what: &str, n: &str) -> ApiResult<()> {
+    if n.is_empty()
+        || n.len() > 64
+        || !n
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+        || n.starts_with('.')
+    {
+        return Err(ApiError::BadRequest(format!(
+            "{what} name {n:?}: use 1-64 letters, digits, '-', '_' or '.'"
+        )));
+    }
+    Ok(())
+}
+
+/// Creates a sandbox.
+pub async fn create(d: &Arc<Daemon>, req: CreateSandbox) -> ApiResult<SandboxView> {
+    let t0 = Instant::now();
+    let root = req.root();
+    let tpl = match (&req.template, &req.image) {
+        (Some(_), Some(_)) => {
+            return Err(ApiError::BadRequest(
+                "give either 'template' or 'image', not both".into(),
+            ))
+        }
+        (None, None) => {
+            return Err(ApiError::BadRequest(
+                "give 'template' (a template name) or 'image' (tiny or base)".into(),
+            ))
+        }
+        (Some(t), None) => {
+            if req.vcpus.is_some() || req.memory_mib.is_some() || !root.is_default() {
+                return Err(ApiError::BadRequest(
+                    "'vcpus', 'memory_mib', 'layers', 'upper_size_mib' and 'upper_disk_mib' \
+                     come from the template; give them with 'image'"
+                        .into(),
+                ));
+            }
+            ready_template(d, t)?
+        }
+        (None, Some(img)) => {
+            let vcpus = req.vcpus.unwrap_or(1);
+            let mem = req.memory_mib.unwrap_or(128);
+            super::templates::image_template(d, img, vcpus, mem, &root).await?
+        }
+    };
+    for k in req.env.keys() {
+        if k.is_empty() || k.contains('=') || k.contains('\0') {
+            return Err(ApiError::BadRequest(format!("bad environment name {k:?}")));
+        }
+    }
+    let now = db::now();
+    let id = random_id();
+    let row = SandboxRow {
+        dir: d.cfg.sandboxes_dir().join(&id),
+        id,
+        template: tpl.name.clone(),
+        state: State::Starting,
+        vcpus: tpl.vcpus,
+        memory_mib: tpl.memory_mib,
+        pid: None,
+        pid_start: None,
+        created_at: now,
+        last_active: now,
+        ttl_s: req.ttl_s,
+        idle_timeout_s: req.idle_timeout_s,
+        metadata: req.metadata,
+        env: req.env,
+        needs_post_restore: true,
+        keep_running: req.keep_running,
+        error: None,
+    };
+    if let Some(r) = d.db(|db| db.take_pooled(&tpl.name, &row))? {
+        if let Some(live) = d.live(&r.id) {
+            live.keep_running.store(r.keep_running, Ordering::Release);
+            if r.keep_running {
+                drop(super::freeze::busy(&live).await?);
+            }
+        }
+        d.metrics.pool_hits.fetch_add(1, Ordering::Relaxed);
+        d.pool_wake.notify_one();
+        d.metrics.create.observe(t0.elapsed().as_secs_f64());
+        d.event(
+            &r.id,
+            "created",
+            &format!("from the warm pool of '{}'", r.template),
+        );
+        let mut v = SandboxView::from(r);
+        v.from_pool = Some(true);
+        return Ok(v);
+    }
+    d.metrics.pool_misses.fetch_add(1, Ordering::Relaxed);
+    admit_and_insert(d, &row, true)?;
+    let id = row.id.clone();
+    let r = match start_vmm(d, row, tpl.dir.clone(), State::Running, true).await {
+        Ok(r) => r,
+        Err(e) => {
+            let _ = d.db(|db| db.delete_sandbox(&id));
+            d.remove_live(&id);
+            let dir = d.cfg.sandboxes_dir().join(&id);
+            tokio::task::spawn_blocking(move || std::fs::remove_dir_all(dir));
+            return Err(e);
+        }
+    };
+    d.metrics.create.observe(t0.elapsed().as_secs_f64());
+    d.event(&r.id, "created", &format!("restored from '{}'", r.template));
+    let mut v = SandboxView::from(r);
+    v.from_pool = Some(false);
+    Ok(v)
+}
+
+/// A ready template by name.
+pub fn ready_template(d: &Daemon, name: &str) -> ApiResult<TemplateRow> {
+    match d.db(|db| db.template(name))? {
+        None => Err(ApiError::NotFound(format!(
+            "no template '{name}' (see GET /v1/templates)"
+        ))),
+        Some(t) if t.state == TemplateState::Ready => Ok(t),
+        Some(t) if t.state == TemplateState::Building => Err(ApiError::Conflict(format!(
+            "template '{name}' is still being built"
+        ))),
+        Some(t) => Err(ApiError::Conflict(format!(
+            "template '{name}' failed: {}",
+            t.error.unwrap_or_default()
+        ))),
+    }
+}
+
+/// Stops a VMM now (SIGKILL: the guest has nothing to save) and forgets
+/// the live side; the supervisor reaps the process.
+async fn stop_live(live: &Live) {
+    live.expect_exit.store(true, Ordering::Release);
+    *live.client.lock().await = None;
+    if let Some(p) = live.proc() {
+        p.kill();
+    }
+}
+
+/// Kills a sandbox and removes everything it had.
+pub async fn kill(d: &Arc<Daemon>, id: &str, reason: &str) -> ApiResult<()> {
+    let r = d
+        .db(|db| db.sandbox(id))?
+        .ok_or_else(|| ApiError::NotFound(format!("no sandbox '{id}'")))?;
+    if let Some(live) = d.live(id) {
+        let _g = live.op.lock().await;
+        stop_live(&live).await;
+        d.remove_live(id);
+    }
+    d.db(|db| db.delete_sandbox(id))?;
+    let dir = r.dir.clone();
+    let _ = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(dir)).await;
+    d.event(id, "killed", reason);
+    Ok(())
+}
+
+/// The sandbox, running: a paused one is resumed first.
+pub async fn ensure_running(
+    d: &Arc<Daemon>,
+    id: &str,
+) -> ApiResult<(SandboxRow, Arc<Live>, super::freeze::Busy)> {
+    for _ in 0..3 {
+        let r = row(d, id)?;
+        match r.state {
+            State::Running => {
+                let live = d
+                    .live(id)
+                    .ok_or_else(|| ApiError::Internal(format!("sandbox '{id}' has no VMM")))?;
+                let now = db::now();
+                if now - r.last_active > 1.0 {
+                    d.db(|db| db.touch(id, now))?;
+                }
+                let busy = super::freeze::busy(&live).await?;
+                return Ok((r, live, busy));
+            }
+            State::Paused | State::Pausing => {
+                resume(d, id).await?;
+            }
+            State::Starting => {
+                return Err(ApiError::Conflict(format!("sandbox '{id}' is starting")))
+            }
+            State::Failed => {
+                return Err(ApiError::Conflict(format!(
+                    "sandbox '{id}' failed: {}",
+                    r.error.unwrap_or_default()
+                )))
+            }
+            State::Pooled => return Err(ApiError::NotFound(format!("no sandbox '{id}'"))),
+        }
+    }
+    Err(ApiError::Conflict(format!(
+        "sandbox '{id}' keeps changing state; retry"
+    )))
+}
+
+/// The agent connection of a running sandbox (connecting, and after a
+/// restore sending fresh entropy and time, on first use).
+pub async fn agent(d: &Daemon, live: &Live) -> ApiResult<Client> {
+    let mut g = live.client.lock().await;
+    if let Some(c) = g.as_ref().filter(|c| !c.is_closed()) {
+        return Ok(c.clone());
+    }
+    let post = live.needs_post_restore.load(Ordering::Acquire);
+    let sb = Sandbox {
+        id: live.id.clone(),
+        dir: live.paths.dir.clone(),
+        api_sock: live.paths.api_sock.clone(),
+        vsock: live.paths.vsock.clone(),
+    };
+    let t = d.cfg.agent_timeout;
+    let c = blocking(
+        "connecting to the sandbox agent",
+        t + Duration::from_secs(5),
+        move || {
+            let c = sb
+                .connect(t, post)
+                .map_err(|source| ApiError::AgentUnreachable {
+                    id: sb.id.clone(),
+                    source,
+                })?;
+            c.set_timeout(Some(Duration::from_secs(120)));
+            Ok(c)
+        },
+    )
+    .await?;
+    if post {
+        live.needs_post_restore.store(false, Ordering::Release);
+        d.db(|db| {
+            if let Some(mut r) = db.sandbox(&live.id)? {
+                r.needs_post_restore = false;
+                db.put_sandbox(&r)?;
+            }
+            Ok(())
+        })?;
+    }
+    *g = Some(c.clone());
+    Ok(c)
+}
+
+pub use super::lifecycle::{pause, resume, snapshot};

@@ -1,0 +1,8 @@
+//! Guest artifacts for Shoal: where the guest kernel and the built-in images
+//! come from ([`artifacts`]), building erofs images from a directory, a tar
+//! archive or a built-in recipe ([`image`]), and the read-only layers and
+//! upper layer a template stacks over its image ([`layers`]).
+
+pub mod artifacts;
+pub mod image;
+pub mod layers;

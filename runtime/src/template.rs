@@ -1,0 +1,273 @@
+//! Templates: boot a guest once, snapshot it when it is ready, and restore
+//! copies from the snapshot.
+
+use crate::launch::{BootSpec, Monitor};
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use vmm::api::{self, Request, SnapshotInfo};
+
+/// Errors making or restoring templates.
+#[derive(Debug, thiserror::Error)]
+pub enum TemplateError {
+    /// The VMM could not be started.
+    #[error("cannot start shoal-vmm: {0}")]
+    Spawn(std::io::Error),
+    /// The guest never printed the ready line.
+    #[error("the template guest did not print {0:?} before it stopped or timed out")]
+    NotReady(String),
+    /// A control request failed.
+    #[error(transparent)]
+    Api(#[from] api::ApiError),
+    /// The control socket never came up.
+    #[error("VMM control socket {0} did not come up")]
+    NoSocket(PathBuf),
+    /// File system.
+    #[error("{0}: {1}")]
+    Io(PathBuf, std::io::Error),
+    /// The restored VMM exited before its control socket answered.
+    #[error("shoal-vmm exited ({0}) before its control socket answered")]
+    Exited(std::process::ExitStatus),
+    /// The guest agent did not answer the warm-up before the snapshot.
+    #[error("guest agent warm-up before the snapshot: {0}")]
+    AgentWarmup(#[from] agent_client::ClientError),
+}
+
+/// Boots `spec` with our VMM, waits for a console line containing `ready`,
+/// waits until the guest is idle, snapshots into `dir` and shuts the VM down.
+pub fn make(
+    spec: &BootSpec,
+    vmm: &Path,
+    dir: &Path,
+    ready: &str,
+    timeout: Duration,
+) -> Result<SnapshotInfo, TemplateError> {
+    make_with(spec, vmm, dir, ready, timeout, true)
+}
+
+/// [`make`], choosing whether to wait for an idle guest after the ready
+/// line (`false`: snapshot at the ready line, for guests that never idle,
+/// such as the restore benchmark's continuous printer).
+pub fn make_with(
+    spec: &BootSpec,
+    vmm: &Path,
+    dir: &Path,
+    ready: &str,
+    timeout: Duration,
+    wait_idle: bool,
+) -> Result<SnapshotInfo, TemplateError> {
+    std::fs::create_dir_all(dir).map_err(|e| TemplateError::Io(dir.into(), e))?;
+    let sock = dir.join("template-boot.sock");
+    let mut cmd = spec.command(&Monitor::Shoal(vmm.into()));
+    cmd.arg("--api-sock")
+        .arg(&sock)
+        .arg("--timeout")
+        .arg(timeout.as_secs().to_string())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    let mut child = cmd.spawn().map_err(TemplateError::Spawn)?;
+    let mut seen = false;
+    if let Some(out) = child.stdout.take() {
+        let mut lines = BufReader::new(out).split(b'\n');
+        for line in lines.by_ref() {
+            let Ok(line) = line else { break };
+            if String::from_utf8_lossy(&line).contains(ready) {
+                seen = true;
+                break;
+            }
+        }
+        // Keep draining the console until the VMM exits: a closed pipe
+        // would fail the guest's console writes while it settles, and that
+        // state would be in the snapshot.
+        std::thread::spawn(move || lines.for_each(drop));
+    }
+    if !seen {
+        let _ = child.kill();
+        let _ = child.wait();
+        return Err(TemplateError::NotReady(ready.into()));
+    }
+    // An agent that serves requests is put through the requests every
+    // clone makes first, so that the code and data they touch (agent pages,
+    // kernel vsock and exec paths, the command's binary) are already in the
+    // snapshot's page tables and caches; a clone would otherwise fault each
+    // one in on its first request (~3 ms per page fault on PVM hosts).
+    if let (Some(uds), true) = (&spec.vsock_uds, spec.init_args.is_empty()) {
+        if let Err(e) = warm_agent(uds) {
+            let _ = child.kill();
+            let _ = child.wait();
+            let _ = std::fs::remove_file(&sock);
+            return Err(e);
+        }
+    }
+    // The guest goes on working for a while after its ready line (the
+    // agent's set-up, kernel deferred work); every clone would redo that
+    // work after its restore, so snapshot once the guest is idle.
+    if wait_idle {
+        wait_until_idle(child.id(), QUIET_WINDOW, QUIET_MAX);
+    }
+    let t = Duration::from_secs(60);
+    let info = api::call(
+        &sock,
+        &Request::Snapshot {
+            dir: dir.into(),
+            diff: false,
+        },
+        t,
+    );
+    let _ = api::call(&sock, &Request::Shutdown, t);
+    let _ = child.wait();
+    let _ = std::fs::remove_file(&sock);
+    Ok(info?.snapshot.unwrap_or_else(|| SnapshotInfo {
+        dir: dir.into(),
+        state_bytes: 0,
+        memory_bytes: 0,
+        pause_ms: 0.0,
+        save_ms: 0.0,
+    }))
+}
+
+/// One connection doing what a fresh clone's first client does: hello,
+/// post-restore (entropy, clock), an exec with output, a small file
+/// written, read back and removed; then the connection closes.
+fn warm_agent(uds: &Path) -> Result<(), TemplateError> {
+    use agent_client::{Client, ExecRequest};
+    let c = Client::connect_vsock_retry(
+        uds,
+        agent_proto::VSOCK_PORT,
+        Duration::from_secs(120),
+    )?;
+    c.set_timeout(Some(Duration::from_secs(120)));
+    c.post_restore(crate::fresh::entropy(), crate::fresh::unix_nanos())?;
+    c.exec_simple(&ExecRequest::argv(["true"]))?;
+    let path = "/tmp/.shoal-template-warmup";
+    c.write_file(path, b"warm", 0o600)?;
+    c.read_file(path)?;
+    c.stat(path)?;
+    c.remove(path, false)?;
+    Ok(())
+}
+
+/// Idle means under 2% of a CPU over this window.
+const QUIET_WINDOW: Duration = Duration::from_millis(250);
+/// Give up waiting for an idle guest after this long (a guest that never
+/// idles, e.g. one printing continuously, is snapshotted as it is).
+const QUIET_MAX: Duration = Duration::from_secs(10);
+
+/// CPU time (ns) all threads of `pid` have run, from schedstat.
+fn cpu_ns(pid: u32) -> Option<u64> {
+    let mut total = 0u64;
+    for t in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .ok()?
+        .flatten()
+    {
+        let s = std::fs::read_to_string(t.path().join("schedstat")).ok()?;
+        total += s.split_whitespace().next()?.parse::<u64>().ok()?;
+    }
+    Some(total)
+}
+
+/// Waits (at most `max`) until process `pid` used under 2% of a CPU over
+/// `window`; returns whether it did.
+pub fn wait_until_idle(pid: u32, window: Duration, max: Duration) -> bool {
+    let end = Instant::now() + max;
+    let Some(mut last) = cpu_ns(pid) else {
+        return false;
+    };
+    while Instant::now() < end {
+        std::thread::sleep(window);
+        let Some(now) = cpu_ns(pid) else {
+            return false;
+        };
+        if now.saturating_sub(last) < window.as_nanos() as u64 / 50 {
+            return true;
+        }
+        last = now;
+    }
+    false
+}
+
+/// A VMM process restored from a template, with a control socket.
+pub struct Restored {
+    /// The process.
+    pub child: Child,
+    /// Its control socket.
+    pub sock: PathBuf,
+    /// When it was spawned.
+    pub spawned: Instant,
+    /// Read side of the VMM's `--ready-fd` pipe.
+    ready: Option<crate::ready::ReadyPipe>,
+}
+
+/// Starts `shoal-vmm --restore dir` with its control socket at `sock`.
+/// `stdout` receives the guest console.
+pub fn spawn_restore(
+    vmm: &Path,
+    dir: &Path,
+    sock: &Path,
+    stdout: Stdio,
+    extra: &[&str],
+) -> Result<Restored, TemplateError> {
+    let spawned = Instant::now();
+    let mut cmd = Command::new(vmm);
+    cmd.arg("--restore")
+        .arg(dir)
+        .arg("--api-sock")
+        .arg(sock)
+        .args(extra)
+        .stdin(Stdio::null())
+        .stdout(stdout)
+        .stderr(Stdio::piped());
+    let (child, ready) =
+        crate::ready::ReadyPipe::spawn(&mut cmd, None).map_err(TemplateError::Spawn)?;
+    Ok(Restored {
+        child,
+        sock: sock.into(),
+        spawned,
+        ready: Some(ready),
+    })
+}
+
+impl Restored {
+    /// Waits until the VMM reports its vCPUs running on the ready pipe (no
+    /// polling); fails at once if the VMM exits first.
+    pub fn wait_ready(&mut self, timeout: Duration) -> Result<(), TemplateError> {
+        // Reported once: a second call has nothing more to wait for.
+        let Some(mut r) = self.ready.take() else {
+            return Ok(());
+        };
+        match r.wait(timeout) {
+            crate::ready::Readiness::Ready => Ok(()),
+            // The VMM ended (or closed the pipe) without running.
+            crate::ready::Readiness::Ended => {
+                let status = self.child.wait().map_err(TemplateError::Spawn)?;
+                Err(TemplateError::Exited(status))
+            }
+            crate::ready::Readiness::TimedOut => Err(TemplateError::NoSocket(self.sock.clone())),
+        }
+    }
+
+    /// Shuts the VM down and reaps the process; returns its stderr.
+    pub fn shutdown(mut self) -> String {
+        let _ = api::call(&self.sock, &Request::Shutdown, Duration::from_secs(10));
+        let mut err = String::new();
+        if let Some(mut e) = self.child.stderr.take() {
+            let _ = std::io::Read::read_to_string(&mut e, &mut err);
+        }
+        let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.sock);
+        err
+    }
+}
+
+/// The `first_run_ns` value from a `SHOAL-TIMING` line.
+pub fn first_run_ns(stderr: &str) -> Option<u128> {
+    stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("SHOAL-TIMING "))?
+        .split_whitespace()
+        .find_map(|kv| kv.strip_prefix("first_run_ns="))?
+        .parse()
+        .ok()
+}

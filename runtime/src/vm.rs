@@ -1,0 +1,288 @@
+//! VMM processes as the daemon runs them: restored from a snapshot in
+//! their own session (so they outlive a daemon restart), identified by pid
+//! and start time (so a recycled pid is never taken for them), watched
+//! through a pidfd, and killed by pid only while the start time matches.
+
+use crate::ready::{Readiness, ReadyPipe};
+use shoal_images::layers;
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A sandbox directory's files.
+#[derive(Debug, Clone)]
+pub struct Paths {
+    /// The directory.
+    pub dir: PathBuf,
+    /// VMM control socket.
+    pub api_sock: PathBuf,
+    /// vsock host socket.
+    pub vsock: PathBuf,
+}
+
+impl Paths {
+    /// The files of the sandbox in `dir`.
+    pub fn new(dir: &Path) -> Paths {
+        Paths {
+            dir: dir.into(),
+            api_sock: dir.join("api.sock"),
+            vsock: dir.join("vsock.sock"),
+        }
+    }
+
+    /// The newest pause snapshot in the directory, if any.
+    pub fn latest_snapshot(&self) -> Option<PathBuf> {
+        let mut v: Vec<PathBuf> = std::fs::read_dir(&self.dir)
+            .ok()?
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| {
+                p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with("snap-"))
+                    && p.join("state").is_file()
+            })
+            .collect();
+        v.sort();
+        v.pop()
+    }
+
+    /// A new pause snapshot directory name (sorts after older ones).
+    pub fn new_snapshot(&self) -> PathBuf {
+        let ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_millis();
+        self.dir.join(format!("snap-{ms:016}"))
+    }
+}
+
+/// A VMM process: pid and start time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Proc {
+    /// Process id.
+    pub pid: i32,
+    /// Start time (clock ticks since boot).
+    pub start: u64,
+}
+
+/// Field 22 (starttime) of /proc/PID/stat.
+pub fn pid_start(pid: i32) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name may contain spaces and parentheses: fields resume
+    // after the last ')'; field 3 is the first there, so 22 is the 20th.
+    s.get(s.rfind(')')? + 1..)?
+        .split_whitespace()
+        .nth(19)?
+        .parse()
+        .ok()
+}
+
+impl Proc {
+    /// Whether this very process still exists (not a zombie).
+    pub fn alive(&self) -> bool {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid)).unwrap_or_default();
+        let zombie = stat
+            .rfind(')')
+            .and_then(|i| stat.get(i + 1..))
+            .and_then(|r| r.split_whitespace().next())
+            == Some("Z");
+        !zombie && pid_start(self.pid) == Some(self.start)
+    }
+
+    /// SIGKILL, only if the pid is still this process.
+    pub fn kill(&self) {
+        if pid_start(self.pid) == Some(self.start) {
+            // SAFETY: kill(2) on a pid whose start time we just checked.
+            unsafe { libc::kill(self.pid, libc::SIGKILL) };
+        }
+    }
+
+    /// Reaps it if it is our child and has exited (no-op otherwise).
+    pub fn reap(&self) {
+        let mut st = 0;
+        // SAFETY: waitpid with WNOHANG on one pid; `st` is a valid local.
+        unsafe { libc::waitpid(self.pid, &mut st, libc::WNOHANG) };
+    }
+
+    /// A pidfd for it (readable once it exits), checked against the start
+    /// time after opening so it cannot refer to a recycled pid.
+    pub fn pidfd(&self) -> std::io::Result<OwnedFd> {
+        // SAFETY: pidfd_open takes a pid and flags and returns a new fd.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, self.pid, 0) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: the syscall returned a new fd that nothing else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+        if pid_start(self.pid) != Some(self.start) {
+            return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+        }
+        Ok(fd)
+    }
+
+    /// Waits up to `timeout` for it to end (then SIGKILLs it).
+    pub fn wait_gone(&self, timeout: Duration) {
+        let end = Instant::now() + timeout;
+        while self.alive() && Instant::now() < end {
+            self.reap();
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        if self.alive() {
+            self.kill();
+        }
+        self.reap();
+    }
+}
+
+/// Starts `vmm --restore snapshot` for the sandbox in `paths` (its own
+/// session; console and VMM messages go to files there). A template with a
+/// scratch disk (`snapshot/scratch.ext4`) gives the sandbox its own copy of
+/// it in its directory, which the VMM then uses; a sandbox's own pause
+/// snapshot names that copy already.
+pub fn spawn_restore(
+    vmm: &Path,
+    snapshot: &Path,
+    paths: &Paths,
+) -> std::io::Result<(Proc, ReadyPipe)> {
+    std::fs::create_dir_all(&paths.dir)?;
+    let _ = std::fs::remove_file(&paths.api_sock);
+    let _ = std::fs::remove_file(&paths.vsock);
+    let mut cmd = Command::new(vmm);
+    if let Some(src) = layers::scratch_disk(snapshot) {
+        let own = paths.dir.join(layers::SCRATCH_DISK);
+        // A leftover of an earlier attempt is stale.
+        let _ = std::fs::remove_file(&own);
+        layers::clone_file(&src, &own).map_err(std::io::Error::other)?;
+        cmd.arg("--restore-disk").arg(&own);
+    }
+    cmd.arg("--restore")
+        .arg(snapshot)
+        .arg("--api-sock")
+        .arg(&paths.api_sock)
+        .arg("--vsock-uds")
+        .arg(&paths.vsock)
+        .arg("--serial")
+        .arg(format!("file:{}", paths.dir.join("console.log").display()))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(paths.dir.join("vmm.log"))
+                .map(Stdio::from)
+                .unwrap_or_else(|_| Stdio::null()),
+        );
+    // The VMM gets its own session (setsid, async-signal-safe).
+    fn own_session() -> std::io::Result<()> {
+        // SAFETY: setsid in the child between fork and exec touches no
+        // memory shared with the parent.
+        unsafe { libc::setsid() };
+        Ok(())
+    }
+    let (child, ready) = ReadyPipe::spawn(&mut cmd, Some(own_session))?;
+    let pid = child.id() as i32;
+    // The Child handle is dropped without waiting: the supervisor reaps
+    // the process when its pidfd reports the exit.
+    drop(child);
+    let start = pid_start(pid).unwrap_or(0);
+    Ok((Proc { pid, start }, ready))
+}
+
+/// Waits until the VMM reports its vCPUs running (its control socket is up
+/// by then) on its ready pipe, or ends, or `timeout` passes.
+pub fn wait_ready(p: &Proc, ready: &mut ReadyPipe, timeout: Duration) -> Result<(), String> {
+    match ready.wait(timeout) {
+        Readiness::Ready => Ok(()),
+        Readiness::Ended => {
+            p.reap();
+            Err("the VMM exited during restore".into())
+        }
+        Readiness::TimedOut => Err(format!("the VMM did not report ready within {timeout:?}")),
+    }
+}
+
+/// The VMM's last messages (for error reports).
+pub fn log_tail(paths: &Paths) -> String {
+    let s = std::fs::read_to_string(paths.dir.join("vmm.log")).unwrap_or_default();
+    let lines: Vec<&str> = s.lines().rev().take(3).collect();
+    lines.into_iter().rev().collect::<Vec<_>>().join(" | ")
+}
+
+/// `shoal-vmm` processes whose command line names a path under `root`:
+/// (pid, start time).
+pub fn vmms_under(root: &Path) -> Vec<Proc> {
+    let needle = root.as_os_str().as_encoded_bytes();
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            continue;
+        };
+        let Ok(cmd) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+            continue;
+        };
+        let mut args = cmd.split(|b| *b == 0);
+        let is_vmm = args.next().is_some_and(|a| a.ends_with(b"shoal-vmm"));
+        if is_vmm && args.any(|a| a.windows(needle.len()).any(|w| w == needle)) {
+            if let Some(start) = pid_start(pid) {
+                out.push(Proc { pid, start });
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn own_start_time_and_liveness() {
+        let me = std::process::id() as i32;
+        let start = pid_start(me).expect("own start time");
+        let p = Proc { pid: me, start };
+        assert!(p.alive());
+        assert!(
+            !Proc {
+                pid: me,
+                start: start + 1
+            }
+            .alive(),
+            "start time mismatch means another process"
+        );
+        assert!(p.pidfd().is_ok());
+    }
+
+    #[test]
+    fn finds_and_kills_a_fake_vmm_by_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let fake = dir.path().join("bin/shoal-vmm");
+        // argv[0] ends in shoal-vmm and an argument names a path under dir.
+        let mut c = Command::new("bash")
+            .arg("-c")
+            .arg(format!(
+                "exec -a {} /bin/sh -c 'sleep 30; :' {}/sandboxes/x/api.sock",
+                fake.display(),
+                dir.path().display()
+            ))
+            .spawn()
+            .unwrap();
+        let end = Instant::now() + Duration::from_secs(5);
+        let found = loop {
+            let v = vmms_under(dir.path());
+            if let Some(p) = v.into_iter().find(|p| p.pid == c.id() as i32) {
+                break Some(p);
+            }
+            if Instant::now() > end {
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let p = found.expect("the fake VMM is found by its path");
+        p.kill();
+        let st = c.wait().unwrap();
+        assert!(!st.success());
+    }
+}

@@ -1,0 +1,68 @@
+//! Helpers for Shoal's integration tests, which boot real guests on /dev/kvm.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+/// Panics with a clear message when /dev/kvm is unusable: these tests must
+/// fail, not skip, on a host without KVM.
+pub fn require_kvm() {
+    if let Err(e) = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/kvm")
+    {
+        panic!("integration tests boot real guests and need /dev/kvm (read-write): {e}");
+    }
+}
+
+/// The cached template of the `tiny` image (1 vCPU, 128 MiB), booted and
+/// snapshotted on first use, once per test binary.
+pub fn tiny_template() -> PathBuf {
+    static T: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    T.get_or_init(|| {
+        require_kvm();
+        let spec = shoal_runtime::sandbox::TemplateSpec::new("tiny", 1, 128);
+        shoal_runtime::sandbox::template(&spec, &mut |l| eprintln!("{l}")).expect("template")
+    })
+    .clone()
+}
+
+/// The guest kernel (built by scripts/build-kernel.sh if missing).
+pub fn kernel() -> PathBuf {
+    shoal_images::artifacts::kernel().expect("guest kernel")
+}
+
+/// A guest image (`tiny_erofs`, `tiny_cpio`, `base_erofs`).
+pub fn image(key: &str) -> PathBuf {
+    shoal_images::artifacts::image(key).expect("guest image")
+}
+
+/// The base kernel command line.
+pub fn cmdline() -> String {
+    shoal_images::artifacts::base_cmdline()
+}
+
+/// Collects console output in memory.
+#[derive(Clone, Default)]
+pub struct Console(pub Arc<Mutex<Vec<u8>>>);
+
+impl Console {
+    /// Everything so far, lossily decoded.
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap_or_else(|e| e.into_inner())).into_owned()
+    }
+}
+
+impl Write for Console {
+    fn write(&mut self, d: &[u8]) -> std::io::Result<usize> {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .extend_from_slice(d);
+        Ok(d.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
