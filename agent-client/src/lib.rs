@@ -34,7 +34,7 @@ pub use agent_proto::{
     AgentMode, Command, DirEntry, ErrorCode, ExecRequest, ExecResult, ExitStatus, FileStat,
     FileType, HealthReply, HelloOk, PostRestoreReply, User, VersionReply, VSOCK_PORT,
 };
-pub use aio::{AsyncClient, AsyncDownload, AsyncExecHandle, AsyncExecStdin, Config};
+pub use aio::{AsyncClient, AsyncDownload, AsyncExecHandle, AsyncExecStdin, AsyncUpload, Config};
 pub use blocking::{Client, ExecHandle, ExecStdin};
 pub use error::{ClientError, Result};
 pub use session::{ExecEvent, ExecOutput, Limits, UploadOptions, CHANNEL_FRAMES};

@@ -184,6 +184,31 @@ async fn files_streamed_and_operations() {
     assert_eq!(d.total(), Some(5));
     drop(d);
 
+    // Many small writes (as an HTTP body arrives) go out as whole frames.
+    let mut up = c
+        .open_upload(dir.join("pieces"), UploadOptions::default())
+        .await
+        .unwrap();
+    for piece in data.chunks(1000).take(3000) {
+        up.write(piece).await.unwrap();
+    }
+    assert_eq!(up.sent(), 2 << 20, "only whole frames sent before finish");
+    assert_eq!(up.finish().await.unwrap(), 3_000_000);
+    assert!(c.read_file(dir.join("pieces")).await.unwrap() == data[..3_000_000]);
+    // Abandoned half-way: the whole frames sent are written (and the
+    // upload is ended with FileEnd from Drop).
+    let mut up = c
+        .open_upload(dir.join("abandoned"), UploadOptions::default())
+        .await
+        .unwrap();
+    up.write(&data[..MAX_PAYLOAD + 10]).await.unwrap();
+    drop(up);
+    let t0 = Instant::now();
+    while c.stat(dir.join("abandoned")).await.unwrap().size != u64::try_from(MAX_PAYLOAD).unwrap() {
+        assert!(t0.elapsed() < Duration::from_secs(5));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
     let st = c.stat(&f).await.unwrap();
     assert_eq!((st.file_type, st.size, st.mode), (FileType::File, n, 0o644));
     c.chmod(&f, 0o600).await.unwrap();

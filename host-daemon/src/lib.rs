@@ -25,8 +25,8 @@ pub mod supervisor;
 pub mod templates;
 
 use admission::{Limits, Refusal};
+use agent_client::AsyncClient;
 use db::Db;
-use agent_client::Client;
 use shoal_api::{ErrorBody, ErrorCode};
 use shoal_images::layers::LayerError;
 use shoal_runtime::vm;
@@ -252,7 +252,7 @@ pub struct Live {
     /// The next agent connection must send fresh entropy and time.
     pub needs_post_restore: AtomicBool,
     /// The cached agent connection.
-    pub client: tokio::sync::Mutex<Option<Client>>,
+    pub client: tokio::sync::Mutex<Option<AsyncClient>>,
     /// Serializes lifecycle operations (pause, resume, snapshot, kill).
     pub op: tokio::sync::Mutex<()>,
     /// Operations in flight (a busy sandbox is never frozen).
@@ -407,6 +407,21 @@ pub async fn blocking<T: Send + 'static>(
             what: what.into(),
             source,
         }),
+        Err(_) => Err(ApiError::Timeout(format!(
+            "{what} did not finish within {deadline:?}"
+        ))),
+    }
+}
+
+/// Runs `f` with a deadline: the async counterpart of [`blocking`], with
+/// the same timeout error.
+pub async fn within<T>(
+    what: &str,
+    deadline: Duration,
+    f: impl std::future::Future<Output = ApiResult<T>>,
+) -> ApiResult<T> {
+    match tokio::time::timeout(deadline, f).await {
+        Ok(r) => r,
         Err(_) => Err(ApiError::Timeout(format!(
             "{what} did not finish within {deadline:?}"
         ))),

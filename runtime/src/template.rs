@@ -133,11 +133,7 @@ pub fn make_with(
 /// written, read back and removed; then the connection closes.
 fn warm_agent(uds: &Path) -> Result<(), TemplateError> {
     use agent_client::{Client, ExecRequest};
-    let c = Client::connect_vsock_retry(
-        uds,
-        agent_proto::VSOCK_PORT,
-        Duration::from_secs(120),
-    )?;
+    let c = Client::connect_vsock_retry(uds, agent_proto::VSOCK_PORT, Duration::from_secs(120))?;
     c.set_timeout(Some(Duration::from_secs(120)));
     c.post_restore(crate::fresh::entropy(), crate::fresh::unix_nanos())?;
     c.exec_simple(&ExecRequest::argv(["true"]))?;

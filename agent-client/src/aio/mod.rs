@@ -13,8 +13,8 @@
 //! not the connection. Dropping every clone of the client closes the
 //! connection and ends both tasks.
 
-mod exec;
 mod ops;
+mod streams;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -27,7 +27,7 @@ use tokio::net::UnixStream;
 use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 use tokio::time::{timeout_at, Instant};
 
-pub use exec::{AsyncDownload, AsyncExecHandle, AsyncExecStdin};
+pub use streams::{AsyncDownload, AsyncExecHandle, AsyncExecStdin, AsyncUpload};
 
 use crate::error::{ClientError, Result};
 use crate::session::{self, classify, Frame, Incoming, Limits, Routes, CHANNEL_FRAMES};

@@ -7,14 +7,13 @@ use std::path::Path;
 use agent_proto::{
     AttachRequest, ChmodRequest, DirEntry, ExecRequest, FileRead, FileStat, HealthReply, Kind,
     Message, MkdirRequest, PostRestore, PostRestoreReply, PowerAction, PowerRequest, RemoveRequest,
-    RenameRequest, SignalRequest, VersionReply, MAX_PAYLOAD,
+    RenameRequest, SignalRequest, VersionReply,
 };
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
-use tokio::sync::mpsc::error::TryRecvError;
 use tokio::time::Instant;
 
-use super::exec::UploadGuard;
-use super::{AsyncClient, AsyncDownload, AsyncExecHandle};
+use super::streams::empty_frame;
+use super::{AsyncClient, AsyncDownload, AsyncExecHandle, AsyncUpload};
 use crate::error::{ClientError, Result};
 use crate::session::{
     self, exec_started, path_bytes, Download, ExecOutput, ExecStream, Frame, Listing, UploadOptions,
@@ -104,6 +103,25 @@ impl AsyncClient {
 
     // --------------------------------------------------------------- files
 
+    /// Opens the file at `path` for an upload (created or truncated, or
+    /// appended to); the handle takes the bytes.
+    pub async fn open_upload(
+        &self,
+        path: impl AsRef<Path>,
+        opts: UploadOptions,
+    ) -> Result<AsyncUpload> {
+        let route = self.register()?;
+        let open = session::upload_open(route.id, path.as_ref(), opts);
+        self.send(open, self.call_deadline()).await?;
+        Ok(AsyncUpload {
+            client: self.clone(),
+            route,
+            frame: empty_frame(),
+            sent: 0,
+            ended: false,
+        })
+    }
+
     /// Streams `src` into the file at `path` (created or truncated, or
     /// appended to); returns the bytes written. Each frame must be taken by
     /// the connection, and the agent's answer must come, within the call
@@ -114,52 +132,15 @@ impl AsyncClient {
         path: impl AsRef<Path>,
         opts: UploadOptions,
     ) -> Result<u64> {
-        let mut route = self.register()?;
-        let open = session::upload_open(route.id, path.as_ref(), opts);
-        self.send(open, self.call_deadline()).await?;
-        let mut guard = UploadGuard {
-            client: self,
-            id: route.id,
-            ended: false,
-        };
-        let mut sent = 0u64;
+        let mut up = self.open_upload(path, opts).await?;
+        let mut buf = vec![0u8; 256 << 10];
         loop {
-            // Fill a whole frame unless the source ends.
-            let mut chunk = vec![0u8; MAX_PAYLOAD];
-            let mut n = 0;
-            while n < MAX_PAYLOAD {
-                let k = src.read(chunk.get_mut(n..).unwrap_or_default()).await?;
-                if k == 0 {
-                    break;
-                }
-                n += k;
-            }
+            let n = src.read(&mut buf).await?;
             if n == 0 {
-                break;
+                return up.finish().await;
             }
-            chunk.truncate(n);
-            let mut frames = session::data_frames(Kind::FileData, route.id, &chunk);
-            if let Some(frame) = frames.next() {
-                self.send(frame, self.call_deadline()).await?;
-            }
-            sent += u64::try_from(n).unwrap_or(u64::MAX);
-            // An early answer (e.g. the open failed) ends the upload.
-            match route.rx.try_recv() {
-                Ok(f) => {
-                    guard.ended = true; // the agent dropped the upload
-                    return Err(session::early_upload_reply(f));
-                }
-                Err(TryRecvError::Disconnected) => return Err(self.ended()),
-                Err(TryRecvError::Empty) => {}
-            }
-            if n < MAX_PAYLOAD {
-                break;
-            }
+            up.write(buf.get(..n).unwrap_or_default()).await?;
         }
-        let deadline = self.call_deadline();
-        self.send_empty(Kind::FileEnd, route.id, deadline).await?;
-        guard.ended = true;
-        session::upload_done(self.recv(&mut route, Some(deadline)).await?, sent)
     }
 
     /// Uploads a byte slice.

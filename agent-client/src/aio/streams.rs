@@ -1,7 +1,8 @@
 //! Streams of the tokio client: a running exec, its stdin, a download.
 
-use agent_proto::{ExecResult, Kind};
+use agent_proto::{ExecResult, Header, Kind, HEADER_LEN, MAX_PAYLOAD};
 use tokio::io::{AsyncWrite, AsyncWriteExt};
+use tokio::sync::mpsc::error::TryRecvError;
 use tokio::time::Instant;
 
 use super::{AsyncClient, Route};
@@ -206,20 +207,104 @@ impl AsyncDownload {
     }
 }
 
-/// An upload in progress: if it is abandoned (an error, or the caller's
-/// future dropped) before its end, `FileEnd` is still sent when there is
-/// room, so the agent does not keep the upload open for the connection's
-/// life.
-pub(super) struct UploadGuard<'a> {
-    pub(super) client: &'a AsyncClient,
-    pub(super) id: u32,
+/// A file being written: bytes given to [`AsyncUpload::write`] go out in
+/// frames of [`MAX_PAYLOAD`] bytes (fewer frames, fewer system calls in the
+/// guest), [`AsyncUpload::finish`] sends the rest and waits for the agent's
+/// count. Every frame must be taken by the connection within the client's
+/// call timeout. Abandoned before `finish` (an error, or the caller's
+/// future dropped), it still sends `FileEnd` when there is room, so the
+/// agent does not keep the upload open for the connection's life.
+pub struct AsyncUpload {
+    pub(super) client: AsyncClient,
+    pub(super) route: Route,
+    /// The next frame: a header's room, then the bytes not sent yet.
+    pub(super) frame: Vec<u8>,
+    pub(super) sent: u64,
     pub(super) ended: bool,
 }
 
-impl Drop for UploadGuard<'_> {
+impl std::fmt::Debug for AsyncUpload {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AsyncUpload")
+            .field("id", &self.route.id)
+            .field("sent", &self.sent)
+            .finish_non_exhaustive()
+    }
+}
+
+pub(super) fn empty_frame() -> Vec<u8> {
+    let mut v = Vec::with_capacity(HEADER_LEN + MAX_PAYLOAD);
+    v.resize(HEADER_LEN, 0);
+    v
+}
+
+impl AsyncUpload {
+    /// Queues `data` (sent as whole frames fill up).
+    pub async fn write(&mut self, mut data: &[u8]) -> Result<()> {
+        while !data.is_empty() {
+            let room = HEADER_LEN + MAX_PAYLOAD - self.frame.len();
+            let (now, rest) = data.split_at(room.min(data.len()));
+            self.frame.extend_from_slice(now);
+            data = rest;
+            if self.frame.len() == HEADER_LEN + MAX_PAYLOAD {
+                self.flush_frame().await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Bytes handed to the connection so far.
+    pub fn sent(&self) -> u64 {
+        self.sent
+    }
+
+    async fn flush_frame(&mut self) -> Result<()> {
+        let n = self.frame.len() - HEADER_LEN;
+        if n == 0 {
+            return Ok(());
+        }
+        let hdr = Header {
+            // n <= MAX_PAYLOAD (1 MiB)
+            len: u32::try_from(n).map_err(|_| ClientError::Protocol("frame size".into()))?,
+            kind: Kind::FileData as u8,
+            id: self.route.id,
+        };
+        let mut frame = std::mem::replace(&mut self.frame, empty_frame());
+        if let Some(h) = frame.get_mut(..HEADER_LEN) {
+            h.copy_from_slice(&hdr.encode());
+        }
+        self.client.send(frame, self.client.call_deadline()).await?;
+        self.sent += u64::from(hdr.len);
+        // An early answer (e.g. the open failed) ends the upload.
+        match self.route.rx.try_recv() {
+            Ok(f) => {
+                self.ended = true; // the agent dropped the upload
+                Err(session::early_upload_reply(f))
+            }
+            Err(TryRecvError::Disconnected) => Err(self.client.ended()),
+            Err(TryRecvError::Empty) => Ok(()),
+        }
+    }
+
+    /// Sends what is left and `FileEnd`; the bytes the agent wrote (checked
+    /// against what was sent).
+    pub async fn finish(mut self) -> Result<u64> {
+        self.flush_frame().await?;
+        let deadline = self.client.call_deadline();
+        self.client
+            .send_empty(Kind::FileEnd, self.route.id, deadline)
+            .await?;
+        self.ended = true;
+        let f = self.client.recv(&mut self.route, Some(deadline)).await?;
+        session::upload_done(f, self.sent)
+    }
+}
+
+impl Drop for AsyncUpload {
     fn drop(&mut self) {
         if !self.ended {
-            self.client.try_send(session::empty(Kind::FileEnd, self.id));
+            self.client
+                .try_send(session::empty(Kind::FileEnd, self.route.id));
         }
     }
 }
