@@ -3,7 +3,7 @@
 
 use thiserror::Error;
 
-use crate::frame::Kind;
+use crate::frame::{begin_frame, end_frame, Kind};
 
 /// Errors decoding a control message.
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -279,4 +279,11 @@ pub fn decode<M: Wire>(payload: &[u8]) -> Result<M, DecodeError> {
     let m = M::get(&mut r)?;
     r.finish()?;
     Ok(m)
+}
+
+/// Appends a control frame carrying `msg`.
+pub fn put_message<M: Message>(out: &mut Vec<u8>, id: u32, msg: &M) {
+    let at = begin_frame(out, M::KIND, id);
+    msg.put(out);
+    end_frame(out, at);
 }

@@ -3,7 +3,6 @@
 
 use thiserror::Error;
 
-use crate::codec::Message;
 use crate::{HEADER_LEN, MAX_PAYLOAD};
 
 /// A frame header.
@@ -209,13 +208,6 @@ pub fn end_frame(out: &mut [u8], at: usize) {
     if let Some(dst) = out.get_mut(at..at + 4) {
         dst.copy_from_slice(&len);
     }
-}
-
-/// Appends a control frame carrying `msg`.
-pub fn put_message<M: Message>(out: &mut Vec<u8>, id: u32, msg: &M) {
-    let at = begin_frame(out, M::KIND, id);
-    msg.put(out);
-    end_frame(out, at);
 }
 
 /// Appends a frame with a raw payload (at most [`MAX_PAYLOAD`] bytes; the

@@ -63,10 +63,9 @@ mod codec;
 mod frame;
 mod messages;
 
-pub use codec::{decode, DecodeError, Message, Reader, Wire};
+pub use codec::{decode, put_message, DecodeError, Message, Reader, Wire};
 pub use frame::{
-    begin_frame, end_frame, put_data, put_empty, put_message, FrameDecoder, FrameError, Header,
-    Kind, RawFrame,
+    begin_frame, end_frame, put_data, put_empty, FrameDecoder, FrameError, Header, Kind, RawFrame,
 };
 pub use messages::*;
 
