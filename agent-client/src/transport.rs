@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::error::{ClientError, Result};
+use crate::error::Result;
 use crate::session::{vsock_connect_line, VsockReply};
 
 /// Send buffer asked for on the socket, so a whole frame goes out at once
@@ -51,13 +51,13 @@ impl Transport {
     }
 }
 
-/// Retries `attempt` until it succeeds, fails for good, or `timeout` ends:
-/// every 1 ms for the first 100 ms (when a just-restored VM's socket is
-/// about to appear), then every 10 ms. Returns the delay before the next
-/// try, or `None` to give up with the last error.
-pub(crate) fn retry_delay(start: Instant, deadline: Instant, e: &ClientError) -> Option<Duration> {
+/// The connect-retry schedule: every 1 ms for the first 100 ms (when a
+/// just-restored VM's socket is about to appear), then every 10 ms, until
+/// `deadline`. Returns the delay before the next try, or `None` to give up
+/// with the last error (`retryable`: whether that error may go away).
+pub(crate) fn retry_delay(start: Instant, deadline: Instant, retryable: bool) -> Option<Duration> {
     let now = Instant::now();
-    if !e.is_retryable_connect() || now >= deadline {
+    if !retryable || now >= deadline {
         return None;
     }
     let fast = now.duration_since(start) < Duration::from_millis(100);

@@ -426,6 +426,38 @@ async fn hybrid_vsock_handshake_and_retry() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attempt_that_hangs_is_retried() {
+    // The first connection is accepted and never answered (a guest not
+    // ready behind a VMM that accepted); the second reaches the agent.
+    let agent = Agent::start();
+    let path = agent.dir.path().join("hang.sock");
+    let listener = UnixListener::bind(&path).unwrap();
+    let target = agent.sock.clone();
+    tokio::spawn(async move {
+        let (silent, _) = listener.accept().await.unwrap();
+        let (mut s, _) = listener.accept().await.unwrap();
+        let mut a = UnixStream::connect(&target).await.unwrap();
+        let _ = tokio::io::copy_bidirectional(&mut s, &mut a).await;
+        drop(silent);
+    });
+    let config = Config {
+        connect_timeout: Duration::from_millis(300),
+        ..Config::default()
+    };
+    let t = Transport::Unix(path);
+    let c = AsyncClient::connect_retry(&t, config, Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert!(c.health().await.is_ok());
+    // A single attempt that nobody answers (the listener still queues
+    // connections, nobody accepts them) ends at the connect timeout.
+    let t0 = Instant::now();
+    let err = AsyncClient::connect(&t, config).await.unwrap_err();
+    assert!(matches!(err, ClientError::Timeout), "{err:?}");
+    assert!(t0.elapsed() < Duration::from_secs(3));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn af_vsock_without_a_listener_fails_within_the_deadline() {
     // This machine has no vsock loopback transport, so only the failure
     // path runs here: the socket is created, the address encoded, and a

@@ -157,9 +157,10 @@ impl AsyncClient {
     }
 
     /// [`AsyncClient::connect`], retried until `timeout` while the socket
-    /// is missing, refuses, or the guest is not listening yet (every 1 ms
-    /// for the first 100 ms, then every 10 ms); a version mismatch or a
-    /// refused handshake is returned at once.
+    /// is missing, refuses, the guest is not listening yet, or an attempt
+    /// outlives [`Config::connect_timeout`] (every 1 ms for the first
+    /// 100 ms, then every 10 ms); a version mismatch or a refused handshake
+    /// is returned at once.
     pub async fn connect_retry(
         transport: &Transport,
         config: Config,
@@ -177,7 +178,13 @@ impl AsyncClient {
             };
             match Self::connect(transport, attempt).await {
                 Ok(c) => return Ok(c),
-                Err(e) => match retry_delay(start, deadline, &e) {
+                // An attempt that ran out of its own connect timeout (a
+                // peer that accepted but never answered) is retried too.
+                Err(e) => match retry_delay(
+                    start,
+                    deadline,
+                    e.is_retryable_connect() || matches!(e, ClientError::Timeout),
+                ) {
                     Some(d) => tokio::time::sleep(d).await,
                     None => return Err(e),
                 },

@@ -143,7 +143,7 @@ impl Client {
         loop {
             match Client::connect(transport) {
                 Ok(c) => return Ok(c),
-                Err(e) => match retry_delay(start, deadline, &e) {
+                Err(e) => match retry_delay(start, deadline, e.is_retryable_connect()) {
                     Some(d) => std::thread::sleep(d),
                     None => return Err(e),
                 },
