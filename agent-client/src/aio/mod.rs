@@ -473,14 +473,19 @@ async fn writer(
 ) {
     let mut stop = shared.stop.subscribe();
     loop {
+        // Queued frames first: those queued before the client was dropped
+        // still go out, as far as the socket takes them without waiting
+        // (a peer that does not read cannot hold the task).
         let next = tokio::select! {
-            _ = stop.wait_for(|s| *s) => None,
+            biased;
             o = rx.recv() => o,
+            _ = stop.wait_for(|s| *s) => None,
         };
         let Some(o) = next else { break };
         let ok = tokio::select! {
-            _ = stop.wait_for(|s| *s) => false,
+            biased;
             r = wr.write_all(&o.bytes) => r.is_ok(),
+            _ = stop.wait_for(|s| *s) => false,
         };
         if !ok {
             break;
