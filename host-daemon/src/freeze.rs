@@ -15,7 +15,7 @@ use super::{blocking, ApiError, ApiResult, Daemon, Live};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
-use vmm::api::{self as vmm_api, Request};
+use vmm_api::Client;
 
 /// Marks an operation in flight on a sandbox (it is not frozen meanwhile).
 pub struct Busy(Arc<Live>);
@@ -41,12 +41,12 @@ pub async fn busy(live: &Arc<Live>) -> ApiResult<Busy> {
     if *frozen {
         let sock = live.paths.api_sock.clone();
         blocking("thaw", Duration::from_secs(10), move || {
-            vmm_api::call(&sock, &Request::Resume, Duration::from_secs(5)).map_err(|source| {
-                ApiError::Vmm {
+            Client::new(&sock, Duration::from_secs(5))
+                .resume()
+                .map_err(|source| ApiError::Vmm {
                     context: "continuing a frozen sandbox",
                     source,
-                }
-            })
+                })
         })
         .await?;
         *frozen = false;
@@ -86,7 +86,7 @@ pub async fn run(d: Arc<Daemon>, after: Duration) {
             }
             let sock = l.paths.api_sock.clone();
             let res = tokio::task::spawn_blocking(move || {
-                vmm_api::call(&sock, &Request::Pause, Duration::from_secs(5))
+                Client::new(&sock, Duration::from_secs(5)).pause()
             })
             .await;
             match res {

@@ -22,6 +22,7 @@ pub mod metrics;
 pub mod ops;
 pub mod pool;
 pub mod supervisor;
+pub mod template_dirs;
 pub mod templates;
 
 use admission::{Limits, Refusal};
@@ -43,6 +44,9 @@ pub struct Config {
     pub state_dir: PathBuf,
     /// The `shoal-vmm` binary.
     pub vmm: PathBuf,
+    /// The installed guest kernel and images templates boot from (the
+    /// daemon only reads them; see [`shoal_images::artifacts`]).
+    pub artifacts: shoal_images::artifacts::Layout,
     /// Admission limits.
     pub limits: Limits,
     /// Deadline for connecting to a sandbox's agent.
@@ -68,9 +72,21 @@ impl Config {
         self.state_dir.join("sandboxes")
     }
 
-    /// Where snapshot templates live.
+    /// Where templates live: every template the daemon builds or
+    /// snapshots, removed only by the daemon ([`template_dirs::sweep_dirs`]).
     pub fn templates_dir(&self) -> PathBuf {
         self.state_dir.join("templates")
+    }
+
+    /// A new directory for template `name`: `templates/NAME.ID`, never
+    /// reused, so that a deleted template's files stay where the sandboxes
+    /// restored from it recorded them until the last of those is gone.
+    pub fn new_template_dir(&self, name: &str) -> PathBuf {
+        self.templates_dir().join(format!(
+            "{name}{}{}",
+            template_dirs::DIR_ID_SEP,
+            random_id()
+        ))
     }
 }
 
@@ -128,7 +144,7 @@ pub enum ApiError {
         context: &'static str,
         /// The control-socket error.
         #[source]
-        source: vmm::api::ApiError,
+        source: vmm_api::ApiError,
     },
     /// 500: the VMM process could not be started.
     #[error("cannot start {}: {source}", .vmm.display())]
@@ -442,6 +458,7 @@ pub async fn serve(
     }
     let _ = std::fs::remove_file(&sock);
     supervisor::recover(&d).await;
+    template_dirs::recover(&d);
     let unix =
         tokio::net::UnixListener::bind(&sock).map_err(|e| format!("{}: {e}", sock.display()))?;
     {

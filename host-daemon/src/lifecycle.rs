@@ -6,17 +6,17 @@ use super::ops::{admit_and_insert, check_name, ensure_running, row, start_vmm, S
 use super::{blocking, ApiError, ApiResult, Daemon};
 use shoal_api::{SnapshotRequest, TemplateState};
 use shoal_images::layers;
-use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use vmm::api::{self as vmm_api, Request};
+use vmm_api::Client;
 
-fn vmm_call(sock: &Path, req: &Request, t: Duration) -> ApiResult<vmm_api::Response> {
-    vmm_api::call(sock, req, t).map_err(|source| ApiError::Vmm {
+/// A VMM control-socket failure as the daemon reports it.
+fn vmm_err(source: vmm_api::ApiError) -> ApiError {
+    ApiError::Vmm {
         context: "VMM",
         source,
-    })
+    }
 }
 
 /// Pauses: snapshot into the sandbox's directory, then the VMM ends.
@@ -45,15 +45,10 @@ pub async fn pause(d: &Arc<Daemon>, id: &str) -> ApiResult<SandboxView> {
     let res = blocking("pause", Duration::from_secs(180), move || {
         let snap = paths.new_snapshot();
         let t = Duration::from_secs(120);
-        vmm_call(
-            &paths.api_sock,
-            &Request::Snapshot {
-                dir: snap.clone(),
-                diff: false,
-            },
-            t,
-        )?;
-        let _ = vmm_api::call(&paths.api_sock, &Request::Shutdown, Duration::from_secs(5));
+        Client::new(&paths.api_sock, t)
+            .snapshot(&snap, false)
+            .map_err(vmm_err)?;
+        let _ = Client::new(&paths.api_sock, Duration::from_secs(5)).shutdown();
         if let Some(p) = p {
             p.wait_gone(Duration::from_secs(5));
         }
@@ -76,11 +71,7 @@ pub async fn pause(d: &Arc<Daemon>, id: &str) -> ApiResult<SandboxView> {
     if let Err(e) = res {
         // The VM may still run: continue it, or call it failed.
         live.expect_exit.store(false, Ordering::Release);
-        let resumed = vmm_api::call(
-            &live.paths.api_sock,
-            &Request::Resume,
-            Duration::from_secs(5),
-        );
+        let resumed = Client::new(&live.paths.api_sock, Duration::from_secs(5)).resume();
         let st = if resumed.is_ok() {
             State::Running
         } else {
@@ -140,27 +131,45 @@ pub async fn snapshot(d: &Arc<Daemon>, id: &str, req: SnapshotRequest) -> ApiRes
         .template
         .unwrap_or_else(|| format!("snap-{id}-{}", db::now() as u64));
     check_name("template", &name)?;
-    if d.db(|db| db.template(&name))?.is_some() {
+    let (r, live, _busy) = ensure_running(d, id).await?;
+    // Layers and upper layer as the sandbox's template had them.
+    let from = d.db(|db| db.template(&r.template))?;
+    // Registered first (building), so that its name is taken and its
+    // directory is known to be in use while the snapshot is written.
+    let mut t = TemplateRow {
+        name: name.clone(),
+        source: format!("sandbox:{id}"),
+        vcpus: r.vcpus,
+        memory_mib: r.memory_mib,
+        dir: d.cfg.new_template_dir(&name),
+        state: TemplateState::Building,
+        error: None,
+        created_at: db::now(),
+        owned: true,
+        layers: from.as_ref().map(|f| f.layers.clone()).unwrap_or_default(),
+        upper_size_mib: from.as_ref().and_then(|f| f.upper_size_mib),
+        upper_disk_mib: from.as_ref().and_then(|f| f.upper_disk_mib),
+    };
+    let inserted = d.db(|db| {
+        if db.template(&name)?.is_some() {
+            return Ok(false);
+        }
+        db.put_template(&t)?;
+        Ok(true)
+    })?;
+    if !inserted {
         return Err(ApiError::Conflict(format!("template '{name}' exists")));
     }
-    let (r, live, _busy) = ensure_running(d, id).await?;
     let _g = live.op.lock().await;
     *live.client.lock().await = None;
-    let dir = d.cfg.templates_dir().join(&name);
+    let dir = t.dir.clone();
     let sock = live.paths.api_sock.clone();
     let sandbox_dir = live.paths.dir.clone();
     let dir2 = dir.clone();
-    blocking("snapshot", Duration::from_secs(180), move || {
+    let res = blocking("snapshot", Duration::from_secs(180), move || {
         let t = Duration::from_secs(120);
-        let res = vmm_call(
-            &sock,
-            &Request::Snapshot {
-                dir: dir2.clone(),
-                diff: false,
-            },
-            t,
-        )
-        .and_then(|_| {
+        let vmm = Client::new(&sock, t);
+        let res = vmm.snapshot(&dir2, false).map_err(vmm_err).and_then(|_| {
             // The scratch disk as it is at the snapshot (the VM stays
             // paused until the copy is made): the template's own, which
             // each sandbox restored from it copies in turn.
@@ -171,29 +180,19 @@ pub async fn snapshot(d: &Arc<Daemon>, id: &str, req: SnapshotRequest) -> ApiRes
                 None => Ok(()),
             }
         });
-        let resumed = vmm_call(&sock, &Request::Resume, t);
+        let resumed = vmm.resume().map_err(vmm_err);
         if res.is_err() {
             let _ = std::fs::remove_dir_all(&dir2);
         }
         res.and(resumed).map(|_| ())
     })
-    .await?;
-    // Layers and upper layer as the sandbox's template had them.
-    let from = d.db(|db| db.template(&r.template))?;
-    let t = TemplateRow {
-        name: name.clone(),
-        source: format!("sandbox:{id}"),
-        vcpus: r.vcpus,
-        memory_mib: r.memory_mib,
-        dir,
-        state: TemplateState::Ready,
-        error: None,
-        created_at: db::now(),
-        owned: true,
-        layers: from.as_ref().map(|f| f.layers.clone()).unwrap_or_default(),
-        upper_size_mib: from.as_ref().and_then(|f| f.upper_size_mib),
-        upper_disk_mib: from.as_ref().and_then(|f| f.upper_disk_mib),
-    };
+    .await;
+    if let Err(e) = res {
+        let _ = d.db(|db| db.delete_template(&name));
+        let _ = std::fs::remove_dir_all(&dir);
+        return Err(e);
+    }
+    t.state = TemplateState::Ready;
     d.db(|db| db.put_template(&t))?;
     d.event(id, "snapshot", &format!("template '{name}'"));
     Ok(t)

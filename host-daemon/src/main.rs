@@ -17,6 +17,12 @@ struct Args {
     /// Default: $SHOAL_STATE/daemon or ~/.cache/shoal/daemon.
     #[arg(long)]
     state_dir: Option<PathBuf>,
+    /// Installed guest kernel and images (DIR/vmlinux, DIR/cmdline,
+    /// DIR/images/{tiny,base}.erofs; `shoal artifacts build` installs
+    /// them). Default: SHOAL_ARTIFACTS, else <binaries>/../share/shoal,
+    /// else ~/.cache/shoal/artifacts.
+    #[arg(long, value_name = "DIR")]
+    artifacts: Option<PathBuf>,
     /// Also listen on TCP (e.g. 127.0.0.1:7070); needs --token-file.
     #[arg(long)]
     listen: Option<std::net::SocketAddr>,
@@ -94,6 +100,10 @@ fn main() -> Result<()> {
     let cfg = Config {
         state_dir: a.state_dir.unwrap_or_else(daemon::default_state_dir),
         vmm: shoal_images::artifacts::vmm_binary()?,
+        artifacts: a
+            .artifacts
+            .map(shoal_images::artifacts::Layout::at)
+            .unwrap_or_else(shoal_images::artifacts::Layout::default_location),
         limits: Limits {
             host_memory_mib: a
                 .host_memory_mib
@@ -112,6 +122,25 @@ fn main() -> Result<()> {
             .unwrap_or_else(|| 2 * std::thread::available_parallelism().map_or(1, |n| n.get())),
         freeze_after: (a.freeze_idle_ms > 0).then(|| Duration::from_millis(a.freeze_idle_ms)),
     };
+    let missing: Vec<String> = cfg
+        .artifacts
+        .status()
+        .into_iter()
+        .filter(|(_, _, present)| !present)
+        .map(|(_, p, _)| p.display().to_string())
+        .collect();
+    tracing::info!(
+        dir = %cfg.artifacts.dir.display(),
+        from = cfg.artifacts.origin.describe(),
+        "guest kernel and images"
+    );
+    if !missing.is_empty() {
+        tracing::warn!(
+            "missing: {} (image templates that need them fail until they are installed: \
+             `shoal artifacts build` from a Shoal checkout)",
+            missing.join(", ")
+        );
+    }
     let d = Daemon::open(cfg).map_err(anyhow::Error::msg)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

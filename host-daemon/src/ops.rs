@@ -16,7 +16,6 @@ use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use vmm::api::{self as vmm_api, Request};
 
 /// Largest guest the API accepts (MiB).
 pub const MAX_MEMORY_MIB: u32 = 64 * 1024;
@@ -122,8 +121,10 @@ pub async fn start_vmm(
                 log_tail: vm::log_tail(&p2),
             }
         })?;
-        let frozen =
-            freeze && vmm_api::call(&p2.api_sock, &Request::Pause, Duration::from_secs(5)).is_ok();
+        let frozen = freeze
+            && vmm_api::Client::new(&p2.api_sock, Duration::from_secs(5))
+                .pause()
+                .is_ok();
         Ok((p, frozen))
     })
     .await;
@@ -317,6 +318,10 @@ pub async fn kill(d: &Arc<Daemon>, id: &str, reason: &str) -> ApiResult<()> {
     d.db(|db| db.delete_sandbox(id))?;
     let dir = r.dir.clone();
     let _ = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(dir)).await;
+    // The last sandbox of a deleted template lets its directory go.
+    if d.db(|db| db.template(&r.template))?.is_none() {
+        let _ = super::template_dirs::sweep_dirs(d);
+    }
     d.event(id, "killed", reason);
     Ok(())
 }

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
-use vmm::api::{self as vmm_api, Request};
+use vmm_api::{Client, VmState};
 
 /// Watches `p` (the VMM of `live`) until it exits.
 pub fn watch(d: Arc<Daemon>, live: Arc<Live>, p: vm::Proc) {
@@ -176,14 +176,11 @@ pub async fn recover(d: &Arc<Daemon>) -> Recovery {
                     Some(p) if p.alive() && matches!(r.state, State::Running | State::Pooled) => {
                         tokio::task::spawn_blocking(move || {
                             // Running, or frozen (vCPUs paused by the freezer).
-                            let st = vmm_api::call(&sock, &Request::Stats, Duration::from_secs(3))
-                                .ok()
-                                .and_then(|s| s.stats)
-                                .map(|s| s.state);
-                            match st.as_deref() {
-                                Some("running") => Some(false),
-                                Some("paused") => Some(true),
-                                _ => None,
+                            let st = Client::new(&sock, Duration::from_secs(3)).stats();
+                            match st.map(|s| s.state) {
+                                Ok(VmState::Running) => Some(false),
+                                Ok(VmState::Paused) => Some(true),
+                                Ok(VmState::Empty) | Err(_) => None,
                             }
                         })
                         .await

@@ -19,6 +19,7 @@ fn daemon(dir: &std::path::Path) -> Arc<Daemon> {
     Daemon::open(Config {
         state_dir: dir.into(),
         vmm: "/nonexistent/shoal-vmm".into(),
+        artifacts: shoal_images::artifacts::Layout::at(dir.join("artifacts")),
         limits: Limits {
             host_memory_mib: 1024,
             host_cpus: 1,

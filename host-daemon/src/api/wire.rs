@@ -220,7 +220,10 @@ mod tests {
             (
                 ApiError::Vmm {
                     context: "VMM",
-                    source: vmm::api::ApiError::Refused("no".into()),
+                    source: vmm_api::ApiError::Refused {
+                        request: "pause",
+                        message: "no".into(),
+                    },
                 },
                 502,
                 "sandbox_error",
