@@ -223,7 +223,8 @@ fn measure(
         }
     }
     let stdout = mb_s(got, t0.elapsed());
-    let data = vec![0x5au8; o.bytes as usize];
+    // Exact on the 64-bit hosts KVM runs on.
+    let data = vec![0x5au8; usize::try_from(o.bytes).unwrap_or(usize::MAX)];
     let t0 = Instant::now();
     c.upload(&mut &data[..], "/tmp/bench.bin", UploadOptions::default())?;
     let up = mb_s(o.bytes, t0.elapsed());
@@ -262,7 +263,7 @@ fn count_syscalls(agent: &Path) -> Result<(f64, f64, f64), String> {
         }
     };
     const N: usize = 100;
-    const MIB: u64 = 32;
+    const MIB: usize = 32;
     let t = ExecRequest::argv(["/bin/true"]);
     let run = || -> Result<(), agent_client::ClientError> {
         for _ in 0..5 {
@@ -275,7 +276,7 @@ fn count_syscalls(agent: &Path) -> Result<(f64, f64, f64), String> {
         mark(&c, "exec-end");
         let file = dir.join("up.bin");
         c.write_file(&file, b"warm", 0o644)?;
-        let data = vec![7u8; (MIB << 20) as usize];
+        let data = vec![7u8; MIB << 20];
         mark(&c, "upload-start");
         c.upload(&mut &data[..], &file, UploadOptions::default())?;
         mark(&c, "upload-end");

@@ -170,14 +170,10 @@ impl Vm {
 
     fn connect(&self, timeout: Duration) -> Result<Client, PmemBenchError> {
         let c = Client::connect_vsock_retry(&self.vsock, AGENT_PORT, timeout)?;
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_nanos() as u64;
-        let mut entropy = [0u8; 64];
-        // SAFETY: getrandom writes at most 64 bytes into the array.
-        unsafe { libc::getrandom(entropy.as_mut_ptr().cast(), entropy.len(), 0) };
-        c.post_restore(entropy, now)?;
+        c.post_restore(
+            shoal_runtime::fresh::entropy(),
+            shoal_runtime::fresh::unix_nanos(),
+        )?;
         Ok(c)
     }
 
@@ -195,7 +191,7 @@ impl Vm {
 /// Runs `script` with `sh -c` in the guest; returns its stdout.
 fn guest_sh(c: &Client, script: &str, timeout: Duration) -> Result<String, PmemBenchError> {
     let mut req = ExecRequest::argv(["/bin/sh", "-c", script]);
-    req.timeout_ms = timeout.as_millis() as u64;
+    req.timeout_ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
     let out = c.exec_simple(&req)?;
     if out.result.status != ExitStatus::Exited(0) {
         return Err(PmemBenchError::Guest {
@@ -259,7 +255,7 @@ fn build_images(
                 x ^= x << 13;
                 x ^= x >> 7;
                 x ^= x << 17;
-                x as u8
+                x.to_le_bytes()[0]
             })
             .collect();
         let p = dir.join(format!("f{i}"));
@@ -361,7 +357,8 @@ fn memory_pass(
     std::fs::create_dir_all(&dir).map_err(host_err(dir.display()))?;
     evict(image);
     evict(&tpl.join("memory"));
-    let files = || (cached_kib(image) + cached_kib(&tpl.join("memory"))) as i64;
+    let files =
+        || i64::try_from(cached_kib(image) + cached_kib(&tpl.join("memory"))).unwrap_or(i64::MAX);
     let cached0 = meminfo_kib("Cached:");
     let files0 = files();
     let avail0 = meminfo_kib("MemAvailable:");
@@ -424,7 +421,7 @@ fn memory_pass(
             per_vm.push(all as f64 / 1024.0);
         }
         let growth = files() - files0;
-        let total = private as i64 + growth;
+        let total = i64::try_from(private).unwrap_or(i64::MAX) + growth;
         let m = MemoryRow {
             root: kind.name().into(),
             vms: vms.len(),

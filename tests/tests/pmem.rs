@@ -59,7 +59,7 @@ fn fixture() -> &'static Fixture {
                 x ^= x << 13;
                 x ^= x >> 17;
                 x ^= x << 5;
-                x as u8
+                x.to_le_bytes()[0]
             })
             .collect();
         std::fs::create_dir_all(root.join("data")).unwrap();
