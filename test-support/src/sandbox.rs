@@ -1,7 +1,7 @@
 //! Sandboxes restored from a template (daemon-less), driven through the
 //! guest agent.
 
-use guest_agent::client::{Client, ExecRequest, ExitStatus};
+use agent_client::{Client, ExecRequest, ExitStatus};
 use shoal_runtime::sandbox::Sandbox;
 use std::path::Path;
 use std::process::Child;

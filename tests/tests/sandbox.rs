@@ -7,7 +7,7 @@
 //! Slow on PVM hosts (each guest fork+exec takes ~0.5-1 s), so few and
 //! coarse; one template is booted per test binary.
 
-use guest_agent::client::{ExecEvent, ExecRequest, ExitStatus, UploadOptions};
+use agent_client::{ExecEvent, ExecRequest, ExitStatus, UploadOptions};
 use shoal_test_support::{file_data, sh, tiny_template, RunningSandbox};
 use std::time::{Duration, Instant};
 
@@ -184,7 +184,8 @@ fn snapshot_clones_keep_state_and_diverge() {
         let host = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap()
-            .as_secs() as i64;
+            .as_secs()
+            .cast_signed();
         assert!(
             (guest - host).abs() < 30,
             "clone {i} clock {guest} vs host {host}"
