@@ -139,7 +139,12 @@ fn guest_flood_does_not_grow_vmm_memory() {
         }
     }
     assert!(got >= 1 << 20, "data flows once the client reads");
-    h.signal(9, true).unwrap();
+    // Stop it. The handle goes first: a stream nobody reads stalls the
+    // connection (the client's documented contract), and the signal's
+    // reply comes on that connection.
+    let id = h.exec_id();
+    drop(h);
+    c.signal(id, 9, true).unwrap();
 }
 
 #[test]
