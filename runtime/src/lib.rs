@@ -11,3 +11,4 @@ pub mod ready;
 pub mod sandbox;
 pub mod template;
 pub mod vm;
+pub mod vmm_process;

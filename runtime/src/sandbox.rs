@@ -7,11 +7,11 @@
 use crate::fresh::{entropy, unix_nanos};
 use crate::launch::{BootSpec, RootKind, INIT_MARKER};
 use crate::template::{self, TemplateError};
+use crate::vmm_process::{Disk, Io, Serial, VmmProcess};
 use guest_agent::client::Client;
 use shoal_images::artifacts;
 use shoal_images::layers::{self, LayerError, Upper};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime};
 use vmm::api::{self, Request};
 
@@ -324,38 +324,21 @@ impl Sandbox {
                 return Err(e.into());
             }
         };
-        let mut cmd = Command::new(vmm);
-        if let Some(d) = &disk {
-            cmd.arg("--restore-disk").arg(d);
+        let mut p = VmmProcess::restore(&vmm, tpl);
+        if let Some(d) = disk {
+            p = p.disk(Disk::rw(d));
         }
-        cmd.arg("--restore")
-            .arg(tpl)
-            .arg("--api-sock")
-            .arg(&sb.api_sock)
-            .arg("--vsock-uds")
-            .arg(&sb.vsock)
-            .arg("--serial")
-            .arg(format!("file:{}", sb.dir.join("console.log").display()))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(
-                std::fs::File::create(sb.dir.join("vmm.log"))
-                    .map(Stdio::from)
-                    .unwrap_or_else(|_| Stdio::null()),
-            );
-        if detach {
-            use std::os::unix::process::CommandExt;
-            // SAFETY: setsid in the child between fork and exec touches no
-            // memory shared with the parent.
-            unsafe {
-                cmd.pre_exec(|| {
-                    libc::setsid();
-                    Ok(())
-                })
-            };
-        }
-        let child = match cmd.spawn() {
-            Ok(c) => c,
+        let spawned = p
+            .api_sock(&sb.api_sock)
+            .vsock_uds(&sb.vsock)
+            .serial(Serial::File(sb.dir.join("console.log")))
+            .stdin(Io::Null)
+            .stdout(Io::Null)
+            .stderr(Io::Truncate(sb.dir.join("vmm.log")))
+            .own_session(detach)
+            .spawn();
+        let child = match spawned {
+            Ok(s) => s.child,
             Err(e) => {
                 let _ = std::fs::remove_dir_all(&sb.dir);
                 return Err(SandboxError::Vmm(format!("cannot start: {e}")));
@@ -483,6 +466,7 @@ fn reap_stale_in(root: &Path) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::process::Command;
 
     #[test]
     fn prune_templates_removes_only_old_unmapped_ones() {

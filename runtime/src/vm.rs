@@ -4,10 +4,10 @@
 //! through a pidfd, and killed by pid only while the start time matches.
 
 use crate::ready::{Readiness, ReadyPipe};
+use crate::vmm_process::{Disk, Io, Serial, VmmProcess};
 use shoal_images::layers;
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// A sandbox directory's files.
@@ -149,45 +149,33 @@ pub fn spawn_restore(
     std::fs::create_dir_all(&paths.dir)?;
     let _ = std::fs::remove_file(&paths.api_sock);
     let _ = std::fs::remove_file(&paths.vsock);
-    let mut cmd = Command::new(vmm);
+    let mut p = VmmProcess::restore(vmm, snapshot);
     if let Some(src) = layers::scratch_disk(snapshot) {
         let own = paths.dir.join(layers::SCRATCH_DISK);
         // A leftover of an earlier attempt is stale.
         let _ = std::fs::remove_file(&own);
         layers::clone_file(&src, &own).map_err(std::io::Error::other)?;
-        cmd.arg("--restore-disk").arg(&own);
+        p = p.disk(Disk::rw(own));
     }
-    cmd.arg("--restore")
-        .arg(snapshot)
-        .arg("--api-sock")
-        .arg(&paths.api_sock)
-        .arg("--vsock-uds")
-        .arg(&paths.vsock)
-        .arg("--serial")
-        .arg(format!("file:{}", paths.dir.join("console.log").display()))
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(
-            std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(paths.dir.join("vmm.log"))
-                .map(Stdio::from)
-                .unwrap_or_else(|_| Stdio::null()),
-        );
-    // The VMM gets its own session (setsid, async-signal-safe).
-    fn own_session() -> std::io::Result<()> {
-        // SAFETY: setsid in the child between fork and exec touches no
-        // memory shared with the parent.
-        unsafe { libc::setsid() };
-        Ok(())
-    }
-    let (child, ready) = ReadyPipe::spawn(&mut cmd, Some(own_session))?;
-    let pid = child.id() as i32;
+    let s = p
+        .api_sock(&paths.api_sock)
+        .vsock_uds(&paths.vsock)
+        .serial(Serial::File(paths.dir.join("console.log")))
+        .stdin(Io::Null)
+        .stdout(Io::Null)
+        .stderr(Io::Append(paths.dir.join("vmm.log")))
+        .ready_pipe(true)
+        .own_session(true)
+        .spawn()
+        .map_err(std::io::Error::other)?;
+    let pid = s.child.id() as i32;
     // The Child handle is dropped without waiting: the supervisor reaps
     // the process when its pidfd reports the exit.
-    drop(child);
+    drop(s.child);
     let start = pid_start(pid).unwrap_or(0);
+    let ready = s
+        .ready
+        .ok_or_else(|| std::io::Error::other("no ready pipe"))?;
     Ok((Proc { pid, start }, ready))
 }
 
@@ -237,6 +225,7 @@ pub fn vmms_under(root: &Path) -> Vec<Proc> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::process::Command;
 
     #[test]
     fn own_start_time_and_liveness() {
