@@ -5,6 +5,7 @@
 //! guests ([`fresh`]), and daemon-less sandboxes for the CLI and tests
 //! ([`sandbox`]).
 
+pub mod backend;
 pub mod fresh;
 pub mod launch;
 pub mod ready;

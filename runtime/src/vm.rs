@@ -1,11 +1,8 @@
-//! VMM processes as the daemon runs them: restored from a snapshot in
-//! their own session (so they outlive a daemon restart), identified by pid
-//! and start time (so a recycled pid is never taken for them), watched
-//! through a pidfd, and killed by pid only while the start time matches.
+//! Sandbox VM processes as the daemon runs them: identified by pid and
+//! start time (so a recycled pid is never taken for them), watched through
+//! a pidfd, killed by pid only while the start time matches, and found by
+//! the paths on their command lines; and the files of a sandbox directory.
 
-use crate::ready::{Readiness, ReadyPipe};
-use crate::vmm_process::{Disk, Io, Serial, VmmProcess};
-use shoal_images::layers;
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -136,72 +133,9 @@ impl Proc {
     }
 }
 
-/// Starts `vmm --restore snapshot` for the sandbox in `paths` (its own
-/// session; console and VMM messages go to files there). A template with a
-/// scratch disk (`snapshot/scratch.ext4`) gives the sandbox its own copy of
-/// it in its directory, which the VMM then uses; a sandbox's own pause
-/// snapshot names that copy already.
-pub fn spawn_restore(
-    vmm: &Path,
-    snapshot: &Path,
-    paths: &Paths,
-) -> std::io::Result<(Proc, ReadyPipe)> {
-    std::fs::create_dir_all(&paths.dir)?;
-    let _ = std::fs::remove_file(&paths.api_sock);
-    let _ = std::fs::remove_file(&paths.vsock);
-    let mut p = VmmProcess::restore(vmm, snapshot);
-    if let Some(src) = layers::scratch_disk(snapshot) {
-        let own = paths.dir.join(layers::SCRATCH_DISK);
-        // A leftover of an earlier attempt is stale.
-        let _ = std::fs::remove_file(&own);
-        layers::clone_file(&src, &own).map_err(std::io::Error::other)?;
-        p = p.disk(Disk::rw(own));
-    }
-    let s = p
-        .api_sock(&paths.api_sock)
-        .vsock_uds(&paths.vsock)
-        .serial(Serial::File(paths.dir.join("console.log")))
-        .stdin(Io::Null)
-        .stdout(Io::Null)
-        .stderr(Io::Append(paths.dir.join("vmm.log")))
-        .ready_pipe(true)
-        .own_session(true)
-        .spawn()
-        .map_err(std::io::Error::other)?;
-    let pid = s.child.id() as i32;
-    // The Child handle is dropped without waiting: the supervisor reaps
-    // the process when its pidfd reports the exit.
-    drop(s.child);
-    let start = pid_start(pid).unwrap_or(0);
-    let ready = s
-        .ready
-        .ok_or_else(|| std::io::Error::other("no ready pipe"))?;
-    Ok((Proc { pid, start }, ready))
-}
-
-/// Waits until the VMM reports its vCPUs running (its control socket is up
-/// by then) on its ready pipe, or ends, or `timeout` passes.
-pub fn wait_ready(p: &Proc, ready: &mut ReadyPipe, timeout: Duration) -> Result<(), String> {
-    match ready.wait(timeout) {
-        Readiness::Ready => Ok(()),
-        Readiness::Ended => {
-            p.reap();
-            Err("the VMM exited during restore".into())
-        }
-        Readiness::TimedOut => Err(format!("the VMM did not report ready within {timeout:?}")),
-    }
-}
-
-/// The VMM's last messages (for error reports).
-pub fn log_tail(paths: &Paths) -> String {
-    let s = std::fs::read_to_string(paths.dir.join("vmm.log")).unwrap_or_default();
-    let lines: Vec<&str> = s.lines().rev().take(3).collect();
-    lines.into_iter().rev().collect::<Vec<_>>().join(" | ")
-}
-
-/// `shoal-vmm` processes whose command line names a path under `root`:
-/// (pid, start time).
-pub fn vmms_under(root: &Path) -> Vec<Proc> {
+/// Processes whose program name (argv[0]) ends in `program` and whose
+/// command line names a path under `root`: (pid, start time).
+pub fn processes_under(root: &Path, program: &str) -> Vec<Proc> {
     let needle = root.as_os_str().as_encoded_bytes();
     let mut out = Vec::new();
     for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
@@ -212,8 +146,8 @@ pub fn vmms_under(root: &Path) -> Vec<Proc> {
             continue;
         };
         let mut args = cmd.split(|b| *b == 0);
-        let is_vmm = args.next().is_some_and(|a| a.ends_with(b"shoal-vmm"));
-        if is_vmm && args.any(|a| a.windows(needle.len()).any(|w| w == needle)) {
+        let is_it = args.next().is_some_and(|a| a.ends_with(program.as_bytes()));
+        if is_it && args.any(|a| a.windows(needle.len()).any(|w| w == needle)) {
             if let Some(start) = pid_start(pid) {
                 out.push(Proc { pid, start });
             }
@@ -260,7 +194,7 @@ mod tests {
             .unwrap();
         let end = Instant::now() + Duration::from_secs(5);
         let found = loop {
-            let v = vmms_under(dir.path());
+            let v = processes_under(dir.path(), "shoal-vmm");
             if let Some(p) = v.into_iter().find(|p| p.pid == c.id() as i32) {
                 break Some(p);
             }
