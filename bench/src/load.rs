@@ -10,8 +10,7 @@
 
 use crate::stats::{summarize, Summary};
 use serde::Serialize;
-use serde_json::{json, Value};
-use shoal_client::{Body, ClientError, DaemonClient};
+use shoal_client::{api, ClientError, DaemonClient};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -121,24 +120,21 @@ fn ms(t: Instant) -> f64 {
     t.elapsed().as_secs_f64() * 1e3
 }
 
-fn create(c: &DaemonClient, tpl: &str) -> Result<Value, ClientError> {
-    c.call("POST", "/v1/sandboxes", Some(&json!({"template": tpl})))
+fn create(c: &DaemonClient, tpl: &str) -> Result<api::Sandbox, ClientError> {
+    c.create(&api::CreateSandbox::from_template(tpl))
 }
 
 fn destroy(c: &DaemonClient, id: &str) -> Result<(), ClientError> {
-    c.request("DELETE", &format!("/v1/sandboxes/{id}"), Body::Empty)?
-        .ok()
-        .map(|_| ())
+    c.kill(id)
 }
 
 fn exec(c: &DaemonClient, id: &str, argv: &[String]) -> Result<(), ClientError> {
-    let v: Value = c.call(
-        "POST",
-        &format!("/v1/sandboxes/{id}/exec"),
-        Some(&json!({"cmd": argv, "timeout_s": 600})),
+    let v = c.exec(
+        id,
+        &api::ExecRequest::argv(argv.iter().cloned()).with_timeout(600.0),
     )?;
-    if v["exit_code"] != 0 {
-        return Err(ClientError::Protocol(format!("exec: {v}")));
+    if v.exit_code != Some(0) {
+        return Err(ClientError::Protocol(format!("exec: {v:?}")));
     }
     Ok(())
 }
@@ -171,7 +167,7 @@ fn level(c: &DaemonClient, o: &LoadOpts, k: usize) -> Level {
         let t = Instant::now();
         let sb = create(c, &o.template).map_err(|e| format!("create: {e}"))?;
         let tc = ms(t);
-        let id = sb["id"].as_str().unwrap_or_default().to_string();
+        let id = sb.id;
         let te = Instant::now();
         let r = if o.exec.is_empty() {
             Ok(())
@@ -207,18 +203,15 @@ fn level(c: &DaemonClient, o: &LoadOpts, k: usize) -> Level {
 }
 
 fn pool(c: &DaemonClient, tpl: &str, target: usize) -> Result<(), ClientError> {
-    let _: Value = c.call(
-        "PUT",
-        &format!("/v1/pools/{tpl}"),
-        Some(&json!({"target": target})),
-    )?;
-    Ok(())
+    let target = u32::try_from(target)
+        .map_err(|_| ClientError::Protocol(format!("pool target {target} too large")))?;
+    c.set_pool(tpl, target).map(drop)
 }
 
 fn pool_ready(c: &DaemonClient) -> u64 {
-    c.call::<Value>("GET", "/v1/pools", None::<&()>)
+    c.pools()
         .ok()
-        .and_then(|v| v.get(0).and_then(|p| p["ready"].as_u64()))
+        .and_then(|v| v.first().map(|p| p.ready))
         .unwrap_or(0)
 }
 
@@ -231,12 +224,10 @@ fn burst(c: &DaemonClient, o: &LoadOpts, source: &str) -> Burst {
         let t = Instant::now();
         let sb = create(c, &o.template).map_err(|e| e.to_string())?;
         lat.lock().unwrap_or_else(|e| e.into_inner()).push(ms(t));
-        if sb["from_pool"] == true {
+        if sb.from_pool == Some(true) {
             hits.fetch_add(1, Ordering::Relaxed);
         }
-        ids.lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(sb["id"].as_str().unwrap_or_default().to_string());
+        ids.lock().unwrap_or_else(|e| e.into_inner()).push(sb.id);
         Ok(())
     });
     let secs = t0.elapsed().as_secs_f64();
@@ -269,15 +260,17 @@ fn idle(c: &DaemonClient, o: &LoadOpts, progress: &mut dyn FnMut(&str)) -> Idle 
         match create(c, &o.template) {
             Ok(sb) => {
                 let mut v = ids.lock().unwrap_or_else(|e| e.into_inner());
-                v.push(sb["id"].as_str().unwrap_or_default().to_string());
+                v.push(sb.id);
                 if v.len() % 100 == 0 {
                     eprintln!("  {} idle sandboxes", v.len());
                 }
                 Ok(())
             }
-            Err(ClientError::Http {
-                status, message, ..
-            }) if status == 429 || status == 503 => {
+            Err(ClientError::Api {
+                status,
+                code: Some(code),
+                message,
+            }) if code.retryable() => {
                 if !stop.swap(true, Ordering::AcqRel) {
                     *why.lock().unwrap_or_else(|e| e.into_inner()) =
                         format!("HTTP {status}: {message}");

@@ -243,17 +243,12 @@ pub fn load(g: &crate::daemon_cmds::Global, a: &LoadArgs, json: &Path) -> Result
     };
     // The template (booted once and cached), then a warm-up sandbox.
     let name = format!("{}-1c-128m", a.image);
-    let sb: serde_json::Value = c.call(
-        "POST",
-        "/v1/sandboxes",
-        Some(&serde_json::json!({"image": a.image, "vcpus": 1, "memory_mib": 128})),
-    )?;
-    let id = sb["id"].as_str().unwrap_or_default();
-    let _ = c.request(
-        "DELETE",
-        &format!("/v1/sandboxes/{id}"),
-        shoal_client::Body::Empty,
-    );
+    let sb = c.create(&shoal_client::api::CreateSandbox {
+        vcpus: Some(1),
+        memory_mib: Some(128),
+        ..shoal_client::api::CreateSandbox::from_image(&a.image)
+    })?;
+    let _ = c.kill(&sb.id);
     let opts = shoal_bench::load::LoadOpts {
         template: name,
         concurrency,

@@ -4,7 +4,7 @@
 //! tables.
 
 use anyhow::{bail, Context, Result};
-use shoal_client::{DaemonClient, Target};
+use shoal_client::DaemonClient;
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -17,15 +17,8 @@ pub fn connect(daemon: Option<&str>) -> Result<DaemonClient> {
         .map(String::from)
         .or_else(|| std::env::var("SHOAL_DAEMON").ok())
         .filter(|s| !s.is_empty());
-    if let Some(s) = &spec {
-        if let Some(addr) = s.strip_prefix("http://") {
-            let token = std::env::var("SHOAL_TOKEN").ok();
-            let c = DaemonClient {
-                target: Target::Tcp(addr.trim_end_matches('/').into(), token),
-                timeout: Some(Duration::from_secs(900)),
-            };
-            return Ok(c);
-        }
+    if let Some(s) = spec.as_deref().filter(|s| s.starts_with("http://")) {
+        return Ok(DaemonClient::from_spec(s));
     }
     let sock = spec
         .map(PathBuf::from)
@@ -173,5 +166,16 @@ pub fn age(secs: f64) -> String {
         0..=59 => format!("{s}s"),
         60..=3599 => format!("{}m{}s", s / 60, s % 60),
         _ => format!("{}h{}m", s / 3600, (s % 3600) / 60),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_clients_default_socket_is_the_daemons() {
+        assert_eq!(
+            shoal_client::default_socket(),
+            shoald::default_state_dir().join("shoald.sock")
+        );
     }
 }

@@ -4,12 +4,11 @@
 use crate::daemon_client::{age, connect, table, Progress};
 use crate::{ExecArgs, SandboxArgs};
 use anyhow::{bail, Context, Result};
-use base64::Engine;
-use serde_json::{json, Value};
-use shoal_client::{enc, Body, DaemonClient};
-use shoald::templates::{image_template_name, RootRequest};
+use shoal_client::api::{self, ExecEvent, SandboxState, TemplateState};
+use shoal_client::DaemonClient;
+use shoald::templates::image_template_name;
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 
 /// Options every daemon command takes.
 #[derive(clap::Args, Clone, Default)]
@@ -34,61 +33,43 @@ fn pairs(v: &[String], what: &str) -> Result<BTreeMap<String, String>> {
         .collect()
 }
 
-fn exec_body(e: &ExecArgs, stdin: Option<Vec<u8>>) -> Result<Value> {
-    let mut b = json!({"cmd": e.command, "env": pairs(&e.env, "--env")?});
-    if let Some(c) = &e.cwd {
-        b["cwd"] = json!(c);
-    }
-    if let Some(t) = e.timeout {
-        b["timeout_s"] = json!(t);
-    }
+fn exec_body(e: &ExecArgs, stdin: Option<Vec<u8>>) -> Result<api::ExecRequest> {
+    let mut b = api::ExecRequest {
+        env: pairs(&e.env, "--env")?,
+        cwd: e.cwd.as_ref().map(|c| c.display().to_string()),
+        timeout_s: e.timeout,
+        ..api::ExecRequest::argv(e.command.iter().cloned())
+    };
     if let Some(s) = stdin {
-        b["stdin_b64"] = json!(base64::engine::general_purpose::STANDARD.encode(s));
+        b = b.with_stdin(&s);
     }
     Ok(b)
 }
 
-fn decode(ev: &Value) -> Vec<u8> {
-    let d = ev["data"].as_str().unwrap_or("");
-    if ev["encoding"] == "base64" {
-        base64::engine::general_purpose::STANDARD
-            .decode(d)
-            .unwrap_or_default()
-    } else {
-        d.as_bytes().to_vec()
-    }
-}
-
 /// Streams an exec's output to ours; returns the shell-style exit code.
-fn stream_exec(c: &DaemonClient, id: &str, body: &Value) -> Result<i32> {
-    let mut r = c
-        .request(
-            "POST",
-            &format!("/v1/sandboxes/{id}/exec/stream"),
-            Body::Json(serde_json::to_vec(body)?),
-        )?
-        .ok()?;
+fn stream_exec(c: &DaemonClient, id: &str, body: &api::ExecRequest) -> Result<i32> {
     let (mut out, mut err) = (std::io::stdout().lock(), std::io::stderr().lock());
-    for line in BufReader::new(r.reader()).lines() {
-        let ev: Value = serde_json::from_str(&line?)?;
-        match ev["type"].as_str() {
-            Some("stdout") => {
-                out.write_all(&decode(&ev))?;
+    for ev in c.exec_stream(id, body)? {
+        match ev? {
+            ExecEvent::Stdout { data, encoding } => {
+                out.write_all(&encoding.decode(&data).context("stdout")?)?;
                 out.flush()?;
             }
-            Some("stderr") => err.write_all(&decode(&ev))?,
-            Some("exit") => {
-                if ev["timed_out"] == true {
+            ExecEvent::Stderr { data, encoding } => {
+                err.write_all(&encoding.decode(&data).context("stderr")?)?
+            }
+            ExecEvent::Exit {
+                exit_code,
+                signal,
+                timed_out,
+            } => {
+                if timed_out {
                     eprintln!("shoal: command timed out; its processes were killed");
                 }
-                return Ok(match (ev["exit_code"].as_i64(), ev["signal"].as_i64()) {
-                    (Some(c), _) => c as i32,
-                    (None, Some(s)) => 128 + s as i32,
-                    _ => 1,
-                });
+                return Ok(api::exec::status_code(exit_code, signal));
             }
-            Some("error") => bail!("{}", ev["message"].as_str().unwrap_or("exec failed")),
-            _ => {}
+            ExecEvent::Error { message } => bail!("{message}"),
+            ExecEvent::Start { .. } => {}
         }
     }
     bail!("the daemon closed the stream before the command ended")
@@ -103,51 +84,40 @@ fn read_stdin(forward: bool) -> Result<Option<Vec<u8>>> {
     Ok(Some(v))
 }
 
-/// Adds a root request's fields to a JSON body (only those set).
-fn add_root(body: &mut Value, root: &RootRequest) -> Result<()> {
-    if let (Value::Object(b), Value::Object(r)) = (body, serde_json::to_value(root)?) {
-        b.extend(r);
-    }
-    Ok(())
-}
-
-fn create_sandbox(
-    c: &DaemonClient,
-    body: &Value,
-    image: Option<&str>,
-    root: &RootRequest,
-) -> Result<Value> {
+fn create_sandbox(c: &DaemonClient, req: &api::CreateSandbox) -> Result<api::Sandbox> {
     // Say so when the first use of an image boots its template.
-    let _p = image.and_then(|img| {
+    let _p = req.image.as_deref().and_then(|img| {
         let name = image_template_name(
             img,
-            body["vcpus"].as_u64().unwrap_or(1) as u32,
-            body["memory_mib"].as_u64().unwrap_or(128) as u32,
-            root,
+            req.vcpus.unwrap_or(1),
+            req.memory_mib.unwrap_or(128),
+            &req.root(),
         );
         let ready = c
-            .call::<Value>("GET", &format!("/v1/templates/{name}"), None::<&()>)
-            .is_ok_and(|t| t["state"] == "ready");
+            .template(&name)
+            .is_ok_and(|t| t.state == TemplateState::Ready);
         (!ready).then(|| {
             Progress::start(&format!(
                 "shoal: preparing the '{img}' template (boot once, then snapshot; ~20-60 s on PVM hosts, once)"
             ))
         })
     });
-    Ok(c.call("POST", "/v1/sandboxes", Some(body))?)
+    Ok(c.create(req)?)
 }
 
 /// `shoal run`: a fresh sandbox through the daemon, the command, removal.
 pub fn run(g: &Global, a: &SandboxArgs, e: &ExecArgs, stdin: bool) -> Result<i32> {
     let c = connect(g.daemon.as_deref())?;
-    let mut body = json!({"image": a.image, "vcpus": a.cpus, "memory_mib": a.memory,
-        "metadata": {"by": "shoal run"}});
-    let root = a.root.request()?;
-    add_root(&mut body, &root)?;
-    let sb = create_sandbox(&c, &body, Some(&a.image), &root)?;
-    let id = sb["id"].as_str().context("no id in the reply")?.to_string();
-    let res = read_stdin(stdin).and_then(|s| stream_exec(&c, &id, &exec_body(e, s)?));
-    let _ = c.request("DELETE", &format!("/v1/sandboxes/{id}"), Body::Empty);
+    let req = api::CreateSandbox {
+        vcpus: Some(u32::from(a.cpus)),
+        memory_mib: Some(a.memory),
+        metadata: BTreeMap::from([("by".to_string(), "shoal run".to_string())]),
+        ..api::CreateSandbox::from_image(&a.image)
+    }
+    .with_root(a.root.request()?);
+    let sb = create_sandbox(&c, &req)?;
+    let res = read_stdin(stdin).and_then(|s| stream_exec(&c, &sb.id, &exec_body(e, s)?));
+    let _ = c.kill(&sb.id);
     res
 }
 
@@ -188,57 +158,50 @@ pub struct CreateArgs {
 
 /// `shoal create`.
 pub fn create(g: &Global, a: &CreateArgs) -> Result<i32> {
-    let mut body = json!({"ttl_s": a.ttl, "idle_timeout_s": a.idle_timeout,
-        "metadata": pairs(&a.meta, "--meta")?, "env": pairs(&a.env, "--env")?,
-        "keep_running": a.keep_running});
+    let mut req = api::CreateSandbox {
+        ttl_s: a.ttl,
+        idle_timeout_s: a.idle_timeout,
+        metadata: pairs(&a.meta, "--meta")?,
+        env: pairs(&a.env, "--env")?,
+        keep_running: a.keep_running,
+        ..Default::default()
+    };
     let root = a.root.request()?;
     match (&a.template, &a.image) {
         (Some(t), _) => {
             if !root.is_default() {
                 bail!("--layer, --upper-size and --upper-disk go with --image; a template has its own");
             }
-            body["template"] = json!(t)
+            req.template = Some(t.clone());
         }
         (None, img) => {
-            body["image"] = json!(img.as_deref().unwrap_or("base"));
-            body["vcpus"] = json!(a.cpus.unwrap_or(1));
-            body["memory_mib"] = json!(a.memory.unwrap_or(128));
-            add_root(&mut body, &root)?;
+            req.image = Some(img.clone().unwrap_or_else(|| "base".into()));
+            req.vcpus = Some(a.cpus.unwrap_or(1));
+            req.memory_mib = Some(a.memory.unwrap_or(128));
+            req = req.with_root(root);
         }
     }
-    let img = body["image"].as_str().map(String::from);
     let c = connect(g.daemon.as_deref())?;
-    let sb = create_sandbox(&c, &body, img.as_deref(), &root)?;
-    if g.json {
-        println!("{}", serde_json::to_string_pretty(&sb)?);
-    } else {
-        println!("{}", sb["id"].as_str().unwrap_or(""));
-    }
-    Ok(0)
+    let sb = create_sandbox(&c, &req)?;
+    print(g, &sb, |s| s.id.clone())
 }
 
 /// `shoal ls`.
 pub fn ls(g: &Global, state: Option<&str>, template: Option<&str>, meta: &[String]) -> Result<i32> {
+    let state = state
+        .map(|s| {
+            SandboxState::parse(s).with_context(|| {
+                format!("state={s}: expected starting, running, pausing, paused, failed or pooled")
+            })
+        })
+        .transpose()?;
+    let f = api::ListFilter {
+        state,
+        template: template.map(String::from),
+        metadata: pairs(meta, "--meta")?,
+    };
     let c = connect(g.daemon.as_deref())?;
-    let mut q = Vec::new();
-    if let Some(s) = state {
-        q.push(format!("state={}", enc(s)));
-    }
-    if let Some(t) = template {
-        q.push(format!("template={}", enc(t)));
-    }
-    if !meta.is_empty() {
-        let m: Vec<String> = pairs(meta, "--meta")?
-            .into_iter()
-            .map(|(k, v)| format!("{k}:{v}"))
-            .collect();
-        q.push(format!("metadata={}", enc(&m.join(","))));
-    }
-    let v: Vec<Value> = c.call(
-        "GET",
-        &format!("/v1/sandboxes?{}", q.join("&")),
-        None::<&()>,
-    )?;
+    let v = c.list(&f)?;
     if g.json {
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(0);
@@ -247,24 +210,14 @@ pub fn ls(g: &Global, state: Option<&str>, template: Option<&str>, meta: &[Strin
     let rows: Vec<Vec<String>> = v
         .iter()
         .map(|s| {
-            let meta: Vec<String> = s["metadata"]
-                .as_object()
-                .map(|m| {
-                    m.iter()
-                        .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or("")))
-                        .collect()
-                })
-                .unwrap_or_default();
+            let meta: Vec<String> = s.metadata.iter().map(|(k, v)| format!("{k}={v}")).collect();
             vec![
-                s["id"].as_str().unwrap_or("").into(),
-                s["state"].as_str().unwrap_or("").into(),
-                s["template"].as_str().unwrap_or("").into(),
-                format!("{}/{}M", s["vcpus"], s["memory_mib"]),
-                age(now - s["created_at"].as_f64().unwrap_or(now)),
-                s["pid"]
-                    .as_i64()
-                    .map(|p| p.to_string())
-                    .unwrap_or_else(|| "-".into()),
+                s.id.clone(),
+                s.state.to_string(),
+                s.template.clone(),
+                format!("{}/{}M", s.vcpus, s.memory_mib),
+                age(now - s.created_at),
+                s.pid.map_or_else(|| "-".into(), |p| p.to_string()),
                 meta.join(","),
             ]
         })
@@ -301,28 +254,19 @@ pub fn cp(g: &Global, src: &str, dst: &str) -> Result<i32> {
                 .metadata()
                 .map(|m| std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o7777)
                 .unwrap_or(0o644);
-            let r = c
-                .request(
-                    "PUT",
-                    &format!("/v1/sandboxes/{id}/files?path={}&mode={mode:o}", enc(&path)),
-                    Body::Stream(&mut f),
-                )?
-                .ok()?;
-            let v: Value = serde_json::from_slice(&r.bytes()?)?;
-            eprintln!("copied {} bytes to {id}:{path}", v["bytes"]);
+            let q = api::UploadQuery {
+                mode: Some(mode),
+                ..api::UploadQuery::new(&path)
+            };
+            let v = c.put_file(&id, &q, &mut f)?;
+            eprintln!("copied {} bytes to {id}:{path}", v.bytes);
         }
         (Some((id, path)), None) => {
-            let mut r = c
-                .request(
-                    "GET",
-                    &format!("/v1/sandboxes/{id}/files?path={}", enc(&path)),
-                    Body::Empty,
-                )?
-                .ok()?;
+            let mut r = c.get_file(&id, &path)?;
             let tmp = format!("{dst}.shoal-partial");
             let mut f =
                 std::fs::File::create(&tmp).with_context(|| format!("cannot create {tmp}"))?;
-            match std::io::copy(r.reader(), &mut f) {
+            match std::io::copy(&mut r, &mut f) {
                 Ok(n) => {
                     std::fs::rename(&tmp, dst)?;
                     eprintln!("copied {n} bytes from {id}:{path}");
@@ -338,7 +282,7 @@ pub fn cp(g: &Global, src: &str, dst: &str) -> Result<i32> {
     Ok(0)
 }
 
-fn print(g: &Global, v: &Value, short: impl FnOnce(&Value) -> String) -> Result<i32> {
+fn print<T: serde::Serialize>(g: &Global, v: &T, short: impl FnOnce(&T) -> String) -> Result<i32> {
     if g.json {
         println!("{}", serde_json::to_string_pretty(v)?);
     } else {
@@ -350,10 +294,12 @@ fn print(g: &Global, v: &Value, short: impl FnOnce(&Value) -> String) -> Result<
 /// `shoal pause|resume ID`.
 pub fn lifecycle(g: &Global, id: &str, op: &str) -> Result<i32> {
     let c = connect(g.daemon.as_deref())?;
-    let v: Value = c.call("POST", &format!("/v1/sandboxes/{id}/{op}"), None::<&()>)?;
-    print(g, &v, |v| {
-        format!("{id} {}", v["state"].as_str().unwrap_or(""))
-    })
+    let v = match op {
+        "pause" => c.pause(id)?,
+        "resume" => c.resume(id)?,
+        o => bail!("no such operation {o:?}"),
+    };
+    print(g, &v, |v| format!("{id} {}", v.state))
 }
 
 /// `shoal rm ID...`.
@@ -361,11 +307,8 @@ pub fn rm(g: &Global, ids: &[String]) -> Result<i32> {
     let c = connect(g.daemon.as_deref())?;
     let mut code = 0;
     for id in ids {
-        match c
-            .request("DELETE", &format!("/v1/sandboxes/{id}"), Body::Empty)?
-            .ok()
-        {
-            Ok(_) => println!("{id}"),
+        match c.kill(id) {
+            Ok(()) => println!("{id}"),
             Err(e) => {
                 eprintln!("shoal: {id}: {e}");
                 code = 1;
@@ -379,18 +322,17 @@ pub fn rm(g: &Global, ids: &[String]) -> Result<i32> {
 pub fn snapshot(g: &Global, id: &str, template: Option<&str>) -> Result<i32> {
     let c = connect(g.daemon.as_deref())?;
     let _p = Progress::start(&format!("shoal: snapshotting {id}"));
-    let v: Value = c.call(
-        "POST",
-        &format!("/v1/sandboxes/{id}/snapshot"),
-        Some(&json!({"template": template})),
-    )?;
+    let req = api::SnapshotRequest {
+        template: template.map(String::from),
+    };
+    let v = c.snapshot(id, &req)?;
     drop(_p);
-    print(g, &v, |v| v["name"].as_str().unwrap_or("").into())
+    print(g, &v, |v| v.name.clone())
 }
 
 /// A template's upper layer in a few words.
-fn upper_text(t: &Value) -> String {
-    match (t["upper_disk_mib"].as_u64(), t["upper_size_mib"].as_u64()) {
+fn upper_text(t: &api::Template) -> String {
+    match (t.upper_disk_mib, t.upper_size_mib) {
         (Some(d), _) => format!("disk {d}M"),
         (None, Some(s)) => format!("tmpfs {s}M"),
         (None, None) => "tmpfs".into(),
@@ -409,44 +351,42 @@ pub fn template(g: &Global, op: &crate::TemplateCmd) -> Result<i32> {
             memory,
             root,
         } => {
-            let mut body =
-                json!({"name": name, "image": image, "vcpus": cpus, "memory_mib": memory});
-            add_root(&mut body, &root.request()?)?;
-            let mut v: Value = c.call("POST", "/v1/templates", Some(&body))?;
+            let req = api::CreateTemplate {
+                vcpus: Some(*cpus),
+                memory_mib: Some(*memory),
+                ..api::CreateTemplate::new(name, image)
+            }
+            .with_root(root.request()?);
+            let mut v = c.create_template(&req)?;
             let p = Progress::start(&format!("shoal: building template '{name}' from '{image}'"));
-            while v["state"] == "building" {
+            while v.state == TemplateState::Building {
                 std::thread::sleep(std::time::Duration::from_millis(250));
-                v = c.call("GET", &format!("/v1/templates/{name}"), None::<&()>)?;
+                v = c.template(name)?;
             }
             drop(p);
-            if v["state"] != "ready" {
+            if v.state != TemplateState::Ready {
                 bail!(
                     "template '{name}' failed: {}",
-                    v["error"].as_str().unwrap_or("")
+                    v.error.as_deref().unwrap_or("")
                 );
             }
-            print(g, &v, |v| v["name"].as_str().unwrap_or("").into())
+            print(g, &v, |v| v.name.clone())
         }
         T::Ls => {
-            let v: Value = c.call("GET", "/v1/templates", None::<&()>)?;
+            let v = c.templates()?;
             if g.json {
                 return print(g, &v, |_| String::new());
             }
             let rows: Vec<Vec<String>> = v
-                .as_array()
-                .into_iter()
-                .flatten()
+                .iter()
                 .map(|t| {
                     vec![
-                        t["name"].as_str().unwrap_or("").into(),
-                        t["state"].as_str().unwrap_or("").into(),
-                        t["source"].as_str().unwrap_or("").into(),
-                        format!("{}/{}M", t["vcpus"], t["memory_mib"]),
+                        t.name.clone(),
+                        t.state.to_string(),
+                        t.source.clone(),
+                        format!("{}/{}M", t.vcpus, t.memory_mib),
                         upper_text(t),
-                        t["layers"]
-                            .as_array()
-                            .map(|l| l.len().to_string())
-                            .unwrap_or_else(|| "0".into()),
+                        t.layers.len().to_string(),
                     ]
                 })
                 .collect();
@@ -457,8 +397,7 @@ pub fn template(g: &Global, op: &crate::TemplateCmd) -> Result<i32> {
             Ok(0)
         }
         T::Rm { name } => {
-            c.request("DELETE", &format!("/v1/templates/{name}"), Body::Empty)?
-                .ok()?;
+            c.delete_template(name)?;
             println!("{name}");
             Ok(0)
         }
@@ -471,29 +410,23 @@ pub fn pool(g: &Global, op: &crate::PoolCmd) -> Result<i32> {
     let c = connect(g.daemon.as_deref())?;
     match op {
         P::Set { template, target } => {
-            let v: Value = c.call(
-                "PUT",
-                &format!("/v1/pools/{template}"),
-                Some(&json!({"target": target})),
-            )?;
+            let v = c.set_pool(template, *target)?;
             print(g, &v, |v| {
-                format!("{template}: target {} ready {}", v["target"], v["ready"])
+                format!("{template}: target {} ready {}", v.target, v.ready)
             })
         }
         P::Ls => {
-            let v: Value = c.call("GET", "/v1/pools", None::<&()>)?;
+            let v = c.pools()?;
             if g.json {
                 return print(g, &v, |_| String::new());
             }
             let rows: Vec<Vec<String>> = v
-                .as_array()
-                .into_iter()
-                .flatten()
+                .iter()
                 .map(|p| {
                     vec![
-                        p["template"].as_str().unwrap_or("").into(),
-                        p["target"].to_string(),
-                        p["ready"].to_string(),
+                        p.template.clone(),
+                        p.target.to_string(),
+                        p.ready.to_string(),
                     ]
                 })
                 .collect();
@@ -501,8 +434,7 @@ pub fn pool(g: &Global, op: &crate::PoolCmd) -> Result<i32> {
             Ok(0)
         }
         P::Rm { template } => {
-            c.request("DELETE", &format!("/v1/pools/{template}"), Body::Empty)?
-                .ok()?;
+            c.delete_pool(template)?;
             println!("{template}");
             Ok(0)
         }
@@ -512,30 +444,25 @@ pub fn pool(g: &Global, op: &crate::PoolCmd) -> Result<i32> {
 /// `shoal stats`.
 pub fn stats(g: &Global) -> Result<i32> {
     let c = connect(g.daemon.as_deref())?;
-    let v: Value = c.call("GET", "/v1/stats", None::<&()>)?;
+    let v = c.stats()?;
     if g.json {
         return print(g, &v, |_| String::new());
     }
-    let u = &v["usage"];
-    println!("sandboxes   {}", u["by_state"]);
+    let u = &v.usage;
+    println!("sandboxes   {}", serde_json::to_string(&u.by_state)?);
     println!(
         "reserved    {} vCPUs of {}, {} MiB guest memory of {}",
-        u["vcpus"], v["vcpu_budget"], u["memory_mib"], v["memory_budget_mib"]
+        u.vcpus, v.vcpu_budget, u.memory_mib, v.memory_budget_mib
     );
     println!(
         "host        {} CPUs, {} MiB available of {} MiB, load {}",
-        v["host"]["cpus"],
-        v["host"]["memory_available_mib"],
-        v["host"]["memory_total_mib"],
-        v["host"]["load1"]
+        v.host.cpus,
+        v.host.memory_available_mib,
+        v.host.memory_total_mib,
+        serde_json::to_string(&v.host.load1)?
     );
-    for p in v["pools"].as_array().into_iter().flatten() {
-        println!(
-            "pool        {} ready {}/{}",
-            p["template"].as_str().unwrap_or(""),
-            p["ready"],
-            p["target"]
-        );
+    for p in &v.pools {
+        println!("pool        {} ready {}/{}", p.template, p.ready, p.target);
     }
     Ok(0)
 }

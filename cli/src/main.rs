@@ -87,8 +87,8 @@ impl RootArgs {
     }
 
     /// The request the daemon takes.
-    pub fn request(&self) -> Result<shoald::templates::RootRequest> {
-        Ok(shoald::templates::RootRequest {
+    pub fn request(&self) -> Result<shoal_client::api::RootRequest> {
+        Ok(shoal_client::api::RootRequest {
             layers: self.layers()?,
             upper_size_mib: self.upper_size,
             upper_disk_mib: self.upper_disk,

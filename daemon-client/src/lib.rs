@@ -1,7 +1,26 @@
 //! A small blocking HTTP/1.1 client for shoald (Unix socket or TCP with a
 //! bearer token): what the `shoal` CLI, the tests and `shoal bench load`
-//! use. One connection per request; chunked responses are decoded and
-//! request bodies can be streamed.
+//! use. [`DaemonClient`]'s methods take and return the API's types
+//! ([`shoal_api`], re-exported as [`api`]); errors are typed
+//! ([`ClientError::Api`]: HTTP status, [`ErrorCode`], message; transport
+//! and protocol errors apart). One connection per request; chunked
+//! responses are decoded and request bodies can be streamed.
+//!
+//! ```no_run
+//! use shoal_client::{api, DaemonClient};
+//! let c = DaemonClient::from_env();
+//! let sb = c.create(&api::CreateSandbox::from_image("tiny"))?;
+//! let out = c.exec(&sb.id, &api::ExecRequest::shell("echo hi"))?;
+//! print!("{}", out.stdout);
+//! c.kill(&sb.id)?;
+//! # Ok::<(), shoal_client::ClientError>(())
+//! ```
+
+mod typed;
+
+pub use shoal_api as api;
+pub use shoal_api::ErrorCode;
+pub use typed::{Download, ExecStream};
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -24,12 +43,13 @@ pub enum ClientError {
     },
     /// The daemon answered with an error status.
     #[error("{message} (HTTP {status})")]
-    Http {
+    Api {
         /// Status code.
         status: u16,
-        /// Error code from the body.
-        code: String,
-        /// Message from the body.
+        /// The error code from the body (None when the body was not the
+        /// API's error body).
+        code: Option<ErrorCode>,
+        /// Message from the body (or the body itself).
         message: String,
     },
     /// The reply could not be understood.
@@ -37,7 +57,31 @@ pub enum ClientError {
     Protocol(String),
 }
 
-type Result<T> = std::result::Result<T, ClientError>;
+impl ClientError {
+    /// The HTTP status of an API error.
+    pub fn status(&self) -> Option<u16> {
+        match self {
+            ClientError::Api { status, .. } => Some(*status),
+            _ => None,
+        }
+    }
+
+    /// The code of an API error.
+    pub fn code(&self) -> Option<ErrorCode> {
+        match self {
+            ClientError::Api { code, .. } => *code,
+            _ => None,
+        }
+    }
+
+    /// Whether the daemon said there is no such thing (404).
+    pub fn is_not_found(&self) -> bool {
+        self.status() == Some(404)
+    }
+}
+
+/// Results of client calls.
+pub type Result<T> = std::result::Result<T, ClientError>;
 
 /// Where the daemon listens.
 #[derive(Debug, Clone)]
@@ -97,14 +141,17 @@ impl Response {
     fn into_error(self) -> ClientError {
         let status = self.status;
         let b = self.bytes().unwrap_or_default();
-        let v: serde_json::Value = serde_json::from_slice(&b).unwrap_or_default();
-        ClientError::Http {
-            status,
-            code: v["error"]["code"].as_str().unwrap_or("").into(),
-            message: v["error"]["message"]
-                .as_str()
-                .map(String::from)
-                .unwrap_or_else(|| String::from_utf8_lossy(&b).into_owned()),
+        match serde_json::from_slice::<api::ErrorBody>(&b) {
+            Ok(e) => ClientError::Api {
+                status,
+                code: Some(e.error.code),
+                message: e.error.message,
+            },
+            Err(_) => ClientError::Api {
+                status,
+                code: None,
+                message: String::from_utf8_lossy(&b).into_owned(),
+            },
         }
     }
 
@@ -172,6 +219,36 @@ impl DaemonClient {
         DaemonClient {
             target: Target::Unix(sock.into()),
             timeout: Some(Duration::from_secs(900)),
+        }
+    }
+
+    /// A client for the daemon on TCP `addr` (`HOST:PORT`) with a bearer
+    /// token.
+    pub fn tcp(addr: impl Into<String>, token: Option<String>) -> DaemonClient {
+        DaemonClient {
+            target: Target::Tcp(addr.into(), token),
+            timeout: Some(Duration::from_secs(900)),
+        }
+    }
+
+    /// A client for `spec`: `http://HOST:PORT` (token from `SHOAL_TOKEN`)
+    /// or a Unix socket path.
+    pub fn from_spec(spec: &str) -> DaemonClient {
+        match spec.strip_prefix("http://") {
+            Some(addr) => DaemonClient::tcp(
+                addr.trim_end_matches('/'),
+                std::env::var("SHOAL_TOKEN").ok(),
+            ),
+            None => DaemonClient::unix(spec),
+        }
+    }
+
+    /// The daemon `SHOAL_DAEMON` names ([`from_spec`](Self::from_spec)),
+    /// else the local one on [`default_socket`].
+    pub fn from_env() -> DaemonClient {
+        match std::env::var("SHOAL_DAEMON") {
+            Ok(s) if !s.is_empty() => DaemonClient::from_spec(&s),
+            _ => DaemonClient::unix(default_socket()),
         }
     }
 
@@ -320,13 +397,19 @@ impl DaemonClient {
 
 /// Percent-encodes a query value.
 pub fn enc(s: &str) -> String {
-    let mut o = String::new();
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || b"-_./~".contains(&b) {
-            o.push(b as char);
-        } else {
-            o.push_str(&format!("%{b:02X}"));
-        }
-    }
-    o
+    api::encode_query_value(s)
+}
+
+/// The local daemon's default socket: `daemon/shoald.sock` under
+/// `$SHOAL_STATE`, else `$SHOAL_CACHE`, else `~/.cache/shoal` (where
+/// `shoald` without `--state-dir` listens).
+pub fn default_socket() -> PathBuf {
+    let base = std::env::var_os("SHOAL_STATE")
+        .or_else(|| std::env::var_os("SHOAL_CACHE"))
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into()))
+                .join(".cache/shoal")
+        });
+    base.join("daemon").join("shoald.sock")
 }

@@ -6,39 +6,10 @@
 //! degrading every sandbox on it.
 
 use super::db::Usage;
-use serde::Serialize;
 
-/// Limits, from the daemon's command line.
-#[derive(Debug, Clone, Serialize)]
-pub struct Limits {
-    /// Host memory (MiB).
-    pub host_memory_mib: u64,
-    /// Host CPUs.
-    pub host_cpus: u64,
-    /// Guest memory reservable per MiB of host memory. Restored guests
-    /// share their template's clean pages, so an idle 128 MiB guest costs
-    /// ~1-2 MiB of host memory: 8 is conservative.
-    pub memory_overcommit: f64,
-    /// vCPUs reservable per host CPU. Idle sandboxes use a small fraction
-    /// of a CPU (most under 5%), so this is large by default.
-    pub cpu_overcommit: f64,
-    /// Refuse (503) when the host's MemAvailable drops below this (MiB).
-    pub min_available_mib: u64,
-    /// Most sandboxes holding a VMM (each holds a process and a few fds).
-    pub max_vms: u64,
-}
-
-impl Limits {
-    /// Reservable guest memory (MiB).
-    pub fn memory_budget_mib(&self) -> u64 {
-        (self.host_memory_mib as f64 * self.memory_overcommit) as u64
-    }
-
-    /// Reservable vCPUs.
-    pub fn vcpu_budget(&self) -> u64 {
-        (self.host_cpus as f64 * self.cpu_overcommit) as u64
-    }
-}
+/// Limits, from the daemon's command line (the type `GET /v1/stats`
+/// shows).
+pub use shoal_api::Limits;
 
 /// Why a request was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -23,68 +23,10 @@ pub enum DbError {
 
 type Result<T> = std::result::Result<T, DbError>;
 
-/// Lifecycle states of a sandbox.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum State {
-    /// Restored and waiting in a warm pool (not handed out yet).
-    Pooled,
-    /// The VMM is being started.
-    Starting,
-    /// Running.
-    Running,
-    /// Being paused (snapshot to disk).
-    Pausing,
-    /// State on disk, no VMM process.
-    Paused,
-    /// Its VMM died or could not be reattached; reclaimed.
-    Failed,
-}
-
-impl State {
-    /// Name as stored and shown.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            State::Pooled => "pooled",
-            State::Starting => "starting",
-            State::Running => "running",
-            State::Pausing => "pausing",
-            State::Paused => "paused",
-            State::Failed => "failed",
-        }
-    }
-
-    /// Parses a stored name.
-    pub fn parse(s: &str) -> Option<State> {
-        Some(match s {
-            "pooled" => State::Pooled,
-            "starting" => State::Starting,
-            "running" => State::Running,
-            "pausing" => State::Pausing,
-            "paused" => State::Paused,
-            "failed" => State::Failed,
-            _ => return None,
-        })
-    }
-
-    /// Every state (for metrics).
-    pub const ALL: [State; 6] = [
-        State::Pooled,
-        State::Starting,
-        State::Running,
-        State::Pausing,
-        State::Paused,
-        State::Failed,
-    ];
-
-    /// Whether a VMM process holds host resources in this state.
-    pub fn has_vmm(self) -> bool {
-        matches!(
-            self,
-            State::Pooled | State::Starting | State::Running | State::Pausing
-        )
-    }
-}
+/// Lifecycle states of a sandbox (the API's type: one enum for the
+/// wire, the database and the daemon).
+pub use shoal_api::SandboxState as State;
+pub use shoal_api::{Event, TemplateState, Usage};
 
 /// A sandbox row.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -139,8 +81,8 @@ pub struct TemplateRow {
     pub memory_mib: u32,
     /// Snapshot directory (empty while building).
     pub dir: PathBuf,
-    /// `building`, `ready` or `failed`.
-    pub state: String,
+    /// Building, ready or failed.
+    pub state: TemplateState,
     /// Why it failed.
     pub error: Option<String>,
     /// Seconds since the epoch.
@@ -158,21 +100,6 @@ pub struct TemplateRow {
     /// one.
     #[serde(default)]
     pub upper_disk_mib: Option<u32>,
-}
-
-/// One event.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct Event {
-    /// Sequence number.
-    pub seq: i64,
-    /// Seconds since the epoch.
-    pub ts: f64,
-    /// Sandbox or template concerned.
-    pub subject: String,
-    /// What happened.
-    pub kind: String,
-    /// Detail.
-    pub detail: String,
 }
 
 /// Seconds since the epoch.
@@ -226,7 +153,7 @@ fn template_row(r: &Row<'_>) -> rusqlite::Result<TemplateRow> {
         vcpus: r.get(2)?,
         memory_mib: r.get(3)?,
         dir: PathBuf::from(r.get::<_, String>(4)?),
-        state: r.get(5)?,
+        state: TemplateState::parse(&r.get::<_, String>(5)?).unwrap_or(TemplateState::Failed),
         error: r.get(6)?,
         created_at: r.get(7)?,
         owned: r.get(8)?,
@@ -465,7 +392,7 @@ impl Db {
         for r in rows {
             let (state, n, cpus, mem) = r?;
             let state = State::parse(&state).unwrap_or(State::Failed);
-            u.by_state.insert(state.as_str(), n as u64);
+            u.by_state.insert(state.as_str().into(), n as u64);
             if state.has_vmm() {
                 u.vms += n as u64;
                 u.vcpus += cpus as u64;
@@ -497,7 +424,7 @@ impl Db {
                 t.vcpus,
                 t.memory_mib,
                 t.dir.to_string_lossy(),
-                t.state,
+                t.state.as_str(),
                 t.error,
                 t.created_at,
                 t.owned,
@@ -597,19 +524,6 @@ impl Db {
         })?;
         Ok(rows.collect::<rusqlite::Result<_>>()?)
     }
-}
-
-/// Resources held by sandboxes with a VMM.
-#[derive(Debug, Default, Clone, Serialize)]
-pub struct Usage {
-    /// Sandboxes per state (all rows).
-    pub by_state: BTreeMap<&'static str, u64>,
-    /// Sandboxes holding a VMM.
-    pub vms: u64,
-    /// Their vCPUs.
-    pub vcpus: u64,
-    /// Their guest memory (MiB).
-    pub memory_mib: u64,
 }
 
 #[cfg(test)]

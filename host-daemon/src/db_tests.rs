@@ -157,7 +157,7 @@ fn templates_pools_events() {
         vcpus: 1,
         memory_mib: 128,
         dir: "/x".into(),
-        state: "ready".into(),
+        state: TemplateState::Ready,
         error: None,
         created_at: 1.0,
         owned: false,

@@ -5,12 +5,12 @@
 
 use super::ops::{agent, ensure_running};
 use super::{blocking, ApiError, ApiResult, Daemon};
+use api::Encoding;
 use axum::body::{Body, Bytes};
-use base64::Engine;
 use guest_agent::client::{
     ExecEvent, ExecHandle, ExecRequest, ExitStatus, FileStat, FileType, UploadOptions,
 };
-use serde::{Deserialize, Serialize};
+use shoal_api as api;
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::sync::Arc;
@@ -22,71 +22,13 @@ pub const DEFAULT_EXEC_TIMEOUT_S: f64 = 300.0;
 /// Most output a one-shot exec returns per stream.
 pub const ONESHOT_OUTPUT_LIMIT: usize = 16 << 20;
 
-/// `POST /v1/sandboxes/{id}/exec[/stream]`.
-#[derive(Debug, Clone, Default, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct ExecBody {
-    /// argv (argv[0] looked up in PATH).
-    #[serde(default)]
-    pub cmd: Option<Vec<String>>,
-    /// Or a `/bin/sh -c` script.
-    #[serde(default)]
-    pub shell: Option<String>,
-    /// Extra environment (over the sandbox's).
-    #[serde(default)]
-    pub env: BTreeMap<String, String>,
-    /// Working directory.
-    #[serde(default)]
-    pub cwd: Option<String>,
-    /// Kill the command's process tree after this long (default 300 s).
-    #[serde(default)]
-    pub timeout_s: Option<f64>,
-    /// Standard input (UTF-8 text).
-    #[serde(default)]
-    pub stdin: Option<String>,
-    /// Standard input (base64), instead of `stdin`.
-    #[serde(default)]
-    pub stdin_b64: Option<String>,
-}
-
-/// Output of a one-shot exec.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct ExecOutput {
-    /// Exit code (absent if killed by a signal).
-    pub exit_code: Option<i32>,
-    /// Signal that killed it.
-    pub signal: Option<i32>,
-    /// Its timeout fired.
-    pub timed_out: bool,
-    /// Standard output.
-    pub stdout: String,
-    /// Standard error.
-    pub stderr: String,
-    /// `utf8` or `base64` (for both streams).
-    pub encoding: String,
-    /// Output beyond the limit was dropped.
-    pub truncated: bool,
-    /// Request to exit (ms).
-    pub duration_ms: f64,
-}
-
-fn encode(d: &[u8]) -> (String, &'static str) {
-    match std::str::from_utf8(d) {
-        Ok(s) => (s.into(), "utf8"),
-        Err(_) => (
-            base64::engine::general_purpose::STANDARD.encode(d),
-            "base64",
-        ),
-    }
-}
-
 struct Prepared {
     req: ExecRequest,
     stdin: Option<Vec<u8>>,
     timeout: Duration,
 }
 
-fn prepare(env: &BTreeMap<String, String>, b: ExecBody) -> ApiResult<Prepared> {
+fn prepare(env: &BTreeMap<String, String>, b: api::ExecRequest) -> ApiResult<Prepared> {
     let mut req = match (b.cmd, b.shell) {
         (Some(c), None) if !c.is_empty() && !c[0].is_empty() => ExecRequest::argv(c),
         (None, Some(s)) => ExecRequest::shell(s),
@@ -122,8 +64,8 @@ fn prepare(env: &BTreeMap<String, String>, b: ExecBody) -> ApiResult<Prepared> {
         }
         (Some(s), None) => Some(s.into_bytes()),
         (None, Some(s)) => Some(
-            base64::engine::general_purpose::STANDARD
-                .decode(s)
+            Encoding::Base64
+                .decode(&s)
                 .map_err(|e| ApiError::BadRequest(format!("stdin_b64: {e}")))?,
         ),
         (None, None) => None,
@@ -160,7 +102,7 @@ fn status_fields(s: ExitStatus) -> (Option<i32>, Option<i32>) {
 const SLACK: Duration = Duration::from_secs(30);
 
 /// One-shot exec: waits for the exit and returns all output.
-pub async fn exec(d: &Arc<Daemon>, id: &str, b: ExecBody) -> ApiResult<ExecOutput> {
+pub async fn exec(d: &Arc<Daemon>, id: &str, b: api::ExecRequest) -> ApiResult<api::ExecResult> {
     let t0 = Instant::now();
     let (row, live, _busy) = ensure_running(d, id).await?;
     let p = prepare(&row.env, b)?;
@@ -190,47 +132,37 @@ pub async fn exec(d: &Arc<Daemon>, id: &str, b: ExecBody) -> ApiResult<ExecOutpu
     .await;
     let (out, err, r, truncated) = out?;
     let (exit_code, signal) = status_fields(r.status);
-    let (o, e1) = encode(&out);
-    let (e, e2) = encode(&err);
-    let encoding = if e1 == "utf8" && e2 == "utf8" {
-        "utf8"
-    } else {
-        "base64"
-    };
-    let (stdout, stderr) = if encoding == "utf8" {
-        (o, e)
-    } else {
-        let b = base64::engine::general_purpose::STANDARD;
-        (b.encode(&out), b.encode(&err))
+    let encoding = match (Encoding::encode(&out).1, Encoding::encode(&err).1) {
+        (Encoding::Utf8, Encoding::Utf8) => Encoding::Utf8,
+        _ => Encoding::Base64,
     };
     let secs = t0.elapsed().as_secs_f64();
     d.metrics.exec.observe(secs);
-    Ok(ExecOutput {
+    Ok(api::ExecResult {
         exit_code,
         signal,
         timed_out: r.timed_out,
-        stdout,
-        stderr,
-        encoding: encoding.into(),
+        stdout: encoding.encode_as(&out),
+        stderr: encoding.encode_as(&err),
+        encoding,
         truncated,
         duration_ms: secs * 1e3,
     })
 }
 
-fn line(v: serde_json::Value) -> Bytes {
-    let mut b = serde_json::to_vec(&v).unwrap_or_default();
-    b.push(b'\n');
-    Bytes::from(b)
+fn line(e: api::ExecEvent) -> Bytes {
+    Bytes::from(e.to_line())
 }
 
-fn output_line(kind: &str, data: &[u8]) -> Bytes {
-    let (s, enc) = encode(data);
-    line(serde_json::json!({"type": kind, "data": s, "encoding": enc}))
+fn error_line(message: impl Into<String>) -> Bytes {
+    line(api::ExecEvent::Error {
+        message: message.into(),
+    })
 }
 
 /// Streamed exec: newline-delimited JSON events (`start`, `stdout`,
 /// `stderr`, then `exit` or `error`).
-pub async fn exec_stream(d: &Arc<Daemon>, id: &str, b: ExecBody) -> ApiResult<Body> {
+pub async fn exec_stream(d: &Arc<Daemon>, id: &str, b: api::ExecRequest) -> ApiResult<Body> {
     let t0 = Instant::now();
     let (row, live, busy) = ensure_running(d, id).await?;
     let p = prepare(&row.env, b)?;
@@ -246,36 +178,35 @@ pub async fn exec_stream(d: &Arc<Daemon>, id: &str, b: ExecBody) -> ApiResult<Bo
             let mut h = match c.exec(&p.req) {
                 Ok(h) => h,
                 Err(e) => {
-                    send(line(
-                        serde_json::json!({"type": "error", "message": e.to_string()}),
-                    ));
+                    send(error_line(e.to_string()));
                     return;
                 }
             };
-            send(line(
-                serde_json::json!({"type": "start", "pid": h.pid(), "exec_id": h.exec_id()}),
-            ));
+            send(line(api::ExecEvent::Start {
+                pid: h.pid(),
+                exec_id: h.exec_id(),
+            }));
             if let Err(e) = feed(&h, p.stdin) {
-                send(line(
-                    serde_json::json!({"type": "error", "message": e.to_string()}),
-                ));
+                send(error_line(e.to_string()));
                 return;
             }
             loop {
                 let ok = match h.next_event() {
-                    Ok(Some(ExecEvent::Stdout(x))) => send(output_line("stdout", &x)),
-                    Ok(Some(ExecEvent::Stderr(x))) => send(output_line("stderr", &x)),
+                    Ok(Some(ExecEvent::Stdout(x))) => send(line(api::ExecEvent::stdout(&x))),
+                    Ok(Some(ExecEvent::Stderr(x))) => send(line(api::ExecEvent::stderr(&x))),
                     Ok(Some(ExecEvent::Exit(r))) => {
                         let (code, sig) = status_fields(r.status);
                         d2.metrics.exec.observe(t0.elapsed().as_secs_f64());
-                        send(line(serde_json::json!({"type": "exit", "exit_code": code,
-                            "signal": sig, "timed_out": r.timed_out})));
+                        send(line(api::ExecEvent::Exit {
+                            exit_code: code,
+                            signal: sig,
+                            timed_out: r.timed_out,
+                        }));
                         return;
                     }
                     Ok(None) => return,
                     Err(e) => {
-                        send(line(serde_json::json!({"type": "error",
-                            "message": format!("sandbox agent: {e}")})));
+                        send(error_line(format!("sandbox agent: {e}")));
                         return;
                     }
                 };
@@ -286,15 +217,16 @@ pub async fn exec_stream(d: &Arc<Daemon>, id: &str, b: ExecBody) -> ApiResult<Bo
                 }
             }
         })
-        .map_err(|e| ApiError::Internal(format!("cannot start a thread: {e}")))?;
+        .map_err(ApiError::Thread)?;
     let stream = futures_util::stream::unfold(Some(rx), move |rx| async move {
         let mut rx = rx?;
         match tokio::time::timeout_at(deadline, rx.recv()).await {
             Ok(Some(b)) => Some((Ok::<_, std::convert::Infallible>(b), Some(rx))),
             Ok(None) => None,
             Err(_) => Some((
-                Ok(line(serde_json::json!({"type": "error",
-                    "message": "deadline exceeded: the sandbox did not finish the command"}))),
+                Ok(error_line(
+                    "deadline exceeded: the sandbox did not finish the command",
+                )),
                 None,
             )),
         }
@@ -302,46 +234,22 @@ pub async fn exec_stream(d: &Arc<Daemon>, id: &str, b: ExecBody) -> ApiResult<Bo
     Ok(Body::from_stream(stream))
 }
 
-/// A file's metadata as the API shows it.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct StatView {
-    /// `file`, `dir`, `symlink` or `other`.
-    pub r#type: String,
-    /// Permission bits.
-    pub mode: u32,
-    /// Size in bytes.
-    pub size: u64,
-    /// Modification time, ns since the epoch.
-    pub mtime_ns: i64,
-}
-
-fn type_name(t: FileType) -> &'static str {
+fn file_type(t: FileType) -> api::FileType {
     match t {
-        FileType::File => "file",
-        FileType::Dir => "dir",
-        FileType::Symlink => "symlink",
-        FileType::Other => "other",
+        FileType::File => api::FileType::File,
+        FileType::Dir => api::FileType::Dir,
+        FileType::Symlink => api::FileType::Symlink,
+        FileType::Other => api::FileType::Other,
     }
 }
 
-impl From<FileStat> for StatView {
-    fn from(s: FileStat) -> Self {
-        StatView {
-            r#type: type_name(s.file_type).into(),
-            mode: s.mode,
-            size: s.size,
-            mtime_ns: s.mtime_ns,
-        }
+fn stat_view(s: FileStat) -> api::FileStat {
+    api::FileStat {
+        r#type: file_type(s.file_type),
+        mode: s.mode,
+        size: s.size,
+        mtime_ns: s.mtime_ns,
     }
-}
-
-/// One directory entry.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct EntryView {
-    /// Name.
-    pub name: String,
-    /// Type.
-    pub r#type: String,
 }
 
 fn check_path(p: &str) -> ApiResult<()> {
@@ -356,25 +264,25 @@ fn check_path(p: &str) -> ApiResult<()> {
 const FILE_OP: Duration = Duration::from_secs(120);
 
 /// `stat`.
-pub async fn stat(d: &Arc<Daemon>, id: &str, path: String) -> ApiResult<StatView> {
+pub async fn stat(d: &Arc<Daemon>, id: &str, path: String) -> ApiResult<api::FileStat> {
     check_path(&path)?;
     let (_, live, _busy) = ensure_running(d, id).await?;
     let c = agent(d, &live).await?;
-    blocking("stat", FILE_OP, move || Ok(c.stat(&path)?.into())).await
+    blocking("stat", FILE_OP, move || Ok(stat_view(c.stat(&path)?))).await
 }
 
 /// Directory listing.
-pub async fn list(d: &Arc<Daemon>, id: &str, path: String) -> ApiResult<Vec<EntryView>> {
+pub async fn list(d: &Arc<Daemon>, id: &str, path: String) -> ApiResult<Vec<api::DirEntry>> {
     check_path(&path)?;
     let (_, live, _busy) = ensure_running(d, id).await?;
     let c = agent(d, &live).await?;
     blocking("list", FILE_OP, move || {
-        let mut v: Vec<EntryView> = c
+        let mut v: Vec<api::DirEntry> = c
             .list_dir(&path)?
             .into_iter()
-            .map(|e| EntryView {
+            .map(|e| api::DirEntry {
                 name: String::from_utf8_lossy(&e.name).into_owned(),
-                r#type: type_name(e.file_type).into(),
+                r#type: file_type(e.file_type),
             })
             .collect();
         v.sort_by(|a, b| a.name.cmp(&b.name));
@@ -477,7 +385,7 @@ impl Write for ChanWriter {
 pub async fn download(d: &Arc<Daemon>, id: &str, path: String) -> ApiResult<(u64, Body)> {
     check_path(&path)?;
     let st = stat(d, id, path.clone()).await?;
-    if st.r#type != "file" {
+    if st.r#type != api::FileType::File {
         return Err(ApiError::BadRequest(format!(
             "{path} is a {}, not a file",
             st.r#type
@@ -500,7 +408,7 @@ pub async fn download(d: &Arc<Daemon>, id: &str, path: String) -> ApiResult<(u64
                 let _ = tx.blocking_send(Err(e));
             }
         })
-        .map_err(|e| ApiError::Internal(format!("cannot start a thread: {e}")))?;
+        .map_err(ApiError::Thread)?;
     let stream = futures_util::stream::unfold(rx, |mut rx| async move {
         match tokio::time::timeout(Duration::from_secs(120), rx.recv()).await {
             Ok(Some(item)) => Some((item, rx)),

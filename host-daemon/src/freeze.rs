@@ -41,8 +41,12 @@ pub async fn busy(live: &Arc<Live>) -> ApiResult<Busy> {
     if *frozen {
         let sock = live.paths.api_sock.clone();
         blocking("thaw", Duration::from_secs(10), move || {
-            vmm_api::call(&sock, &Request::Resume, Duration::from_secs(5))
-                .map_err(|e| ApiError::Sandbox(format!("continuing a frozen sandbox: {e}")))
+            vmm_api::call(&sock, &Request::Resume, Duration::from_secs(5)).map_err(|source| {
+                ApiError::Vmm {
+                    context: "continuing a frozen sandbox",
+                    source,
+                }
+            })
         })
         .await?;
         *frozen = false;

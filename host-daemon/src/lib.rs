@@ -3,14 +3,14 @@
 //! survives its own restart and reports what it is doing.
 //!
 //! - [`api`]: HTTP/JSON routes (axum), served on a Unix socket and
-//!   optionally on TCP with a bearer token; [`openapi`] documents them.
+//!   optionally on TCP with a bearer token, and the OpenAPI document
+//!   generated from the same route table and the [`shoal_api`] types.
 //! - [`ops`]: the sandbox and template operations behind the routes.
 //! - [`db`]: state in SQLite (WAL).
 //! - [`supervisor`]: VMM exits (pidfd), TTL and idle sweeps, recovery on
 //!   start (reattach or reclaim).
 //! - [`pool`]: warm pools of restored sandboxes per template.
-//! - [`admission`], [`metrics`], [`vm`] (VMM processes), [`client`] (the
-//!   blocking HTTP client the CLI, tests and benchmarks use).
+//! - [`admission`], [`metrics`], [`vm`] (VMM processes).
 
 pub mod admission;
 pub mod api;
@@ -19,7 +19,6 @@ pub mod exec;
 pub mod freeze;
 pub mod lifecycle;
 pub mod metrics;
-pub mod openapi;
 pub mod ops;
 pub mod pool;
 pub mod supervisor;
@@ -28,6 +27,8 @@ pub mod templates;
 use admission::{Limits, Refusal};
 use db::Db;
 use guest_agent::client::Client;
+use shoal_api::{ErrorBody, ErrorCode};
+use shoal_images::layers::LayerError;
 use shoal_runtime::vm;
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -79,12 +80,21 @@ pub fn default_state_dir() -> PathBuf {
     shoal_runtime::sandbox::state_dir().join("daemon")
 }
 
-/// Errors the API answers with; each maps to an HTTP status.
+/// Errors the API answers with. Each has an [`ErrorCode`] (and so an HTTP
+/// status) and keeps its cause as a typed [`source`](std::error::Error::source)
+/// where there is one; the body is always `{"error":{"code","message"}}`
+/// with this error's `Display` as the message.
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
     /// 400: the request is malformed or invalid.
     #[error("{0}")]
     BadRequest(String),
+    /// 400: the body is not the JSON the route takes.
+    #[error("invalid JSON body: {0}")]
+    InvalidBody(#[source] serde_json::Error),
+    /// 400: the layers or upper layer asked for are unusable.
+    #[error("{0}")]
+    Layers(#[source] LayerError),
     /// 401: missing or wrong bearer token.
     #[error("{0}")]
     Unauthorized(String),
@@ -95,67 +105,132 @@ pub enum ApiError {
     #[error("{0}")]
     Conflict(String),
     /// 429 or 503: admission refused.
-    #[error(transparent)]
+    #[error("{0}")]
     Refused(#[from] Refusal),
-    /// 502: the sandbox (VMM or agent) failed.
+    /// The sandbox's agent answered with an error or failed: 404 (ENOENT),
+    /// 409 (EEXIST), 400 (another errno: the request was wrong), 504 (its
+    /// deadline), 502 (anything else).
+    #[error("{}", agent_message(.0))]
+    Agent(#[from] guest_agent::client::ClientError),
+    /// 502: the sandbox's agent could not be reached.
+    #[error("sandbox '{id}' agent unreachable: {source}")]
+    AgentUnreachable {
+        /// The sandbox.
+        id: String,
+        /// Why.
+        #[source]
+        source: shoal_runtime::sandbox::SandboxError,
+    },
+    /// 502: a control call to the sandbox's VMM failed.
+    #[error("{context}: {source}")]
+    Vmm {
+        /// What the daemon was doing.
+        context: &'static str,
+        /// The control-socket error.
+        #[source]
+        source: vmm::api::ApiError,
+    },
+    /// 500: the VMM process could not be started.
+    #[error("cannot start {}: {source}", .vmm.display())]
+    SpawnVmm {
+        /// The VMM binary.
+        vmm: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// 502: a VMM restoring a snapshot did not come up.
+    #[error("restore failed: {reason}: {log_tail}")]
+    RestoreFailed {
+        /// What the readiness wait saw.
+        reason: String,
+        /// The end of the VMM's log.
+        log_tail: String,
+    },
+    /// 502: the sandbox failed otherwise.
     #[error("{0}")]
     Sandbox(String),
     /// 504: the deadline passed.
     #[error("{0}")]
     Timeout(String),
-    /// 500: the daemon failed.
+    /// 500: the state database failed.
+    #[error("{0}")]
+    Db(#[from] db::DbError),
+    /// 500: a blocking task of the daemon panicked or was cancelled.
+    #[error("{what}: {source}")]
+    Task {
+        /// The task.
+        what: String,
+        /// How it ended.
+        #[source]
+        source: tokio::task::JoinError,
+    },
+    /// 500: a thread could not be started.
+    #[error("cannot start a thread: {0}")]
+    Thread(#[source] std::io::Error),
+    /// 500: the queue of VMM restores was closed.
+    #[error("{0}")]
+    RestoreQueue(#[from] tokio::sync::AcquireError),
+    /// 500: copying a sandbox's scratch disk into a template failed.
+    #[error("copying the scratch disk: {0}")]
+    ScratchDisk(#[source] LayerError),
+    /// 500: the daemon failed otherwise.
     #[error("{0}")]
     Internal(String),
 }
 
+/// The message of an agent error as the API has always given it.
+fn agent_message(e: &guest_agent::client::ClientError) -> String {
+    match e {
+        guest_agent::client::ClientError::Remote { .. } => e.to_string(),
+        _ => format!("sandbox agent: {e}"),
+    }
+}
+
 impl ApiError {
+    /// The machine-readable code (and so the HTTP status).
+    pub fn code(&self) -> ErrorCode {
+        use guest_agent::client::ClientError as C;
+        match self {
+            ApiError::BadRequest(_) | ApiError::InvalidBody(_) | ApiError::Layers(_) => {
+                ErrorCode::BadRequest
+            }
+            ApiError::Unauthorized(_) => ErrorCode::Unauthorized,
+            ApiError::NotFound(_) => ErrorCode::NotFound,
+            ApiError::Conflict(_) => ErrorCode::Conflict,
+            ApiError::Refused(Refusal::Quota(_)) => ErrorCode::HostFull,
+            ApiError::Refused(Refusal::HostPressure(_)) => ErrorCode::HostMemoryLow,
+            ApiError::Agent(C::Remote { errno, .. }) if *errno == libc::ENOENT => {
+                ErrorCode::NotFound
+            }
+            ApiError::Agent(C::Remote { errno, .. }) if *errno == libc::EEXIST => {
+                ErrorCode::Conflict
+            }
+            ApiError::Agent(C::Remote { .. }) => ErrorCode::BadRequest,
+            ApiError::Agent(C::Timeout) | ApiError::Timeout(_) => ErrorCode::DeadlineExceeded,
+            ApiError::Agent(_)
+            | ApiError::AgentUnreachable { .. }
+            | ApiError::Vmm { .. }
+            | ApiError::RestoreFailed { .. }
+            | ApiError::Sandbox(_) => ErrorCode::SandboxError,
+            ApiError::SpawnVmm { .. }
+            | ApiError::Db(_)
+            | ApiError::Task { .. }
+            | ApiError::Thread(_)
+            | ApiError::RestoreQueue(_)
+            | ApiError::ScratchDisk(_)
+            | ApiError::Internal(_) => ErrorCode::Internal,
+        }
+    }
+
     /// HTTP status code.
     pub fn status(&self) -> u16 {
-        match self {
-            ApiError::BadRequest(_) => 400,
-            ApiError::Unauthorized(_) => 401,
-            ApiError::NotFound(_) => 404,
-            ApiError::Conflict(_) => 409,
-            ApiError::Refused(Refusal::Quota(_)) => 429,
-            ApiError::Refused(Refusal::HostPressure(_)) => 503,
-            ApiError::Sandbox(_) => 502,
-            ApiError::Timeout(_) => 504,
-            ApiError::Internal(_) => 500,
-        }
+        self.code().status()
     }
 
-    /// Short machine-readable code.
-    pub fn code(&self) -> &'static str {
-        match self {
-            ApiError::BadRequest(_) => "bad_request",
-            ApiError::Unauthorized(_) => "unauthorized",
-            ApiError::NotFound(_) => "not_found",
-            ApiError::Conflict(_) => "conflict",
-            ApiError::Refused(Refusal::Quota(_)) => "host_full",
-            ApiError::Refused(Refusal::HostPressure(_)) => "host_memory_low",
-            ApiError::Sandbox(_) => "sandbox_error",
-            ApiError::Timeout(_) => "deadline_exceeded",
-            ApiError::Internal(_) => "internal",
-        }
-    }
-}
-
-impl From<db::DbError> for ApiError {
-    fn from(e: db::DbError) -> Self {
-        ApiError::Internal(e.to_string())
-    }
-}
-
-impl From<guest_agent::client::ClientError> for ApiError {
-    fn from(e: guest_agent::client::ClientError) -> Self {
-        use guest_agent::client::ClientError as C;
-        match &e {
-            C::Remote { errno, .. } if *errno == libc::ENOENT => ApiError::NotFound(e.to_string()),
-            C::Remote { errno, .. } if *errno == libc::EEXIST => ApiError::Conflict(e.to_string()),
-            C::Remote { .. } => ApiError::BadRequest(e.to_string()),
-            C::Timeout => ApiError::Timeout(format!("sandbox agent: {e}")),
-            _ => ApiError::Sandbox(format!("sandbox agent: {e}")),
-        }
+    /// The response body.
+    pub fn body(&self) -> ErrorBody {
+        ErrorBody::new(self.code(), self.to_string())
     }
 }
 
@@ -328,7 +403,10 @@ pub async fn blocking<T: Send + 'static>(
 ) -> ApiResult<T> {
     match tokio::time::timeout(deadline, tokio::task::spawn_blocking(f)).await {
         Ok(Ok(r)) => r,
-        Ok(Err(e)) => Err(ApiError::Internal(format!("{what}: {e}"))),
+        Ok(Err(source)) => Err(ApiError::Task {
+            what: what.into(),
+            source,
+        }),
         Err(_) => Err(ApiError::Timeout(format!(
             "{what} did not finish within {deadline:?}"
         ))),

@@ -4,7 +4,7 @@
 use super::db::{self, State, TemplateRow};
 use super::ops::{admit_and_insert, check_name, ensure_running, row, start_vmm, SandboxView};
 use super::{blocking, ApiError, ApiResult, Daemon};
-use serde::{Deserialize, Serialize};
+use shoal_api::{SnapshotRequest, TemplateState};
 use shoal_images::layers;
 use std::path::Path;
 use std::sync::atomic::Ordering;
@@ -13,7 +13,10 @@ use std::time::{Duration, Instant};
 use vmm::api::{self as vmm_api, Request};
 
 fn vmm_call(sock: &Path, req: &Request, t: Duration) -> ApiResult<vmm_api::Response> {
-    vmm_api::call(sock, req, t).map_err(|e| ApiError::Sandbox(format!("VMM: {e}")))
+    vmm_api::call(sock, req, t).map_err(|source| ApiError::Vmm {
+        context: "VMM",
+        source,
+    })
 }
 
 /// Pauses: snapshot into the sandbox's directory, then the VMM ends.
@@ -131,15 +134,6 @@ pub async fn resume(d: &Arc<Daemon>, id: &str) -> ApiResult<SandboxView> {
     }
 }
 
-/// `POST /v1/sandboxes/{id}/snapshot`.
-#[derive(Debug, Clone, Default, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct SnapshotRequest {
-    /// Name of the new template (default `snap-ID-TIME`).
-    #[serde(default)]
-    pub template: Option<String>,
-}
-
 /// Snapshots a running sandbox into a new template (the sandbox goes on).
 pub async fn snapshot(d: &Arc<Daemon>, id: &str, req: SnapshotRequest) -> ApiResult<TemplateRow> {
     let name = req
@@ -173,7 +167,7 @@ pub async fn snapshot(d: &Arc<Daemon>, id: &str, req: SnapshotRequest) -> ApiRes
             match layers::scratch_disk(&sandbox_dir) {
                 Some(disk) => layers::clone_file(&disk, &dir2.join(layers::SCRATCH_DISK))
                     .map(drop)
-                    .map_err(|e| ApiError::Internal(format!("copying the scratch disk: {e}"))),
+                    .map_err(ApiError::ScratchDisk),
                 None => Ok(()),
             }
         });
@@ -192,7 +186,7 @@ pub async fn snapshot(d: &Arc<Daemon>, id: &str, req: SnapshotRequest) -> ApiRes
         vcpus: r.vcpus,
         memory_mib: r.memory_mib,
         dir,
-        state: "ready".into(),
+        state: TemplateState::Ready,
         error: None,
         created_at: db::now(),
         owned: true,

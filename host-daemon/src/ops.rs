@@ -6,10 +6,9 @@
 use super::db::{self, SandboxRow, State, TemplateRow};
 use super::{admission, blocking, random_id, supervisor, ApiError, ApiResult, Daemon, Live};
 use guest_agent::client::Client;
-use serde::{Deserialize, Serialize};
+use shoal_api::{CreateSandbox, TemplateState};
 use shoal_runtime::sandbox::Sandbox;
 use shoal_runtime::vm;
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -21,86 +20,8 @@ pub const MAX_MEMORY_MIB: u32 = 64 * 1024;
 /// Most vCPUs the API accepts.
 pub const MAX_VCPUS: u32 = 32;
 
-/// `POST /v1/sandboxes`.
-#[derive(Debug, Clone, Default, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct CreateSandbox {
-    /// A registered template's name.
-    #[serde(default)]
-    pub template: Option<String>,
-    /// Or an image (`tiny`, `base`): its template (booted once, cached) is used.
-    #[serde(default)]
-    pub image: Option<String>,
-    /// vCPUs (with `image`; a template fixes its own).
-    #[serde(default)]
-    pub vcpus: Option<u32>,
-    /// Guest memory in MiB (with `image`).
-    #[serde(default)]
-    pub memory_mib: Option<u32>,
-    /// Further read-only layers over the image (with `image`; absolute
-    /// paths of erofs images, or image names).
-    #[serde(default)]
-    pub layers: Vec<String>,
-    /// A tmpfs upper layer of this many MiB (with `image`; default: half
-    /// the memory).
-    #[serde(default)]
-    pub upper_size_mib: Option<u32>,
-    /// Or a scratch disk of this many MiB as the upper layer (with `image`).
-    #[serde(default)]
-    pub upper_disk_mib: Option<u32>,
-    /// Killed this many seconds after creation (0: never).
-    #[serde(default)]
-    pub ttl_s: u64,
-    /// Paused after this many seconds without API activity (0: never).
-    #[serde(default)]
-    pub idle_timeout_s: u64,
-    /// Free-form labels (list filters match them).
-    #[serde(default)]
-    pub metadata: BTreeMap<String, String>,
-    /// Environment for every exec in the sandbox.
-    #[serde(default)]
-    pub env: BTreeMap<String, String>,
-    /// Never freeze it while idle (background processes keep running; it
-    /// then costs CPU while idle).
-    #[serde(default)]
-    pub keep_running: bool,
-}
-
 /// A sandbox as the API shows it.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct SandboxView {
-    /// Id.
-    pub id: String,
-    /// Template.
-    pub template: String,
-    /// State.
-    pub state: State,
-    /// vCPUs.
-    pub vcpus: u32,
-    /// Guest memory (MiB).
-    pub memory_mib: u32,
-    /// VMM process id.
-    pub pid: Option<i32>,
-    /// Seconds since the epoch.
-    pub created_at: f64,
-    /// Seconds since the epoch.
-    pub last_active: f64,
-    /// TTL (s; 0 none).
-    pub ttl_s: u64,
-    /// Idle timeout (s; 0 none).
-    pub idle_timeout_s: u64,
-    /// Labels.
-    pub metadata: BTreeMap<String, String>,
-    /// Environment.
-    pub env: BTreeMap<String, String>,
-    /// Why it failed.
-    pub error: Option<String>,
-    /// Never frozen while idle.
-    pub keep_running: bool,
-    /// Served from a warm pool (create only).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub from_pool: Option<bool>,
-}
+pub use shoal_api::Sandbox as SandboxView;
 
 impl From<SandboxRow> for SandboxView {
     fn from(r: SandboxRow) -> Self {
@@ -183,15 +104,20 @@ pub async fn start_vmm(
             ApiError::Refused(super::admission::Refusal::HostPressure(
                 "too many restores queued for 60 s; retry later".into(),
             ))
-        })?
-        .map_err(|e| ApiError::Internal(e.to_string()))?;
+        })??;
     let res = blocking("restore", Duration::from_secs(90), move || {
-        let (p, mut ready) = vm::spawn_restore(&vmm, &snapshot, &p2)
-            .map_err(|e| ApiError::Internal(format!("cannot start {}: {e}", vmm.display())))?;
-        vm::wait_ready(&p, &mut ready, Duration::from_secs(60)).map_err(|e| {
+        let (p, mut ready) =
+            vm::spawn_restore(&vmm, &snapshot, &p2).map_err(|source| ApiError::SpawnVmm {
+                vmm: vmm.clone(),
+                source,
+            })?;
+        vm::wait_ready(&p, &mut ready, Duration::from_secs(60)).map_err(|reason| {
             p.kill();
             p.wait_gone(Duration::from_secs(2));
-            ApiError::Sandbox(format!("restore failed: {e}: {}", vm::log_tail(&p2)))
+            ApiError::RestoreFailed {
+                reason,
+                log_tail: vm::log_tail(&p2),
+            }
         })?;
         let frozen =
             freeze && vmm_api::call(&p2.api_sock, &Request::Pause, Duration::from_secs(5)).is_ok();
@@ -255,11 +181,7 @@ pub fn check_name(what: &str, n: &str) -> ApiResult<()> {
 /// Creates a sandbox.
 pub async fn create(d: &Arc<Daemon>, req: CreateSandbox) -> ApiResult<SandboxView> {
     let t0 = Instant::now();
-    let root = super::templates::RootRequest {
-        layers: req.layers.clone(),
-        upper_size_mib: req.upper_size_mib,
-        upper_disk_mib: req.upper_disk_mib,
-    };
+    let root = req.root();
     let tpl = match (&req.template, &req.image) {
         (Some(_), Some(_)) => {
             return Err(ApiError::BadRequest(
@@ -358,8 +280,8 @@ pub fn ready_template(d: &Daemon, name: &str) -> ApiResult<TemplateRow> {
         None => Err(ApiError::NotFound(format!(
             "no template '{name}' (see GET /v1/templates)"
         ))),
-        Some(t) if t.state == "ready" => Ok(t),
-        Some(t) if t.state == "building" => Err(ApiError::Conflict(format!(
+        Some(t) if t.state == TemplateState::Ready => Ok(t),
+        Some(t) if t.state == TemplateState::Building => Err(ApiError::Conflict(format!(
             "template '{name}' is still being built"
         ))),
         Some(t) => Err(ApiError::Conflict(format!(
@@ -454,9 +376,12 @@ pub async fn agent(d: &Daemon, live: &Live) -> ApiResult<Client> {
         "connecting to the sandbox agent",
         t + Duration::from_secs(5),
         move || {
-            let c = sb.connect(t, post).map_err(|e| {
-                ApiError::Sandbox(format!("sandbox '{}' agent unreachable: {e}", sb.id))
-            })?;
+            let c = sb
+                .connect(t, post)
+                .map_err(|source| ApiError::AgentUnreachable {
+                    id: sb.id.clone(),
+                    source,
+                })?;
             c.set_timeout(Some(Duration::from_secs(120)));
             Ok(c)
         },
@@ -476,4 +401,4 @@ pub async fn agent(d: &Daemon, live: &Live) -> ApiResult<Client> {
     Ok(c)
 }
 
-pub use super::lifecycle::{pause, resume, snapshot, SnapshotRequest};
+pub use super::lifecycle::{pause, resume, snapshot};

@@ -4,7 +4,7 @@
 use super::db::{self, State, TemplateRow};
 use super::ops::{self, check_name};
 use super::{ApiError, ApiResult, Daemon};
-use serde::{Deserialize, Serialize};
+use shoal_api::{CreateTemplate, Pool, RootRequest, SetPool, Template, TemplateState};
 use shoal_images::layers::{self, Upper};
 use shoal_runtime::sandbox::{self, TemplateSpec};
 use std::sync::Arc;
@@ -13,73 +13,31 @@ use std::time::{Duration, Instant};
 /// Images the daemon can boot templates from.
 pub const IMAGES: [&str; 2] = ["tiny", "base"];
 
-/// `POST /v1/templates`.
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct CreateTemplate {
-    /// Name.
-    pub name: String,
-    /// Image (`tiny` or `base`).
-    pub image: String,
-    /// vCPUs (default 1).
-    #[serde(default)]
-    pub vcpus: Option<u32>,
-    /// Guest memory in MiB (default 128).
-    #[serde(default)]
-    pub memory_mib: Option<u32>,
-    /// Further read-only layers over the image ([`RootRequest::layers`]).
-    #[serde(default)]
-    pub layers: Vec<String>,
-    /// A tmpfs upper layer of this many MiB (default: half the memory).
-    #[serde(default)]
-    pub upper_size_mib: Option<u32>,
-    /// Or a scratch disk of this many MiB per sandbox as the upper layer.
-    #[serde(default)]
-    pub upper_disk_mib: Option<u32>,
-}
-
-impl CreateTemplate {
-    /// The root it asks for.
-    pub fn root(&self) -> RootRequest {
-        RootRequest {
-            layers: self.layers.clone(),
-            upper_size_mib: self.upper_size_mib,
-            upper_disk_mib: self.upper_disk_mib,
+impl From<TemplateRow> for Template {
+    fn from(t: TemplateRow) -> Self {
+        Template {
+            name: t.name,
+            source: t.source,
+            vcpus: t.vcpus,
+            memory_mib: t.memory_mib,
+            dir: t.dir,
+            state: t.state,
+            error: t.error,
+            created_at: t.created_at,
+            owned: t.owned,
+            layers: t.layers,
+            upper_size_mib: t.upper_size_mib,
+            upper_disk_mib: t.upper_disk_mib,
         }
     }
 }
 
-/// What a template's root has beyond its image, as asked for in
-/// `POST /v1/templates` and `POST /v1/sandboxes` (with `image`).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
-pub struct RootRequest {
-    /// Further read-only layers over the image, lowest first: absolute
-    /// paths of erofs images (`shoal image build DIR -o OUT --no-agent`),
-    /// or image names (`tiny`, `base`).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub layers: Vec<String>,
-    /// A tmpfs upper layer of this many MiB (default: half the memory).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub upper_size_mib: Option<u32>,
-    /// Or an ext4 scratch disk of this many MiB per sandbox as the upper
-    /// layer.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub upper_disk_mib: Option<u32>,
-}
-
-impl RootRequest {
-    /// Whether anything differs from the plain image.
-    pub fn is_default(&self) -> bool {
-        self == &RootRequest::default()
-    }
-
-    /// Checks layers and sizes for a guest of `memory_mib`; returns the
-    /// upper layer.
-    pub fn check(&self, memory_mib: u32) -> ApiResult<Upper> {
-        let bad = |e: layers::LayerError| ApiError::BadRequest(e.to_string());
-        layers::check_layers(&self.layers, &IMAGES).map_err(bad)?;
-        Upper::from_request(self.upper_size_mib, self.upper_disk_mib, memory_mib).map_err(bad)
-    }
+/// Checks a root request's layers and sizes for a guest of `memory_mib`;
+/// returns the upper layer.
+pub fn check_root(root: &RootRequest, memory_mib: u32) -> ApiResult<Upper> {
+    layers::check_layers(&root.layers, &IMAGES).map_err(ApiError::Layers)?;
+    Upper::from_request(root.upper_size_mib, root.upper_disk_mib, memory_mib)
+        .map_err(ApiError::Layers)
 }
 
 /// The name of the template `POST /v1/sandboxes` with `image` uses:
@@ -138,14 +96,14 @@ pub fn create_template(d: &Arc<Daemon>, req: CreateTemplate) -> ApiResult<Templa
     let (vcpus, mem) = (req.vcpus.unwrap_or(1), req.memory_mib.unwrap_or(128));
     check_shape(&req.image, vcpus, mem)?;
     let root = req.root();
-    let upper = root.check(mem)?;
+    let upper = check_root(&root, mem)?;
     let t = TemplateRow {
         name: req.name.clone(),
         source: format!("image:{}", req.image),
         vcpus,
         memory_mib: mem,
         dir: Default::default(),
-        state: "building".into(),
+        state: TemplateState::Building,
         error: None,
         created_at: db::now(),
         owned: false,
@@ -205,10 +163,10 @@ async fn build(d: Arc<Daemon>, name: String, mut spec: TemplateSpec, layers: Vec
             match &res {
                 Ok(dir) => {
                     t.dir = dir.clone();
-                    t.state = "ready".into();
+                    t.state = TemplateState::Ready;
                 }
                 Err(e) => {
-                    t.state = "failed".into();
+                    t.state = TemplateState::Failed;
                     t.error = Some(e.clone());
                 }
             }
@@ -241,7 +199,7 @@ pub async fn image_template(
     root: &RootRequest,
 ) -> ApiResult<TemplateRow> {
     check_shape(image, vcpus, mem)?;
-    root.check(mem)?;
+    check_root(root, mem)?;
     let name = image_template_name(image, vcpus, mem, root);
     match create_template(
         d,
@@ -289,30 +247,11 @@ pub async fn delete_template(d: &Arc<Daemon>, name: &str) -> ApiResult<()> {
     Ok(())
 }
 
-/// A pool as the API shows it.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct PoolView {
-    /// Template.
-    pub template: String,
-    /// Target size.
-    pub target: u32,
-    /// Sandboxes ready now.
-    pub ready: u64,
-}
-
-/// `PUT /v1/pools/{template}`.
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct SetPool {
-    /// Target size (0 removes the pool).
-    pub target: u32,
-}
-
 /// Most sandboxes one pool may hold.
 pub const MAX_POOL: u32 = 10_000;
 
 /// Sets a pool's target; the filler does the rest in the background.
-pub async fn set_pool(d: &Arc<Daemon>, template: &str, req: SetPool) -> ApiResult<PoolView> {
+pub async fn set_pool(d: &Arc<Daemon>, template: &str, req: SetPool) -> ApiResult<Pool> {
     if req.target > MAX_POOL {
         return Err(ApiError::BadRequest(format!(
             "target {}: at most {MAX_POOL}",
@@ -322,7 +261,7 @@ pub async fn set_pool(d: &Arc<Daemon>, template: &str, req: SetPool) -> ApiResul
     let t = d
         .db(|db| db.template(template))?
         .ok_or_else(|| ApiError::NotFound(format!("no template '{template}'")))?;
-    if t.state == "failed" {
+    if t.state == TemplateState::Failed {
         return Err(ApiError::Conflict(format!("template '{template}' failed")));
     }
     d.db(|db| db.set_pool(template, req.target))?;
@@ -334,7 +273,7 @@ pub async fn set_pool(d: &Arc<Daemon>, template: &str, req: SetPool) -> ApiResul
     Ok(pools(d)?
         .into_iter()
         .find(|p| p.template == template)
-        .unwrap_or(PoolView {
+        .unwrap_or(Pool {
             template: template.into(),
             target: 0,
             ready: 0,
@@ -356,13 +295,13 @@ pub async fn drain_pool(d: &Arc<Daemon>, template: &str) -> ApiResult<()> {
 }
 
 /// Every pool.
-pub fn pools(d: &Daemon) -> ApiResult<Vec<PoolView>> {
+pub fn pools(d: &Daemon) -> ApiResult<Vec<Pool>> {
     d.db(|db| {
         let counts = db.pooled_counts()?;
         Ok(db
             .pools()?
             .into_iter()
-            .map(|(t, target)| PoolView {
+            .map(|(t, target)| Pool {
                 ready: counts.get(&t).copied().unwrap_or(0),
                 template: t,
                 target,
@@ -390,9 +329,12 @@ mod tests {
 
     #[test]
     fn root_requests_are_checked_with_clear_400s() {
-        assert_eq!(root(&[], None, None).check(128).unwrap(), Upper::default());
         assert_eq!(
-            root(&["tiny"], None, Some(64)).check(128).unwrap(),
+            check_root(&root(&[], None, None), 128).unwrap(),
+            Upper::default()
+        );
+        assert_eq!(
+            check_root(&root(&["tiny"], None, Some(64)), 128).unwrap(),
             Upper::Disk { size_mib: 64 }
         );
         let cases = [
@@ -405,7 +347,7 @@ mod tests {
             (root(&["/dev/null"], None, None), "not a regular file"),
         ];
         for (r, want) in cases {
-            let (status, m) = message(r.check(128));
+            let (status, m) = message(check_root(&r, 128));
             assert_eq!(status, 400, "{m}");
             assert!(m.contains(want), "{want:?} not in {m:?}");
         }

@@ -10,203 +10,17 @@
 //!
 //! Each guest exec costs ~1 s on PVM hosts, so execs are few.
 
+mod daemon_harness;
+
+use daemon_harness::{alive, keys, labels, wait_for, Daemon};
 use serde_json::{json, Value};
-use shoal_client::{enc, Body, ClientError, DaemonClient, Target};
-use shoal_runtime::vm;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::sync::OnceLock;
+use shoal_client::api::{
+    self, CreateSandbox, CreateTemplate, ErrorCode, ExecEvent, ExecResult, ListFilter,
+    SandboxState, TemplateState,
+};
+use shoal_client::{Body, DaemonClient, Target};
+use std::process::Command;
 use std::time::{Duration, Instant};
-
-/// Boots the tiny template into the shared cache once per test binary, so
-/// that daemons started in parallel find it instead of each booting it.
-fn prime_template() {
-    shoal_test_support::tiny_template();
-}
-
-fn shoald_bin() -> PathBuf {
-    static B: OnceLock<PathBuf> = OnceLock::new();
-    B.get_or_init(|| {
-        let exe = std::env::current_exe().unwrap();
-        let dir = exe.parent().unwrap().parent().unwrap();
-        let bin = dir.join("shoald");
-        let debug = dir.file_name().is_some_and(|n| n == "debug");
-        // Always build: cargo is a no-op when it is up to date, and a stale
-        // daemon would test old code.
-        let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
-        c.args(["build", "-q", "-p", "shoald", "--bin", "shoald"]);
-        if !debug {
-            c.arg("--release");
-        }
-        let st = c.status().expect("cargo build shoald");
-        assert!(st.success(), "building shoald failed");
-        assert!(bin.is_file(), "{} missing", bin.display());
-        bin
-    })
-    .clone()
-}
-
-/// A shoald process; on drop it is stopped and every VMM it left is killed.
-struct Daemon {
-    child: Option<Child>,
-    dir: PathBuf,
-    args: Vec<String>,
-    c: DaemonClient,
-    /// Templates built by this daemon go under `dir/cache` (SHOAL_STATE),
-    /// removed with it, instead of the shared cache.
-    own_cache: bool,
-    _tmp: Option<tempfile::TempDir>,
-}
-
-impl Daemon {
-    fn start(args: &[&str]) -> Daemon {
-        Self::start_with(args, false)
-    }
-
-    fn start_with(args: &[&str], own_cache: bool) -> Daemon {
-        prime_template();
-        let tmp = tempfile::tempdir().unwrap();
-        let dir = tmp.path().to_path_buf();
-        let mut d = Daemon {
-            child: None,
-            c: DaemonClient::unix(dir.join("shoald.sock")),
-            dir,
-            args: args.iter().map(|s| s.to_string()).collect(),
-            own_cache,
-            _tmp: Some(tmp),
-        };
-        d.spawn();
-        d
-    }
-
-    fn spawn(&mut self) {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.dir.join("shoald.log"))
-            .unwrap();
-        let mut cmd = Command::new(shoald_bin());
-        if self.own_cache {
-            cmd.env("SHOAL_STATE", self.dir.join("cache"));
-        }
-        let child = cmd
-            .arg("--state-dir")
-            .arg(&self.dir)
-            .args(&self.args)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .expect("start shoald");
-        self.child = Some(child);
-        let end = Instant::now() + Duration::from_secs(30);
-        while !self.c.ping() {
-            assert!(
-                Instant::now() < end,
-                "shoald did not come up: {}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.join("shoald.log")).unwrap_or_default()
-    }
-
-    fn kill9(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-
-    fn call(&self, method: &str, path: &str, body: Option<Value>) -> Result<Value, ClientError> {
-        self.c.call(method, path, body.as_ref())
-    }
-
-    fn ok(&self, method: &str, path: &str, body: Option<Value>) -> Value {
-        self.call(method, path, body)
-            .unwrap_or_else(|e| panic!("{method} {path}: {e}\n{}", self.log()))
-    }
-
-    /// Status and error code of a request expected to fail.
-    fn err(&self, method: &str, path: &str, body: &str) -> (u16, String, String) {
-        let b = if body.is_empty() {
-            Body::Empty
-        } else {
-            Body::Json(body.as_bytes().to_vec())
-        };
-        match self.c.request(method, path, b).unwrap().ok() {
-            Err(ClientError::Http {
-                status,
-                code,
-                message,
-            }) => (status, code, message),
-            other => panic!(
-                "{method} {path} {body}: expected an error, got {:?}",
-                other.map(|r| r.status)
-            ),
-        }
-    }
-
-    fn create(&self, extra: Value) -> Value {
-        let mut b = json!({"image": "tiny"});
-        for (k, v) in extra.as_object().unwrap() {
-            b[k] = v.clone();
-        }
-        self.ok("POST", "/v1/sandboxes", Some(b))
-    }
-
-    fn sh(&self, id: &str, script: &str) -> Value {
-        self.ok(
-            "POST",
-            &format!("/v1/sandboxes/{id}/exec"),
-            Some(json!({"shell": script, "timeout_s": 120})),
-        )
-    }
-
-    fn get(&self, id: &str) -> Option<Value> {
-        match self.call("GET", &format!("/v1/sandboxes/{id}"), None) {
-            Ok(v) => Some(v),
-            Err(ClientError::Http { status: 404, .. }) => None,
-            Err(e) => panic!("GET {id}: {e}"),
-        }
-    }
-
-    fn vmms(&self) -> Vec<vm::Proc> {
-        vm::vmms_under(&self.dir)
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        if let Some(c) = &self.child {
-            // SAFETY: SIGTERM to our own child.
-            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
-        }
-        if let Some(mut c) = self.child.take() {
-            let _ = c.wait();
-        }
-        for p in vm::vmms_under(&self.dir) {
-            p.kill();
-            p.wait_gone(Duration::from_secs(2));
-        }
-    }
-}
-
-fn wait_for(what: &str, secs: u64, mut f: impl FnMut() -> bool) {
-    let end = Instant::now() + Duration::from_secs(secs);
-    while !f() {
-        assert!(Instant::now() < end, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-fn alive(v: &Value) -> Option<vm::Proc> {
-    let pid = v["pid"].as_i64()? as i32;
-    vm::pid_start(pid).map(|start| vm::Proc { pid, start })
-}
 
 #[test]
 fn api_contract_end_to_end() {
@@ -223,7 +37,7 @@ fn api_contract_end_to_end() {
     ]);
 
     // The OpenAPI document lists what we use.
-    let doc = d.ok("GET", "/openapi.json", None);
+    let doc = d.must("openapi", d.c.openapi());
     for p in [
         "/v1/sandboxes",
         "/v1/sandboxes/{id}/exec/stream",
@@ -235,7 +49,7 @@ fn api_contract_end_to_end() {
 
     // Bad requests: 4xx with a clear message.
     let (s, code, m) = d.err("POST", "/v1/sandboxes", "{not json");
-    assert_eq!((s, code.as_str()), (400, "bad_request"));
+    assert_eq!((s, code), (400, ErrorCode::BadRequest));
     assert!(m.contains("invalid JSON"), "{m}");
     let (s, _, m) = d.err(
         "POST",
@@ -253,106 +67,124 @@ fn api_contract_end_to_end() {
         r#"{"image":"tiny","memory_mib":1}"#,
     );
     assert!(s == 400 && m.contains("memory_mib"), "{m}");
-    let (s, _, m) = d.err("POST", "/v1/sandboxes", r#"{"template":"nope"}"#);
-    assert!(s == 404 && m.contains("no template"), "{m}");
+    let (s, code, m) = d.err("POST", "/v1/sandboxes", r#"{"template":"nope"}"#);
+    assert!(
+        s == 404 && code == ErrorCode::NotFound && m.contains("no template"),
+        "{m}"
+    );
     assert_eq!(d.err("GET", "/v1/sandboxes/abc", "").0, 404);
     assert_eq!(d.err("GET", "/v1/nothing", "").0, 404);
     let (s, _, m) = d.err("GET", "/v1/sandboxes?state=sleepy", "");
     assert!(s == 400 && m.contains("state=sleepy"), "{m}");
-    let (s, _, _) = d.err("PUT", "/v1/pools/nope", r#"{"target":1}"#);
-    assert_eq!(s, 404);
+    let e = d.c.set_pool("nope", 1).unwrap_err();
+    assert_eq!(
+        (e.status(), e.code()),
+        (Some(404), Some(ErrorCode::NotFound))
+    );
 
     // Create, get, list with filters.
-    let sb = d.create(json!({"metadata": {"run": "contract"}, "env": {"FOO": "bar"}}));
-    let id = sb["id"].as_str().unwrap().to_string();
-    assert_eq!(sb["state"], "running");
+    let sb = d.create(CreateSandbox {
+        metadata: labels(&[("run", "contract")]),
+        env: labels(&[("FOO", "bar")]),
+        ..Default::default()
+    });
+    let id = sb.id.clone();
+    assert_eq!(sb.state, SandboxState::Running);
+    assert_eq!(sb.from_pool, Some(false));
     let p = alive(&sb).expect("VMM running");
+    assert_eq!(d.get(&id).unwrap().id, id);
+    // The wire format: every field of a sandbox, absent ones as null;
+    // from_pool only in a create's reply.
+    let raw: Value = d.must(
+        "raw GET",
+        d.c.call("GET", &format!("/v1/sandboxes/{id}"), None::<&()>),
+    );
     assert_eq!(
-        d.ok("GET", &format!("/v1/sandboxes/{id}"), None)["id"],
-        id.as_str()
+        keys(&raw),
+        [
+            "created_at",
+            "env",
+            "error",
+            "id",
+            "idle_timeout_s",
+            "keep_running",
+            "last_active",
+            "memory_mib",
+            "metadata",
+            "pid",
+            "state",
+            "template",
+            "ttl_s",
+            "vcpus"
+        ],
+        "{raw}"
     );
-    let l = d.ok(
-        "GET",
-        "/v1/sandboxes?metadata=run:contract&state=running",
-        None,
-    );
-    assert_eq!(l.as_array().unwrap().len(), 1);
-    let l = d.ok("GET", "/v1/sandboxes?metadata=run:other", None);
-    assert!(l.as_array().unwrap().is_empty());
+    assert!(raw["error"].is_null() && raw["state"] == "running", "{raw}");
+    let mut f = ListFilter {
+        state: Some(SandboxState::Running),
+        metadata: labels(&[("run", "contract")]),
+        ..Default::default()
+    };
+    assert_eq!(d.must("list", d.c.list(&f)).len(), 1);
+    f.metadata = labels(&[("run", "other")]);
+    assert!(d.must("list", d.c.list(&f)).is_empty());
 
     // Exec: one-shot with the sandbox environment, then streamed.
     let out = d.sh(&id, "echo $FOO; echo e >&2; exit 3");
     assert_eq!(
-        (
-            out["stdout"].as_str(),
-            out["stderr"].as_str(),
-            out["exit_code"].as_i64()
-        ),
-        (Some("bar\n"), Some("e\n"), Some(3))
+        (out.stdout.as_str(), out.stderr.as_str(), out.exit_code),
+        ("bar\n", "e\n", Some(3))
     );
+    assert_eq!(out.encoding, api::Encoding::Utf8);
     let (s, _, m) = d.err("POST", &format!("/v1/sandboxes/{id}/exec"), r#"{"cmd":[]}"#);
     assert!(s == 400 && m.contains("empty"), "{m}");
-    let mut r =
-        d.c.request(
-            "POST",
-            &format!("/v1/sandboxes/{id}/exec/stream"),
-            Body::Json(br#"{"cmd":["echo","streamed"]}"#.to_vec()),
+    let events: Vec<ExecEvent> = d
+        .must(
+            "stream",
+            d.c.exec_stream(&id, &api::ExecRequest::argv(["echo", "streamed"])),
         )
-        .unwrap()
-        .ok()
-        .unwrap();
-    let mut text = String::new();
-    std::io::Read::read_to_string(r.reader(), &mut text).unwrap();
-    let events: Vec<Value> = text
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
+        .map(|e| e.unwrap())
         .collect();
-    assert_eq!(events[0]["type"], "start", "{text}");
+    assert!(
+        matches!(events[0], ExecEvent::Start { pid, .. } if pid > 0),
+        "{events:?}"
+    );
     assert!(
         events
             .iter()
-            .any(|e| e["type"] == "stdout" && e["data"] == "streamed\n"),
-        "{text}"
+            .any(|e| matches!(e, ExecEvent::Stdout { data, .. } if data == "streamed\n")),
+        "{events:?}"
     );
-    assert_eq!(events.last().unwrap()["type"], "exit", "{text}");
-    assert_eq!(events.last().unwrap()["exit_code"], 0);
+    assert_eq!(
+        events.last(),
+        Some(&ExecEvent::Exit {
+            exit_code: Some(0),
+            signal: None,
+            timed_out: false
+        }),
+        "{events:?}"
+    );
 
     // Files: streamed upload and download, stat, list, remove.
     let data: Vec<u8> = (0..1u32 << 20)
         .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
         .collect();
-    let f = format!("/v1/sandboxes/{id}/files?path={}", enc("/tmp/blob"));
-    let up =
-        d.c.request("PUT", &f, Body::Stream(&mut &data[..]))
-            .unwrap()
-            .ok()
-            .unwrap();
-    assert_eq!(up.status, 201);
-    let st = d.ok(
-        "GET",
-        &format!("/v1/sandboxes/{id}/files/stat?path=/tmp/blob"),
-        None,
+    let up = d.must(
+        "upload",
+        d.c.put_file(&id, &api::UploadQuery::new("/tmp/blob"), &mut &data[..]),
     );
+    assert_eq!(up.bytes, data.len() as u64);
+    let st = d.must("stat", d.c.stat(&id, "/tmp/blob"));
     assert_eq!(
-        (st["type"].as_str(), st["size"].as_u64()),
-        (Some("file"), Some(data.len() as u64))
+        (st.r#type, st.size),
+        (api::FileType::File, data.len() as u64)
     );
-    let ls = d.ok(
-        "GET",
-        &format!("/v1/sandboxes/{id}/files/list?path=/tmp"),
-        None,
-    );
-    assert!(
-        ls.as_array().unwrap().iter().any(|e| e["name"] == "blob"),
-        "{ls}"
-    );
-    let down =
-        d.c.request("GET", &f, Body::Empty)
-            .unwrap()
-            .ok()
-            .unwrap()
-            .bytes()
-            .unwrap();
+    let ls = d.must("list", d.c.list_dir(&id, "/tmp"));
+    assert!(ls.iter().any(|e| e.name == "blob"), "{ls:?}");
+    let mut dl = d.must("download", d.c.get_file(&id, "/tmp/blob"));
+    assert_eq!(dl.size, Some(data.len() as u64));
+    let mut down = Vec::new();
+    std::io::Read::read_to_end(&mut dl, &mut down).unwrap();
     assert!(down == data, "download differs from upload");
     let (s, _, m) = d.err("GET", &format!("/v1/sandboxes/{id}/files"), "");
     assert!(s == 400 && m.contains("path"), "{m}");
@@ -362,27 +194,24 @@ fn api_contract_end_to_end() {
         "",
     );
     assert!(s == 400 && m.contains("absolute"), "{m}");
-    d.c.request("DELETE", &f, Body::Empty)
-        .unwrap()
-        .ok()
-        .unwrap();
-    assert_eq!(
-        d.err(
-            "GET",
-            &format!("/v1/sandboxes/{id}/files/stat?path=/tmp/blob"),
-            ""
-        )
-        .0,
-        404
-    );
+    let rm = api::RemoveQuery {
+        path: "/tmp/blob".into(),
+        recursive: None,
+    };
+    d.must("remove", d.c.remove_file(&id, &rm));
+    let e = d.c.stat(&id, "/tmp/blob").unwrap_err();
+    assert_eq!(e.code(), Some(ErrorCode::NotFound), "{e}");
 
     // TCP needs the bearer token.
     let mut tcp = DaemonClient {
         target: Target::Tcp(addr.clone(), None),
         timeout: Some(Duration::from_secs(30)),
     };
-    let r = tcp.request("GET", "/v1/sandboxes", Body::Empty).unwrap();
-    assert_eq!(r.status, 401);
+    let e = tcp.list(&ListFilter::default()).unwrap_err();
+    assert_eq!(
+        (e.status(), e.code()),
+        (Some(401), Some(ErrorCode::Unauthorized))
+    );
     tcp.target = Target::Tcp(addr.clone(), Some("wrong-token-wrong-token".into()));
     assert_eq!(
         tcp.request("GET", "/v1/sandboxes", Body::Empty)
@@ -391,17 +220,10 @@ fn api_contract_end_to_end() {
         401
     );
     tcp.target = Target::Tcp(addr, Some("0123456789abcdef-secret".into()));
-    let l: Value = tcp.call("GET", "/v1/sandboxes", None::<&()>).unwrap();
-    assert_eq!(l.as_array().unwrap().len(), 1);
+    assert_eq!(tcp.list(&ListFilter::default()).unwrap().len(), 1);
 
     // Metrics.
-    let m = String::from_utf8(
-        d.c.request("GET", "/metrics", Body::Empty)
-            .unwrap()
-            .bytes()
-            .unwrap(),
-    )
-    .unwrap();
+    let m = d.metrics();
     for want in [
         "shoal_sandboxes{state=\"running\"} 1",
         "shoal_create_seconds_count 1",
@@ -426,13 +248,10 @@ fn api_contract_end_to_end() {
 #[test]
 fn restart_reattaches_running_and_reclaims_dead() {
     let mut d = Daemon::start(&["--no-pools"]);
-    let a = d.create(json!({}));
-    let b = d.create(json!({}));
-    let (ida, idb) = (
-        a["id"].as_str().unwrap().to_string(),
-        b["id"].as_str().unwrap().to_string(),
-    );
-    assert_eq!(d.sh(&ida, "echo kept > /tmp/f")["exit_code"], 0);
+    let a = d.create(CreateSandbox::default());
+    let b = d.create(CreateSandbox::default());
+    let (ida, idb) = (a.id.clone(), b.id.clone());
+    assert_eq!(d.sh(&ida, "echo kept > /tmp/f").exit_code, Some(0));
     d.kill9();
     // While the daemon is down: B's VMM dies, and junk appears.
     let pb = alive(&b).unwrap();
@@ -442,169 +261,153 @@ fn restart_reattaches_running_and_reclaims_dead() {
     std::fs::create_dir_all(&stray).unwrap();
     d.spawn();
     let a2 = d.get(&ida).unwrap();
-    assert_eq!(a2["state"], "running", "{a2}");
-    assert_eq!(a2["pid"], a["pid"], "the same VMM, reattached");
+    assert_eq!(a2.state, SandboxState::Running, "{a2:?}");
+    assert_eq!(a2.pid, a.pid, "the same VMM, reattached");
     let b2 = d.get(&idb).unwrap();
-    assert_eq!(b2["state"], "failed", "{b2}");
+    assert_eq!(b2.state, SandboxState::Failed, "{b2:?}");
     assert!(
-        b2["error"].as_str().unwrap().contains("daemon was down"),
-        "{b2}"
+        b2.error.as_deref().unwrap().contains("daemon was down"),
+        "{b2:?}"
     );
     assert!(
         !d.dir.join("sandboxes").join(&idb).exists(),
         "B's files reclaimed"
     );
     assert!(!stray.exists(), "stray directory removed");
-    assert_eq!(d.sh(&ida, "cat /tmp/f")["stdout"], "kept\n");
+    assert_eq!(d.sh(&ida, "cat /tmp/f").stdout, "kept\n");
     // The reattached VMM is supervised like any other.
     let pa = alive(&a2).unwrap();
     pa.kill();
     wait_for("A marked failed", 10, || {
-        d.get(&ida).unwrap()["state"] == "failed"
+        d.state(&ida) == SandboxState::Failed
     });
     assert!(d.vmms().is_empty(), "no VMM leaked");
-    let ev = d.ok("GET", &format!("/v1/events?sandbox={ida}"), None);
-    let kinds: Vec<&str> = ev
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| e["kind"].as_str().unwrap())
-        .collect();
-    assert_eq!(kinds, ["created", "reattached", "failed"], "{ev}");
+    let q = api::EventQuery {
+        sandbox: Some(ida.clone()),
+        ..Default::default()
+    };
+    let ev = d.must("events", d.c.events(&q));
+    let kinds: Vec<&str> = ev.iter().map(|e| e.kind.as_str()).collect();
+    assert_eq!(kinds, ["created", "reattached", "failed"], "{ev:?}");
 }
 
 #[test]
 fn killed_vmms_are_noticed_and_reclaimed_and_pools_refill() {
     let d = Daemon::start(&[]);
     let tpl = "tiny-1c-128m";
-    let s1 = d.create(json!({}));
-    assert_eq!(s1["from_pool"], false);
-    d.ok(
-        "PUT",
-        &format!("/v1/pools/{tpl}"),
-        Some(json!({"target": 3})),
-    );
-    let ready = || d.ok("GET", "/v1/pools", None)[0]["ready"].as_u64().unwrap();
+    let s1 = d.create(CreateSandbox::default());
+    assert_eq!(s1.from_pool, Some(false));
+    d.must("pool", d.c.set_pool(tpl, 3));
+    let ready = || d.must("pools", d.c.pools())[0].ready;
     wait_for("the pool to fill", 120, || ready() == 3);
-    let s2 = d.create(json!({"metadata": {"n": "2"}}));
-    assert_eq!(s2["from_pool"], true, "{s2}");
-    assert_eq!(s2["metadata"]["n"], "2");
+    let s2 = d.create(CreateSandbox {
+        metadata: labels(&[("n", "2")]),
+        ..Default::default()
+    });
+    assert_eq!(s2.from_pool, Some(true), "{s2:?}");
+    assert_eq!(s2.metadata["n"], "2");
     wait_for("the pool to refill", 120, || ready() == 3);
     // kill -9 a created sandbox's VMM and a pooled one.
-    let pooled = d.ok("GET", "/v1/sandboxes?state=pooled", None);
+    let pooled = d.must(
+        "list",
+        d.c.list(&ListFilter {
+            state: Some(SandboxState::Pooled),
+            ..Default::default()
+        }),
+    );
     let victim = alive(&pooled[0]).unwrap();
     let p1 = alive(&s1).unwrap();
     let t0 = Instant::now();
     p1.kill();
     victim.kill();
-    let id1 = s1["id"].as_str().unwrap();
+    let id1 = s1.id.as_str();
     wait_for("the death to be noticed", 5, || {
-        d.get(id1).unwrap()["state"] == "failed"
+        d.state(id1) == SandboxState::Failed
     });
     eprintln!("VMM death noticed in {:?}", t0.elapsed());
     let f = d.get(id1).unwrap();
     assert!(
-        f["error"].as_str().unwrap().contains("exited unexpectedly"),
-        "{f}"
+        f.error.as_deref().unwrap().contains("exited unexpectedly"),
+        "{f:?}"
     );
     assert!(!d.dir.join("sandboxes").join(id1).exists());
     wait_for("the pool to replace its dead member", 120, || {
-        ready() == 3 && d.get(pooled[0]["id"].as_str().unwrap()).is_none()
+        ready() == 3 && d.get(&pooled[0].id).is_none()
     });
     // Idle sandboxes get their vCPUs paused (no CPU while idle) and are
     // continued by their next request.
-    let metrics = || {
-        String::from_utf8(
-            d.c.request("GET", "/metrics", Body::Empty)
-                .unwrap()
-                .bytes()
-                .unwrap(),
-        )
-        .unwrap()
-    };
     wait_for("idle sandboxes to be frozen", 20, || {
-        metrics().contains("shoal_sandboxes_frozen 4")
+        d.metrics().contains("shoal_sandboxes_frozen 4")
     });
     // The pooled sandbox handed out works.
-    let id2 = s2["id"].as_str().unwrap();
-    assert_eq!(d.sh(id2, "echo pooled")["stdout"], "pooled\n");
-    let m = String::from_utf8(
-        d.c.request("GET", "/metrics", Body::Empty)
-            .unwrap()
-            .bytes()
-            .unwrap(),
-    )
-    .unwrap();
+    let id2 = s2.id.as_str();
+    assert_eq!(d.sh(id2, "echo pooled").stdout, "pooled\n");
+    let m = d.metrics();
     assert!(m.contains("shoal_vmm_deaths_total 2"), "{m}");
     assert!(
         m.contains(&format!("shoal_pool_size{{template=\"{tpl}\"}} 3")),
         "{m}"
     );
     // Removing the pool ends its VMMs.
-    d.c.request("DELETE", &format!("/v1/pools/{tpl}"), Body::Empty)
-        .unwrap()
-        .ok()
-        .unwrap();
-    d.c.request("DELETE", &format!("/v1/sandboxes/{id2}"), Body::Empty)
-        .unwrap()
-        .ok()
-        .unwrap();
+    d.must("delete pool", d.c.delete_pool(tpl));
+    d.kill(id2);
     wait_for("every VMM to end", 10, || d.vmms().is_empty());
 }
 
 #[test]
 fn pause_resume_on_exec_snapshot_ttl_idle() {
     let d = Daemon::start(&["--no-pools"]);
-    let sb = d.create(json!({}));
-    let id = sb["id"].as_str().unwrap().to_string();
+    let sb = d.create(CreateSandbox::default());
+    let id = sb.id.clone();
     let out = d.sh(
         &id,
         "echo persisted > /tmp/p; setsid sleep 1000 </dev/null >/dev/null 2>&1 & echo $!",
     );
-    assert_eq!(out["exit_code"], 0, "{out}");
+    assert_eq!(out.exit_code, Some(0), "{out:?}");
     let p = alive(&sb).unwrap();
-    let v = d.ok("POST", &format!("/v1/sandboxes/{id}/pause"), None);
-    assert_eq!(v["state"], "paused");
+    let v = d.must("pause", d.c.pause(&id));
+    assert_eq!(v.state, SandboxState::Paused);
     wait_for("the VMM to end", 10, || !p.alive());
     assert!(d.vmms().is_empty(), "a paused sandbox has no VMM");
     // The next exec resumes it, with its files and processes.
     let out = d.sh(&id, "cat /tmp/p; pidof sleep");
-    let text = out["stdout"].as_str().unwrap();
-    let mut lines = text.lines();
-    assert_eq!(lines.next(), Some("persisted"), "{out}");
+    let mut lines = out.stdout.lines();
+    assert_eq!(lines.next(), Some("persisted"), "{out:?}");
     assert!(
         lines
             .next()
             .is_some_and(|l| l.trim().parse::<u32>().is_ok()),
-        "the background process survived pause and resume: {out}"
+        "the background process survived pause and resume: {out:?}"
     );
-    assert_eq!(d.get(&id).unwrap()["state"], "running");
+    assert_eq!(d.state(&id), SandboxState::Running);
 
     // Snapshot into a template; a clone of it has the file too.
-    let t = d.ok(
-        "POST",
-        &format!("/v1/sandboxes/{id}/snapshot"),
-        Some(json!({"template": "snap1"})),
-    );
-    assert_eq!(t["state"], "ready");
-    let clone = d.ok("POST", "/v1/sandboxes", Some(json!({"template": "snap1"})));
-    let cid = clone["id"].as_str().unwrap();
-    assert_eq!(d.sh(cid, "cat /tmp/p")["stdout"], "persisted\n");
+    let req = api::SnapshotRequest {
+        template: Some("snap1".into()),
+    };
+    let t = d.must("snapshot", d.c.snapshot(&id, &req));
+    assert_eq!(t.state, TemplateState::Ready);
+    let clone = d.restore("snap1");
+    let cid = clone.id.as_str();
+    assert_eq!(d.sh(cid, "cat /tmp/p").stdout, "persisted\n");
 
     // TTL and idle timeout.
-    let ttl = d.create(json!({"ttl_s": 2}));
-    let idle = d.create(json!({"idle_timeout_s": 2}));
-    let (tid, iid) = (ttl["id"].as_str().unwrap(), idle["id"].as_str().unwrap());
+    let ttl = d.create(CreateSandbox {
+        ttl_s: 2,
+        ..Default::default()
+    });
+    let idle = d.create(CreateSandbox {
+        idle_timeout_s: 2,
+        ..Default::default()
+    });
+    let (tid, iid) = (ttl.id.as_str(), idle.id.as_str());
     wait_for("the TTL kill", 20, || d.get(tid).is_none());
     wait_for("the idle pause", 20, || {
-        d.get(iid).unwrap()["state"] == "paused"
+        d.state(iid) == SandboxState::Paused
     });
     assert!(alive(&ttl).is_none_or(|p| !p.alive()));
-    for x in [&id, cid, iid] {
-        d.c.request("DELETE", &format!("/v1/sandboxes/{x}"), Body::Empty)
-            .unwrap()
-            .ok()
-            .unwrap();
+    for x in [id.as_str(), cid, iid] {
+        d.kill(x);
     }
     wait_for("every VMM to end", 10, || d.vmms().is_empty());
     let left: Vec<_> = std::fs::read_dir(d.dir.join("sandboxes"))
@@ -616,32 +419,26 @@ fn pause_resume_on_exec_snapshot_ttl_idle() {
 #[test]
 fn admission_refuses_with_429_and_503() {
     let d = Daemon::start(&["--no-pools", "--max-sandboxes", "2"]);
-    d.create(json!({}));
-    d.create(json!({}));
+    d.create(CreateSandbox::default());
+    d.create(CreateSandbox::default());
     let (s, code, m) = d.err("POST", "/v1/sandboxes", r#"{"image":"tiny"}"#);
-    assert_eq!((s, code.as_str()), (429, "host_full"));
+    assert_eq!((s, code), (429, ErrorCode::HostFull));
     assert!(m.contains("host is full") && m.contains("limit 2"), "{m}");
-    let m = String::from_utf8(
-        d.c.request("GET", "/metrics", Body::Empty)
-            .unwrap()
-            .bytes()
-            .unwrap(),
-    )
-    .unwrap();
+    let m = d.metrics();
     assert!(
         m.contains("shoal_admission_refusals_total{reason=\"max_sandboxes\"} 1"),
         "{m}"
     );
     drop(d);
     let d = Daemon::start(&["--no-pools", "--min-available-mib", "100000000"]);
-    let (s, code, m) = d.err("POST", "/v1/sandboxes", r#"{"image":"tiny"}"#);
-    assert_eq!((s, code.as_str()), (503, "host_memory_low"));
-    assert!(m.contains("MiB available"), "{m}");
-    let l = d.ok("GET", "/v1/sandboxes", None);
-    assert!(
-        l.as_array().unwrap().is_empty(),
-        "a refused create leaves nothing"
+    let e = d.c.create(&CreateSandbox::from_image("tiny")).unwrap_err();
+    assert_eq!(
+        (e.status(), e.code()),
+        (Some(503), Some(ErrorCode::HostMemoryLow))
     );
+    assert!(e.to_string().contains("MiB available"), "{e}");
+    let l = d.must("list", d.c.list(&ListFilter::default()));
+    assert!(l.is_empty(), "a refused create leaves nothing");
 }
 
 /// `debugfs -R CMD` on an ext4 image (read on the host without mounting).
@@ -665,12 +462,8 @@ fn df_total_kib(out: &str) -> u64 {
 }
 
 /// Stdout and stderr of an exec result, together.
-fn output(v: &Value) -> String {
-    format!(
-        "{}{}",
-        v["stdout"].as_str().unwrap_or(""),
-        v["stderr"].as_str().unwrap_or("")
-    )
+fn output(v: &ExecResult) -> String {
+    format!("{}{}", v.stdout, v.stderr)
 }
 
 #[test]
@@ -732,8 +525,8 @@ fn template_layers_and_upper_layers_end_to_end() {
     for (body, want) in &bad {
         let (status, code, msg) = d.err("POST", "/v1/templates", body);
         assert_eq!(
-            (status, code.as_str()),
-            (400, "bad_request"),
+            (status, code),
+            (400, ErrorCode::BadRequest),
             "{body}: {msg}"
         );
         assert!(msg.contains(want), "{body}: {want:?} not in {msg:?}");
@@ -753,15 +546,23 @@ fn template_layers_and_upper_layers_end_to_end() {
         &json!({"image": "tiny", "upper_size_mib": 8, "upper_disk_mib": 64}).to_string(),
     );
     assert!(status == 400 && msg.contains("not both"), "{msg}");
-    assert_eq!(d.ok("GET", "/v1/templates", None), json!([]));
+    assert!(d.must("templates", d.c.templates()).is_empty());
+    let raw: Value = d.must("raw", d.c.call("GET", "/v1/templates", None::<&()>));
+    assert_eq!(raw, json!([]));
 
     // One template per configuration, built one after the other (one boot
     // each): the toolkit layer with a 2 MiB tmpfs upper layer, and with a
     // 32 MiB scratch disk.
-    let small = d.ok(
-        "POST",
-        "/v1/templates",
-        Some(json!({"name": "kit-tmpfs", "image": "tiny", "layers": [kit_s], "upper_size_mib": 2})),
+    let kit_tmpfs = CreateTemplate {
+        layers: vec![kit_s.into()],
+        upper_size_mib: Some(2),
+        ..CreateTemplate::new("kit-tmpfs", "tiny")
+    };
+    // Sent as JSON by hand: the wire format of a template, every field
+    // present (absent ones null).
+    let small: Value = d.must(
+        "kit-tmpfs",
+        d.c.call("POST", "/v1/templates", Some(&kit_tmpfs)),
     );
     assert_eq!(
         (
@@ -771,35 +572,47 @@ fn template_layers_and_upper_layers_end_to_end() {
         ),
         (&json!([kit_s]), &json!(2), &Value::Null)
     );
-    let disk = d.ok(
-        "POST",
-        "/v1/templates",
-        Some(json!({"name": "kit-disk", "image": "tiny", "layers": [kit_s], "upper_disk_mib": 32})),
+    assert_eq!(
+        keys(&small),
+        [
+            "created_at",
+            "dir",
+            "error",
+            "layers",
+            "memory_mib",
+            "name",
+            "owned",
+            "source",
+            "state",
+            "upper_disk_mib",
+            "upper_size_mib",
+            "vcpus"
+        ]
     );
-    assert_eq!(disk["upper_disk_mib"], 32);
+    let disk = d.must(
+        "kit-disk",
+        d.c.create_template(&CreateTemplate {
+            layers: vec![kit_s.into()],
+            upper_disk_mib: Some(32),
+            ..CreateTemplate::new("kit-disk", "tiny")
+        }),
+    );
+    assert_eq!(disk.upper_disk_mib, Some(32));
+    assert_eq!(disk.state, TemplateState::Building);
     for name in ["kit-tmpfs", "kit-disk"] {
         wait_for(&format!("template {name}"), 600, || {
-            let v = d.ok("GET", &format!("/v1/templates/{name}"), None);
-            assert_ne!(v["state"], "failed", "{v}\n{}", d.log());
-            v["state"] == "ready"
+            let v = d.must(name, d.c.template(name));
+            assert_ne!(v.state, TemplateState::Failed, "{v:?}\n{}", d.log());
+            v.state == TemplateState::Ready
         });
     }
-    let tpl_disk = PathBuf::from(
-        d.ok("GET", "/v1/templates/kit-disk", None)["dir"]
-            .as_str()
-            .unwrap(),
-    );
+    let tpl_disk = d.must("kit-disk", d.c.template("kit-disk")).dir;
     let tpl_scratch = tpl_disk.join("scratch.ext4");
     assert!(tpl_scratch.is_file(), "the template keeps its scratch disk");
     let sandbox_dir = |id: &str| d.dir.join("sandboxes").join(id);
 
     // tmpfs upper: the toolkit is there; the upper layer holds 2 MiB.
-    let a = d.ok(
-        "POST",
-        "/v1/sandboxes",
-        Some(json!({"template": "kit-tmpfs"})),
-    );
-    let aid = a["id"].as_str().unwrap().to_string();
+    let aid = d.restore("kit-tmpfs").id;
     let out = d.sh(
         &aid,
         "cat /opt/toolkit/hello.txt; df -k /; dd if=/dev/zero of=/fill bs=64k count=48; echo rc=$?",
@@ -815,20 +628,8 @@ fn template_layers_and_upper_layers_end_to_end() {
 
     // Scratch-disk upper: 3 MiB fit; two clones do not see each other's
     // writes, and each writes only its own copy of the disk.
-    let b1 = d.ok(
-        "POST",
-        "/v1/sandboxes",
-        Some(json!({"template": "kit-disk"})),
-    );
-    let b2 = d.ok(
-        "POST",
-        "/v1/sandboxes",
-        Some(json!({"template": "kit-disk"})),
-    );
-    let (b1, b2) = (
-        b1["id"].as_str().unwrap().to_string(),
-        b2["id"].as_str().unwrap().to_string(),
-    );
+    let b1 = d.restore("kit-disk").id;
+    let b2 = d.restore("kit-disk").id;
     let out = d.sh(
         &b1,
         "cat /opt/toolkit/hello.txt; df -k /; dd if=/dev/zero of=/big bs=64k count=48 \
@@ -838,10 +639,7 @@ fn template_layers_and_upper_layers_end_to_end() {
     assert!(text.starts_with("from-the-toolkit\n"), "{text}");
     let total = df_total_kib(&text);
     assert!((28_000..=32_768).contains(&total), "a 32 MiB disk: {text}");
-    assert!(
-        out["stdout"].as_str().unwrap().ends_with("wrote\n"),
-        "{text}"
-    );
+    assert!(out.stdout.ends_with("wrote\n"), "{text}");
     let out = d.sh(&b2, "cat /who /big 2>&1; echo b2 > /who; cat /who");
     let text = output(&out);
     assert!(
@@ -859,42 +657,28 @@ fn template_layers_and_upper_layers_end_to_end() {
     );
 
     // Paused, b1 keeps its disk; the next exec resumes it, writes intact.
-    let v = d.ok("POST", &format!("/v1/sandboxes/{b1}/pause"), None);
-    assert_eq!(v["state"], "paused");
+    let v = d.must("pause", d.c.pause(&b1));
+    assert_eq!(v.state, SandboxState::Paused);
     assert!(b1_disk.is_file(), "a paused sandbox keeps its scratch disk");
-    assert_eq!(d.sh(&b1, "cat /who")["stdout"], "b1\n");
+    assert_eq!(d.sh(&b1, "cat /who").stdout, "b1\n");
 
     // A snapshot into a template takes the disk along; its clone sees b1's
     // files.
-    let t = d.ok(
-        "POST",
-        &format!("/v1/sandboxes/{b1}/snapshot"),
-        Some(json!({"template": "b1-snap"})),
-    );
-    assert_eq!(t["upper_disk_mib"], 32);
-    assert!(PathBuf::from(t["dir"].as_str().unwrap())
-        .join("scratch.ext4")
-        .is_file());
-    let c = d.ok(
-        "POST",
-        "/v1/sandboxes",
-        Some(json!({"template": "b1-snap"})),
-    );
-    let cid = c["id"].as_str().unwrap().to_string();
-    assert_eq!(d.sh(&cid, "cat /who")["stdout"], "b1\n");
+    let req = api::SnapshotRequest {
+        template: Some("b1-snap".into()),
+    };
+    let t = d.must("snapshot", d.c.snapshot(&b1, &req));
+    assert_eq!(t.upper_disk_mib, Some(32));
+    assert!(t.dir.join("scratch.ext4").is_file());
+    let cid = d.restore("b1-snap").id;
+    assert_eq!(d.sh(&cid, "cat /who").stdout, "b1\n");
 
     // Removing sandboxes and the owned template removes their disks.
     for id in [&aid, &b1, &b2, &cid] {
-        d.c.request("DELETE", &format!("/v1/sandboxes/{id}"), Body::Empty)
-            .unwrap()
-            .ok()
-            .unwrap();
+        d.kill(id);
     }
-    d.c.request("DELETE", "/v1/templates/b1-snap", Body::Empty)
-        .unwrap()
-        .ok()
-        .unwrap();
-    assert!(!PathBuf::from(t["dir"].as_str().unwrap()).exists());
+    d.must("delete template", d.c.delete_template("b1-snap"));
+    assert!(!t.dir.exists());
     wait_for("every VMM to end", 10, || d.vmms().is_empty());
     assert!(!b2_disk.exists());
     let left: Vec<_> = std::fs::read_dir(d.dir.join("sandboxes"))

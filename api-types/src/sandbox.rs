@@ -1,0 +1,308 @@
+//! Sandboxes: `POST /v1/sandboxes` ([`CreateSandbox`]), the view every
+//! sandbox route answers with ([`Sandbox`]), the list filters
+//! ([`ListFilter`]) and `POST /v1/sandboxes/{id}/snapshot`
+//! ([`SnapshotRequest`]).
+
+use crate::templates::RootRequest;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use utoipa::{IntoParams, ToSchema};
+
+/// Lifecycle states of a sandbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum SandboxState {
+    /// Restored and waiting in a warm pool (not handed out yet; never
+    /// listed).
+    Pooled,
+    /// The VMM is being started.
+    Starting,
+    /// Running.
+    Running,
+    /// Being paused (snapshot to disk).
+    Pausing,
+    /// State on disk, no VMM process.
+    Paused,
+    /// Its VMM died or could not be reattached; reclaimed.
+    Failed,
+}
+
+impl SandboxState {
+    /// Every state.
+    pub const ALL: [SandboxState; 6] = [
+        SandboxState::Pooled,
+        SandboxState::Starting,
+        SandboxState::Running,
+        SandboxState::Pausing,
+        SandboxState::Paused,
+        SandboxState::Failed,
+    ];
+
+    /// Name as on the wire and stored.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SandboxState::Pooled => "pooled",
+            SandboxState::Starting => "starting",
+            SandboxState::Running => "running",
+            SandboxState::Pausing => "pausing",
+            SandboxState::Paused => "paused",
+            SandboxState::Failed => "failed",
+        }
+    }
+
+    /// Parses a name.
+    pub fn parse(s: &str) -> Option<SandboxState> {
+        SandboxState::ALL.into_iter().find(|x| x.as_str() == s)
+    }
+
+    /// Whether a VMM process holds host resources in this state.
+    pub fn has_vmm(self) -> bool {
+        matches!(
+            self,
+            SandboxState::Pooled
+                | SandboxState::Starting
+                | SandboxState::Running
+                | SandboxState::Pausing
+        )
+    }
+}
+
+impl std::fmt::Display for SandboxState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// `POST /v1/sandboxes`: a sandbox from a template, or from an image
+/// (whose template, booted once and cached, is used). 429/503 when the
+/// host is full.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateSandbox {
+    /// A registered template's name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template: Option<String>,
+    /// Or an image (`tiny` or `base`): its template (booted once, cached)
+    /// is used.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(example = "tiny")]
+    pub image: Option<String>,
+    /// vCPUs (with `image`, default 1; a template fixes its own).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vcpus: Option<u32>,
+    /// Guest memory in MiB (with `image`, default 128).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_mib: Option<u32>,
+    /// Further read-only layers over the image, lowest first (with
+    /// `image`; `/dev/pmem1`, ...): absolute paths of erofs images built
+    /// with `shoal image build DIR -o OUT --no-agent` (4 KiB blocks, padded
+    /// to 2 MiB), or image names (`tiny`, `base`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schema(max_items = 8)]
+    pub layers: Vec<String>,
+    /// Upper layer on tmpfs of this many MiB (with `image`; at most the
+    /// guest's memory; default half of it). Writes beyond it fail with
+    /// ENOSPC.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1)]
+    pub upper_size_mib: Option<u32>,
+    /// Or the upper layer on a sparse ext4 scratch disk of this many MiB,
+    /// one per sandbox (with `image`; copied from the template's at
+    /// restore, kept while paused, removed with the sandbox). Not with
+    /// `upper_size_mib`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 16, maximum = 1048576)]
+    pub upper_disk_mib: Option<u32>,
+    /// Killed this many seconds after creation (0: never).
+    #[serde(default)]
+    pub ttl_s: u64,
+    /// Paused after this many seconds without API activity (0: never).
+    #[serde(default)]
+    pub idle_timeout_s: u64,
+    /// Free-form labels (list filters match them).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub metadata: BTreeMap<String, String>,
+    /// Environment for every exec in the sandbox.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+    /// Never freeze it while idle (background processes keep running; it
+    /// then costs CPU while idle).
+    #[serde(default)]
+    pub keep_running: bool,
+}
+
+impl CreateSandbox {
+    /// A sandbox from the template `name`.
+    pub fn from_template(name: impl Into<String>) -> CreateSandbox {
+        CreateSandbox {
+            template: Some(name.into()),
+            ..Default::default()
+        }
+    }
+
+    /// A sandbox from `image` (`tiny`, `base`) at the default shape.
+    pub fn from_image(image: impl Into<String>) -> CreateSandbox {
+        CreateSandbox {
+            image: Some(image.into()),
+            ..Default::default()
+        }
+    }
+
+    /// The root it asks for beyond the image.
+    pub fn root(&self) -> RootRequest {
+        RootRequest {
+            layers: self.layers.clone(),
+            upper_size_mib: self.upper_size_mib,
+            upper_disk_mib: self.upper_disk_mib,
+        }
+    }
+
+    /// Sets the root fields from `root`.
+    pub fn with_root(mut self, root: RootRequest) -> CreateSandbox {
+        self.layers = root.layers;
+        self.upper_size_mib = root.upper_size_mib;
+        self.upper_disk_mib = root.upper_disk_mib;
+        self
+    }
+}
+
+/// A sandbox as every sandbox route shows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Sandbox {
+    /// Id (12 hex digits).
+    pub id: String,
+    /// Template it was restored from.
+    pub template: String,
+    /// State.
+    pub state: SandboxState,
+    /// vCPUs.
+    pub vcpus: u32,
+    /// Guest memory (MiB).
+    pub memory_mib: u32,
+    /// VMM process id (while one runs).
+    pub pid: Option<i32>,
+    /// Seconds since the epoch.
+    pub created_at: f64,
+    /// Last API activity, seconds since the epoch.
+    pub last_active: f64,
+    /// TTL (s; 0 none).
+    pub ttl_s: u64,
+    /// Idle timeout (s; 0 none).
+    pub idle_timeout_s: u64,
+    /// Labels.
+    pub metadata: BTreeMap<String, String>,
+    /// Environment of every exec.
+    pub env: BTreeMap<String, String>,
+    /// Why it failed.
+    pub error: Option<String>,
+    /// Never frozen while idle.
+    pub keep_running: bool,
+    /// Served from a warm pool (only in the reply to a create).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_pool: Option<bool>,
+}
+
+/// `GET /v1/sandboxes` filters (all must match).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct ListFilter {
+    /// Only sandboxes in this state.
+    pub state: Option<SandboxState>,
+    /// Only sandboxes of this template.
+    pub template: Option<String>,
+    /// Only sandboxes with all these labels, as `KEY:VALUE[,KEY:VALUE]`.
+    #[param(value_type = Option<String>, example = "run:ci,owner:me")]
+    pub metadata: BTreeMap<String, String>,
+}
+
+impl ListFilter {
+    /// The query string (`?state=...`, or "" for no filter).
+    pub fn to_query(&self) -> String {
+        let meta: Vec<String> = self
+            .metadata
+            .iter()
+            .map(|(k, v)| format!("{k}:{v}"))
+            .collect();
+        crate::query_string([
+            ("state", self.state.map(|s| s.as_str().to_string())),
+            ("template", self.template.clone()),
+            ("metadata", (!meta.is_empty()).then(|| meta.join(","))),
+        ])
+    }
+}
+
+/// `POST /v1/sandboxes/{id}/snapshot`: a running sandbox into a new
+/// template (the sandbox goes on).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SnapshotRequest {
+    /// Name of the new template (default `snap-ID-TIME`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn states_round_trip() {
+        for s in SandboxState::ALL {
+            assert_eq!(SandboxState::parse(s.as_str()), Some(s));
+            assert_eq!(serde_json::to_value(s).unwrap(), s.as_str());
+        }
+        assert_eq!(SandboxState::parse("sleepy"), None);
+    }
+
+    #[test]
+    fn create_bodies_are_minimal_and_strict() {
+        let c = CreateSandbox::from_template("t");
+        assert_eq!(
+            serde_json::to_string(&c).unwrap(),
+            r#"{"template":"t","ttl_s":0,"idle_timeout_s":0,"keep_running":false}"#
+        );
+        let c: CreateSandbox = serde_json::from_str(r#"{"image":"tiny","vcpus":null}"#).unwrap();
+        assert_eq!(c, CreateSandbox::from_image("tiny"));
+        let e = serde_json::from_str::<CreateSandbox>(r#"{"image":"tiny","cpus":2}"#).unwrap_err();
+        assert!(e.to_string().contains("unknown field"), "{e}");
+    }
+
+    #[test]
+    fn list_filters_as_query() {
+        assert_eq!(ListFilter::default().to_query(), "");
+        let f = ListFilter {
+            state: Some(SandboxState::Running),
+            template: Some("a b".into()),
+            metadata: [("run".to_string(), "x".to_string())].into(),
+        };
+        assert_eq!(
+            f.to_query(),
+            "?state=running&template=a%20b&metadata=run%3Ax"
+        );
+    }
+
+    #[test]
+    fn sandbox_view_wire_format() {
+        let s = Sandbox {
+            id: "abc".into(),
+            template: "t".into(),
+            state: SandboxState::Running,
+            vcpus: 1,
+            memory_mib: 128,
+            pid: None,
+            created_at: 1.5,
+            last_active: 2.5,
+            ttl_s: 0,
+            idle_timeout_s: 0,
+            metadata: BTreeMap::new(),
+            env: BTreeMap::new(),
+            error: None,
+            keep_running: false,
+            from_pool: None,
+        };
+        let v = serde_json::to_value(&s).unwrap();
+        assert!(v["pid"].is_null() && v["error"].is_null(), "{v}");
+        assert!(v.get("from_pool").is_none(), "{v}");
+        assert_eq!(serde_json::from_value::<Sandbox>(v).unwrap(), s);
+    }
+}

@@ -1,0 +1,149 @@
+//! `GET /v1/stats` ([`Stats`]: usage, admission limits, host, pools) and
+//! `GET /v1/events` ([`Event`]s, filtered by [`EventQuery`]).
+
+use crate::templates::Pool;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use utoipa::{IntoParams, ToSchema};
+
+/// Resources held by sandboxes with a VMM.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Usage {
+    /// Sandboxes per state (every sandbox, pooled ones too).
+    pub by_state: BTreeMap<String, u64>,
+    /// Sandboxes holding a VMM.
+    pub vms: u64,
+    /// Their vCPUs.
+    pub vcpus: u64,
+    /// Their guest memory (MiB).
+    pub memory_mib: u64,
+}
+
+/// Admission limits (from the daemon's command line): a new VMM is
+/// admitted only while the reserved guest memory and vCPUs stay within
+/// the host's size times an overcommit ratio, the host still has real
+/// memory available, and the sandbox count is under its cap.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Limits {
+    /// Host memory (MiB).
+    pub host_memory_mib: u64,
+    /// Host CPUs.
+    pub host_cpus: u64,
+    /// Guest memory reservable per MiB of host memory. Restored guests
+    /// share their template's clean pages, so an idle 128 MiB guest costs
+    /// ~1-2 MiB of host memory: 8 is conservative.
+    pub memory_overcommit: f64,
+    /// vCPUs reservable per host CPU. Idle sandboxes use a small fraction
+    /// of a CPU (most under 5%), so this is large by default.
+    pub cpu_overcommit: f64,
+    /// Refuse (503) when the host's MemAvailable drops below this (MiB).
+    pub min_available_mib: u64,
+    /// Most sandboxes holding a VMM (each holds a process and a few fds).
+    pub max_vms: u64,
+}
+
+impl Limits {
+    /// Reservable guest memory (MiB).
+    pub fn memory_budget_mib(&self) -> u64 {
+        (self.host_memory_mib as f64 * self.memory_overcommit) as u64
+    }
+
+    /// Reservable vCPUs.
+    pub fn vcpu_budget(&self) -> u64 {
+        (self.host_cpus as f64 * self.cpu_overcommit) as u64
+    }
+}
+
+/// The host as the daemon sees it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct HostStats {
+    /// MemTotal (MiB).
+    pub memory_total_mib: u64,
+    /// MemAvailable (MiB).
+    pub memory_available_mib: u64,
+    /// CPUs.
+    pub cpus: u64,
+    /// Load average over 1 minute (null if unreadable).
+    pub load1: Option<f64>,
+}
+
+/// `GET /v1/stats`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Stats {
+    /// The daemon's version.
+    pub version: String,
+    /// What sandboxes hold.
+    pub usage: Usage,
+    /// Admission limits.
+    pub limits: Limits,
+    /// Reservable guest memory (MiB): host memory times overcommit.
+    pub memory_budget_mib: u64,
+    /// Reservable vCPUs: host CPUs times overcommit.
+    pub vcpu_budget: u64,
+    /// The host.
+    pub host: HostStats,
+    /// Warm pools.
+    pub pools: Vec<Pool>,
+}
+
+/// One entry of the event log.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Event {
+    /// Sequence number (increasing).
+    pub seq: i64,
+    /// Seconds since the epoch.
+    pub ts: f64,
+    /// Sandbox id or template name concerned.
+    pub subject: String,
+    /// What happened (`created`, `killed`, `failed`, `paused`, ...).
+    pub kind: String,
+    /// Detail.
+    pub detail: String,
+}
+
+/// `GET /v1/events` filters.
+#[derive(Debug, Clone, Default, PartialEq, Eq, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct EventQuery {
+    /// Only events after this sequence number.
+    pub since: Option<i64>,
+    /// Only events of this sandbox or template.
+    pub sandbox: Option<String>,
+    /// At most this many (default 1000, at most 10000).
+    pub limit: Option<i64>,
+}
+
+impl EventQuery {
+    /// The query string.
+    pub fn to_query(&self) -> String {
+        crate::query_string([
+            ("since", self.since.map(|v| v.to_string())),
+            ("sandbox", self.sandbox.clone()),
+            ("limit", self.limit.map(|v| v.to_string())),
+        ])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn budgets() {
+        let l = Limits {
+            host_memory_mib: 1024,
+            host_cpus: 2,
+            memory_overcommit: 2.5,
+            cpu_overcommit: 4.0,
+            min_available_mib: 0,
+            max_vms: 1,
+        };
+        assert_eq!((l.memory_budget_mib(), l.vcpu_budget()), (2560, 8));
+        let q = EventQuery {
+            since: Some(5),
+            sandbox: Some("ab".into()),
+            limit: None,
+        };
+        assert_eq!(q.to_query(), "?since=5&sandbox=ab");
+    }
+}

@@ -1,0 +1,235 @@
+//! Templates (an image booted once and snapshotted, or a sandbox's
+//! snapshot) and their warm pools: `POST /v1/templates`
+//! ([`CreateTemplate`]), [`Template`], [`Pool`] and
+//! `PUT /v1/pools/{template}` ([`SetPool`]).
+
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+use utoipa::ToSchema;
+
+/// States of a template.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum TemplateState {
+    /// Being built (booted and snapshotted) in the background.
+    Building,
+    /// Ready: sandboxes can be restored from it.
+    Ready,
+    /// The build failed (see `error`).
+    Failed,
+}
+
+impl TemplateState {
+    /// Every state.
+    pub const ALL: [TemplateState; 3] = [
+        TemplateState::Building,
+        TemplateState::Ready,
+        TemplateState::Failed,
+    ];
+
+    /// Name as on the wire and stored.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TemplateState::Building => "building",
+            TemplateState::Ready => "ready",
+            TemplateState::Failed => "failed",
+        }
+    }
+
+    /// Parses a name.
+    pub fn parse(s: &str) -> Option<TemplateState> {
+        TemplateState::ALL.into_iter().find(|x| x.as_str() == s)
+    }
+}
+
+impl std::fmt::Display for TemplateState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// `POST /v1/templates`: register a template: an image, with optional
+/// further read-only layers and a choice of upper layer, booted once and
+/// snapshotted in the background (poll `GET /v1/templates/{name}`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateTemplate {
+    /// Name (1-64 letters, digits, `-`, `_` or `.`).
+    pub name: String,
+    /// Image (`tiny` or `base`).
+    #[schema(example = "tiny")]
+    pub image: String,
+    /// vCPUs (default 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vcpus: Option<u32>,
+    /// Guest memory in MiB (default 128).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_mib: Option<u32>,
+    /// Further read-only layers over the image, lowest first
+    /// (`/dev/pmem1`, ...): absolute paths of erofs images built with
+    /// `shoal image build DIR -o OUT --no-agent` (4 KiB blocks, padded to
+    /// 2 MiB), or image names (`tiny`, `base`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schema(max_items = 8)]
+    pub layers: Vec<String>,
+    /// Upper layer on tmpfs of this many MiB (at most the guest's memory;
+    /// default half of it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1)]
+    pub upper_size_mib: Option<u32>,
+    /// Or the upper layer on a sparse ext4 scratch disk of this many MiB,
+    /// one per sandbox. Not with `upper_size_mib`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 16, maximum = 1048576)]
+    pub upper_disk_mib: Option<u32>,
+}
+
+impl CreateTemplate {
+    /// A template of `image` at the default shape.
+    pub fn new(name: impl Into<String>, image: impl Into<String>) -> CreateTemplate {
+        CreateTemplate {
+            name: name.into(),
+            image: image.into(),
+            vcpus: None,
+            memory_mib: None,
+            layers: Vec::new(),
+            upper_size_mib: None,
+            upper_disk_mib: None,
+        }
+    }
+
+    /// The root it asks for beyond the image.
+    pub fn root(&self) -> RootRequest {
+        RootRequest {
+            layers: self.layers.clone(),
+            upper_size_mib: self.upper_size_mib,
+            upper_disk_mib: self.upper_disk_mib,
+        }
+    }
+
+    /// Sets the root fields from `root`.
+    pub fn with_root(mut self, root: RootRequest) -> CreateTemplate {
+        self.layers = root.layers;
+        self.upper_size_mib = root.upper_size_mib;
+        self.upper_disk_mib = root.upper_disk_mib;
+        self
+    }
+}
+
+/// What a template's root has beyond its image: the fields of
+/// [`CreateTemplate`] and [`CreateSandbox`](crate::CreateSandbox) (with
+/// `image`) that choose layers and the upper layer.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RootRequest {
+    /// Further read-only layers over the image, lowest first (`/dev/pmem1`,
+    /// ...): absolute paths of erofs images built with
+    /// `shoal image build DIR -o OUT --no-agent` (4 KiB blocks, padded to
+    /// 2 MiB), or image names (`tiny`, `base`). At most 8.
+    pub layers: Vec<String>,
+    /// A tmpfs upper layer of this many MiB (default: half the memory).
+    pub upper_size_mib: Option<u32>,
+    /// Or an ext4 scratch disk of this many MiB per sandbox as the upper
+    /// layer (16 MiB to 1 TiB).
+    pub upper_disk_mib: Option<u32>,
+}
+
+impl RootRequest {
+    /// Whether anything differs from the plain image.
+    pub fn is_default(&self) -> bool {
+        self == &RootRequest::default()
+    }
+}
+
+/// A template as the API shows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Template {
+    /// Name.
+    pub name: String,
+    /// What it was made from: `image:NAME` or `sandbox:ID`.
+    pub source: String,
+    /// vCPUs.
+    pub vcpus: u32,
+    /// Guest memory (MiB).
+    pub memory_mib: u32,
+    /// Snapshot directory on the host (empty while building).
+    #[schema(value_type = String)]
+    pub dir: PathBuf,
+    /// State.
+    pub state: TemplateState,
+    /// Why it failed.
+    pub error: Option<String>,
+    /// Seconds since the epoch.
+    pub created_at: f64,
+    /// The daemon owns `dir` (removed with the template).
+    pub owned: bool,
+    /// Further read-only layers over the image, lowest first.
+    #[schema(max_items = 8)]
+    pub layers: Vec<String>,
+    /// Size of the tmpfs upper layer (MiB), when the upper layer is tmpfs.
+    pub upper_size_mib: Option<u32>,
+    /// Size of each sandbox's scratch disk (MiB), when the upper layer is
+    /// one.
+    pub upper_disk_mib: Option<u32>,
+}
+
+/// A warm pool: sandboxes of a template restored ahead of time.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Pool {
+    /// Template.
+    pub template: String,
+    /// Target size.
+    pub target: u32,
+    /// Sandboxes ready now.
+    pub ready: u64,
+}
+
+/// `PUT /v1/pools/{template}`: a pool's target size (refilled in the
+/// background).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SetPool {
+    /// Target size (0 removes the pool; at most 10000).
+    pub target: u32,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn states_round_trip() {
+        for s in TemplateState::ALL {
+            assert_eq!(TemplateState::parse(s.as_str()), Some(s));
+            assert_eq!(serde_json::to_value(s).unwrap(), s.as_str());
+        }
+    }
+
+    #[test]
+    fn template_wire_format() {
+        let t = Template {
+            name: "t".into(),
+            source: "image:tiny".into(),
+            vcpus: 1,
+            memory_mib: 128,
+            dir: "/d".into(),
+            state: TemplateState::Ready,
+            error: None,
+            created_at: 1.0,
+            owned: false,
+            layers: vec![],
+            upper_size_mib: Some(64),
+            upper_disk_mib: None,
+        };
+        let v = serde_json::to_value(&t).unwrap();
+        assert_eq!(v["dir"], "/d");
+        assert_eq!(v["layers"], serde_json::json!([]));
+        assert!(v["error"].is_null() && v["upper_disk_mib"].is_null(), "{v}");
+        assert_eq!(serde_json::from_value::<Template>(v).unwrap(), t);
+        let c = CreateTemplate::new("t", "tiny");
+        assert_eq!(
+            serde_json::to_string(&c).unwrap(),
+            r#"{"name":"t","image":"tiny"}"#
+        );
+        assert!(serde_json::from_str::<SetPool>(r#"{"target":1,"x":2}"#).is_err());
+    }
+}

@@ -1,0 +1,226 @@
+//! The harness of the shoald tests: a daemon process on a temporary
+//! state directory, driven through the typed client.
+
+use serde_json::Value;
+use shoal_client::api::{self, CreateSandbox, ErrorCode, ExecResult, Sandbox, SandboxState};
+use shoal_client::{Body, ClientError, DaemonClient};
+use shoal_runtime::vm;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+/// Boots the tiny template into the shared cache once per test binary, so
+/// that daemons started in parallel find it instead of each booting it.
+fn prime_template() {
+    shoal_test_support::tiny_template();
+}
+
+fn shoald_bin() -> PathBuf {
+    static B: OnceLock<PathBuf> = OnceLock::new();
+    B.get_or_init(|| {
+        let exe = std::env::current_exe().unwrap();
+        let dir = exe.parent().unwrap().parent().unwrap();
+        let bin = dir.join("shoald");
+        let debug = dir.file_name().is_some_and(|n| n == "debug");
+        // Always build: cargo is a no-op when it is up to date, and a stale
+        // daemon would test old code.
+        let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+        c.args(["build", "-q", "-p", "shoald", "--bin", "shoald"]);
+        if !debug {
+            c.arg("--release");
+        }
+        let st = c.status().expect("cargo build shoald");
+        assert!(st.success(), "building shoald failed");
+        assert!(bin.is_file(), "{} missing", bin.display());
+        bin
+    })
+    .clone()
+}
+
+/// A shoald process; on drop it is stopped and every VMM it left is killed.
+pub struct Daemon {
+    child: Option<Child>,
+    pub dir: PathBuf,
+    args: Vec<String>,
+    pub c: DaemonClient,
+    /// Templates built by this daemon go under `dir/cache` (SHOAL_STATE),
+    /// removed with it, instead of the shared cache.
+    own_cache: bool,
+    _tmp: Option<tempfile::TempDir>,
+}
+
+impl Daemon {
+    pub fn start(args: &[&str]) -> Daemon {
+        Self::start_with(args, false)
+    }
+
+    pub fn start_with(args: &[&str], own_cache: bool) -> Daemon {
+        prime_template();
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().to_path_buf();
+        let mut d = Daemon {
+            child: None,
+            c: DaemonClient::unix(dir.join("shoald.sock")),
+            dir,
+            args: args.iter().map(|s| s.to_string()).collect(),
+            own_cache,
+            _tmp: Some(tmp),
+        };
+        d.spawn();
+        d
+    }
+
+    pub fn spawn(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("shoald.log"))
+            .unwrap();
+        let mut cmd = Command::new(shoald_bin());
+        if self.own_cache {
+            cmd.env("SHOAL_STATE", self.dir.join("cache"));
+        }
+        let child = cmd
+            .arg("--state-dir")
+            .arg(&self.dir)
+            .args(&self.args)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("start shoald");
+        self.child = Some(child);
+        let end = Instant::now() + Duration::from_secs(30);
+        while !self.c.ping() {
+            assert!(
+                Instant::now() < end,
+                "shoald did not come up: {}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("shoald.log")).unwrap_or_default()
+    }
+
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// The result of a client call, or a panic with the daemon's log.
+    pub fn must<T>(&self, what: &str, r: Result<T, ClientError>) -> T {
+        r.unwrap_or_else(|e| panic!("{what}: {e}\n{}", self.log()))
+    }
+
+    /// Status, error code and message of a request expected to fail (the
+    /// body is sent as is, so malformed ones can be).
+    pub fn err(&self, method: &str, path: &str, body: &str) -> (u16, ErrorCode, String) {
+        let b = if body.is_empty() {
+            Body::Empty
+        } else {
+            Body::Json(body.as_bytes().to_vec())
+        };
+        match self.c.request(method, path, b).unwrap().ok() {
+            Err(ClientError::Api {
+                status,
+                code: Some(code),
+                message,
+            }) => (status, code, message),
+            other => panic!(
+                "{method} {path} {body}: expected an API error, got {:?}",
+                other.map(|r| r.status)
+            ),
+        }
+    }
+
+    /// A sandbox of the tiny image with `req`'s other fields.
+    pub fn create(&self, req: CreateSandbox) -> Sandbox {
+        let req = CreateSandbox {
+            image: Some("tiny".into()),
+            ..req
+        };
+        self.must("create", self.c.create(&req))
+    }
+
+    pub fn restore(&self, t: &str) -> Sandbox {
+        self.must(t, self.c.create(&CreateSandbox::from_template(t)))
+    }
+
+    pub fn sh(&self, id: &str, script: &str) -> ExecResult {
+        let req = api::ExecRequest::shell(script).with_timeout(120.0);
+        self.must(script, self.c.exec(id, &req))
+    }
+
+    pub fn get(&self, id: &str) -> Option<Sandbox> {
+        match self.c.sandbox(id) {
+            Ok(v) => Some(v),
+            Err(e) if e.is_not_found() => None,
+            Err(e) => panic!("GET {id}: {e}"),
+        }
+    }
+
+    pub fn state(&self, id: &str) -> SandboxState {
+        self.get(id).unwrap_or_else(|| panic!("{id} is gone")).state
+    }
+
+    pub fn metrics(&self) -> String {
+        self.must("metrics", self.c.metrics())
+    }
+
+    pub fn kill(&self, id: &str) {
+        self.must(id, self.c.kill(id))
+    }
+
+    pub fn vmms(&self) -> Vec<vm::Proc> {
+        vm::vmms_under(&self.dir)
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Some(c) = &self.child {
+            // SAFETY: SIGTERM to our own child.
+            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+        }
+        if let Some(mut c) = self.child.take() {
+            let _ = c.wait();
+        }
+        for p in vm::vmms_under(&self.dir) {
+            p.kill();
+            p.wait_gone(Duration::from_secs(2));
+        }
+    }
+}
+
+pub fn wait_for(what: &str, secs: u64, mut f: impl FnMut() -> bool) {
+    let end = Instant::now() + Duration::from_secs(secs);
+    while !f() {
+        assert!(Instant::now() < end, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+pub fn alive(v: &Sandbox) -> Option<vm::Proc> {
+    let pid = v.pid?;
+    vm::pid_start(pid).map(|start| vm::Proc { pid, start })
+}
+
+pub fn labels(kv: &[(&str, &str)]) -> BTreeMap<String, String> {
+    kv.iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// The keys of a JSON object.
+pub fn keys(v: &Value) -> Vec<&str> {
+    let mut k: Vec<&str> = v.as_object().unwrap().keys().map(|k| k.as_str()).collect();
+    k.sort();
+    k
+}
