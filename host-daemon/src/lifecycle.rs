@@ -1,23 +1,15 @@
-//! Pause (state to disk, the VMM process ends), resume (explicit, or on
-//! the next request) and snapshot of a running sandbox into a template.
+//! Pause (state to disk, the VM process ends), resume (explicit, or on
+//! the next request) and snapshot of a running sandbox into a template,
+//! through the daemon's backend.
 
 use super::db::{self, State, TemplateRow};
 use super::ops::{admit_and_insert, check_name, ensure_running, row, start_vmm, SandboxView};
 use super::{blocking, ApiError, ApiResult, Daemon};
 use shoal_api::{SnapshotRequest, TemplateState};
-use shoal_images::layers;
-use std::path::Path;
+use shoal_runtime::backend::Source;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use vmm::api::{self as vmm_api, Request};
-
-fn vmm_call(sock: &Path, req: &Request, t: Duration) -> ApiResult<vmm_api::Response> {
-    vmm_api::call(sock, req, t).map_err(|source| ApiError::Vmm {
-        context: "VMM",
-        source,
-    })
-}
 
 /// Pauses: snapshot into the sandbox's directory, then the VMM ends.
 pub async fn pause(d: &Arc<Daemon>, id: &str) -> ApiResult<SandboxView> {
@@ -36,62 +28,39 @@ pub async fn pause(d: &Arc<Daemon>, id: &str) -> ApiResult<SandboxView> {
             )))
         }
     }
+    let vm = live
+        .vm()
+        .ok_or_else(|| ApiError::Internal(format!("sandbox '{id}' has no VM")))?;
     d.db(|db| db.set_state(id, State::Pausing, None))?;
     // No agent connection may be open in the snapshot.
     *live.client.lock().await = None;
     live.expect_exit.store(true, Ordering::Release);
-    let p = live.proc();
-    let paths = live.paths.clone();
+    let vm2 = vm.clone();
     let res = blocking("pause", Duration::from_secs(180), move || {
-        let snap = paths.new_snapshot();
-        let t = Duration::from_secs(120);
-        vmm_call(
-            &paths.api_sock,
-            &Request::Snapshot {
-                dir: snap.clone(),
-                diff: false,
-            },
-            t,
-        )?;
-        let _ = vmm_api::call(&paths.api_sock, &Request::Shutdown, Duration::from_secs(5));
-        if let Some(p) = p {
-            p.wait_gone(Duration::from_secs(5));
-        }
-        for e in std::fs::read_dir(&paths.dir)
-            .into_iter()
-            .flatten()
-            .flatten()
-        {
-            let n = e.file_name();
-            let n = n.to_string_lossy();
-            if n.starts_with("snap-") && e.path() != snap {
-                let _ = std::fs::remove_dir_all(e.path());
-            }
-        }
-        let _ = std::fs::remove_file(&paths.api_sock);
-        let _ = std::fs::remove_file(&paths.vsock);
-        Ok(())
+        vm2.pause_to_disk().map_err(|source| ApiError::Backend {
+            context: "pause",
+            source,
+        })
     })
     .await;
-    if let Err(e) = res {
-        // The VM may still run: continue it, or call it failed.
-        live.expect_exit.store(false, Ordering::Release);
-        let resumed = vmm_api::call(
-            &live.paths.api_sock,
-            &Request::Resume,
-            Duration::from_secs(5),
-        );
-        let st = if resumed.is_ok() {
-            State::Running
-        } else {
-            State::Failed
-        };
-        d.db(|db| db.set_state(id, st, Some(&format!("pause failed: {e}"))))?;
-        return Err(e);
-    }
-    live.set_proc(None);
-    d.db(|db| db.set_state(id, State::Paused, None))?;
-    d.event(id, "paused", "state saved to disk; VMM ended");
+    let paused = match res {
+        Ok(s) => s,
+        Err(e) => {
+            // The VM may still run: continue it, or call it failed.
+            live.expect_exit.store(false, Ordering::Release);
+            let thawed = tokio::task::spawn_blocking(move || vm.thaw()).await;
+            let st = if matches!(thawed, Ok(Ok(()))) {
+                State::Running
+            } else {
+                State::Failed
+            };
+            d.db(|db| db.set_state(id, st, Some(&format!("pause failed: {e}"))))?;
+            return Err(e);
+        }
+    };
+    live.set_vm(None);
+    d.db(|db| db.set_paused(id, &paused))?;
+    d.event(id, "paused", "state saved to disk; VM process ended");
     Ok(row(d, id)?.into())
 }
 
@@ -112,13 +81,13 @@ pub async fn resume(d: &Arc<Daemon>, id: &str) -> ApiResult<SandboxView> {
             )))
         }
     }
-    let snap = live.paths.latest_snapshot().ok_or_else(|| {
-        ApiError::Internal(format!("sandbox '{id}' is paused but has no snapshot"))
+    let paused = r.backend_state.clone().ok_or_else(|| {
+        ApiError::Internal(format!("sandbox '{id}' is paused but has no saved state"))
     })?;
     r.state = State::Starting;
     admit_and_insert(d, &r, true)?;
     let t0 = Instant::now();
-    match start_vmm(d, r, snap, State::Running, true).await {
+    match start_vmm(d, r, Source::Paused(paused), State::Running, true).await {
         Ok(r) => {
             d.event(
                 id,
@@ -147,35 +116,16 @@ pub async fn snapshot(d: &Arc<Daemon>, id: &str, req: SnapshotRequest) -> ApiRes
     let _g = live.op.lock().await;
     *live.client.lock().await = None;
     let dir = d.cfg.templates_dir().join(&name);
-    let sock = live.paths.api_sock.clone();
-    let sandbox_dir = live.paths.dir.clone();
+    let vm = live
+        .vm()
+        .ok_or_else(|| ApiError::Internal(format!("sandbox '{id}' has no VM")))?;
+    let kind = vm.kind();
     let dir2 = dir.clone();
     blocking("snapshot", Duration::from_secs(180), move || {
-        let t = Duration::from_secs(120);
-        let res = vmm_call(
-            &sock,
-            &Request::Snapshot {
-                dir: dir2.clone(),
-                diff: false,
-            },
-            t,
-        )
-        .and_then(|_| {
-            // The scratch disk as it is at the snapshot (the VM stays
-            // paused until the copy is made): the template's own, which
-            // each sandbox restored from it copies in turn.
-            match layers::scratch_disk(&sandbox_dir) {
-                Some(disk) => layers::clone_file(&disk, &dir2.join(layers::SCRATCH_DISK))
-                    .map(drop)
-                    .map_err(ApiError::ScratchDisk),
-                None => Ok(()),
-            }
-        });
-        let resumed = vmm_call(&sock, &Request::Resume, t);
-        if res.is_err() {
-            let _ = std::fs::remove_dir_all(&dir2);
-        }
-        res.and(resumed).map(|_| ())
+        vm.snapshot(&dir2).map_err(|source| ApiError::Backend {
+            context: "snapshot",
+            source,
+        })
     })
     .await?;
     // Layers and upper layer as the sandbox's template had them.
@@ -183,6 +133,7 @@ pub async fn snapshot(d: &Arc<Daemon>, id: &str, req: SnapshotRequest) -> ApiRes
     let t = TemplateRow {
         name: name.clone(),
         source: format!("sandbox:{id}"),
+        kind,
         vcpus: r.vcpus,
         memory_mib: r.memory_mib,
         dir,

@@ -2,8 +2,10 @@
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
+use shoal_runtime::backend::microvm::MicroVm;
 use shoald::{self as daemon, admission::Limits, Config, Daemon};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 #[derive(Parser)]
@@ -91,9 +93,9 @@ fn main() -> Result<()> {
     };
     // Each VMM costs the daemon a pidfd and a few short-lived sockets.
     raise_nofile();
+    let backend = Arc::new(MicroVm::new(shoal_images::artifacts::vmm_binary()?));
     let cfg = Config {
         state_dir: a.state_dir.unwrap_or_else(daemon::default_state_dir),
-        vmm: shoal_images::artifacts::vmm_binary()?,
         limits: Limits {
             host_memory_mib: a
                 .host_memory_mib
@@ -112,7 +114,7 @@ fn main() -> Result<()> {
             .unwrap_or_else(|| 2 * std::thread::available_parallelism().map_or(1, |n| n.get())),
         freeze_after: (a.freeze_idle_ms > 0).then(|| Duration::from_millis(a.freeze_idle_ms)),
     };
-    let d = Daemon::open(cfg).map_err(anyhow::Error::msg)?;
+    let d = Daemon::open(cfg, backend).map_err(anyhow::Error::msg)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .max_blocking_threads(2048)

@@ -7,13 +7,10 @@ use super::db::{self, SandboxRow, State, TemplateRow};
 use super::{admission, blocking, random_id, supervisor, ApiError, ApiResult, Daemon, Live};
 use guest_agent::client::Client;
 use shoal_api::{CreateSandbox, TemplateState};
-use shoal_runtime::sandbox::Sandbox;
-use shoal_runtime::vm;
-use std::path::PathBuf;
+use shoal_runtime::backend::Source;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use vmm::api::{self as vmm_api, Request};
 
 /// Largest guest the API accepts (MiB).
 pub const MAX_MEMORY_MIB: u32 = 64 * 1024;
@@ -80,24 +77,22 @@ pub fn admit_and_insert(d: &Daemon, r: &SandboxRow, count: bool) -> ApiResult<()
     })
 }
 
-/// Restores `snapshot` into a new VMM for `row` (already inserted), waits
-/// until it answers, records it as `state` and starts watching it. With
-/// `freeze` (and unless the sandbox is `keep_running`) its vCPUs are
-/// paused at once, before the guest has done anything: on PVM hosts a
-/// freshly restored guest's first moments cost the host far more than its
-/// restore, and nothing needs to run until the first request.
+/// Starts the VM of `row` (already inserted) from `from` through the
+/// daemon's backend, waits until it runs, records it as `state` and starts
+/// watching it. With `freeze` (and unless the sandbox is `keep_running`)
+/// its vCPUs are paused at once, before the guest has done anything: on
+/// PVM hosts a freshly restored guest's first moments cost the host far
+/// more than its restore, and nothing needs to run until the first
+/// request.
 pub async fn start_vmm(
     d: &Arc<Daemon>,
     mut row: SandboxRow,
-    snapshot: PathBuf,
+    from: Source,
     state: State,
     freeze: bool,
 ) -> ApiResult<SandboxRow> {
     let freeze = freeze && !row.keep_running && d.cfg.freeze_after.is_some();
-    let paths = vm::Paths::new(&row.dir);
-    let vmm = d.cfg.vmm.clone();
     let t0 = Instant::now();
-    let p2 = paths.clone();
     let permit = tokio::time::timeout(Duration::from_secs(60), d.restores.acquire())
         .await
         .map_err(|_| {
@@ -105,27 +100,20 @@ pub async fn start_vmm(
                 "too many restores queued for 60 s; retry later".into(),
             ))
         })??;
+    let (backend, dir) = (d.backend.clone(), row.dir.clone());
     let res = blocking("restore", Duration::from_secs(90), move || {
-        let (p, mut ready) =
-            vm::spawn_restore(&vmm, &snapshot, &p2).map_err(|source| ApiError::SpawnVmm {
-                vmm: vmm.clone(),
+        let vm = backend
+            .restore(&dir, &from)
+            .map_err(|source| ApiError::Backend {
+                context: "restore failed",
                 source,
             })?;
-        vm::wait_ready(&p, &mut ready, Duration::from_secs(60)).map_err(|reason| {
-            p.kill();
-            p.wait_gone(Duration::from_secs(2));
-            ApiError::RestoreFailed {
-                reason,
-                log_tail: vm::log_tail(&p2),
-            }
-        })?;
-        let frozen =
-            freeze && vmm_api::call(&p2.api_sock, &Request::Pause, Duration::from_secs(5)).is_ok();
-        Ok((p, frozen))
+        let frozen = freeze && vm.freeze().is_ok();
+        Ok((vm, frozen))
     })
     .await;
     drop(permit);
-    let (p, frozen) = match res {
+    let (vm, frozen) = match res {
         Ok(p) => p,
         Err(e) => {
             d.event(&row.id, "restore_failed", &e.to_string());
@@ -136,7 +124,7 @@ pub async fn start_vmm(
     let live = d
         .live(&row.id)
         .unwrap_or_else(|| Arc::new(Live::new(&row.id, &row.dir, None, true)));
-    live.set_proc(Some(p));
+    live.set_vm(Some(vm.clone()));
     *live.frozen.lock().await = frozen;
     // Nothing runs in a fresh guest until it is asked to: it may be frozen
     // at once (the next request continues it in ~1 ms).
@@ -147,19 +135,20 @@ pub async fn start_vmm(
     // Killed while it was starting: do not resurrect it.
     let still = d.db(|db| db.sandbox(&row.id))?;
     if still.is_none_or(|r| r.state == State::Failed) {
-        p.kill();
+        vm.kill();
         return Err(ApiError::Conflict(format!(
             "sandbox '{}' was removed while starting",
             row.id
         )));
     }
-    row.pid = Some(p.pid);
-    row.pid_start = Some(p.start);
+    row.kind = vm.kind();
+    row.pid = Some(vm.pid());
+    row.backend_state = Some(vm.state());
     row.state = state;
     row.needs_post_restore = true;
     d.db(|db| db.put_sandbox(&row))?;
     d.insert_live(live.clone());
-    supervisor::watch(d.clone(), live, p);
+    supervisor::watch(d.clone(), live, vm);
     Ok(row)
 }
 
@@ -220,11 +209,12 @@ pub async fn create(d: &Arc<Daemon>, req: CreateSandbox) -> ApiResult<SandboxVie
         dir: d.cfg.sandboxes_dir().join(&id),
         id,
         template: tpl.name.clone(),
+        kind: tpl.kind,
         state: State::Starting,
         vcpus: tpl.vcpus,
         memory_mib: tpl.memory_mib,
         pid: None,
-        pid_start: None,
+        backend_state: None,
         created_at: now,
         last_active: now,
         ttl_s: req.ttl_s,
@@ -257,7 +247,8 @@ pub async fn create(d: &Arc<Daemon>, req: CreateSandbox) -> ApiResult<SandboxVie
     d.metrics.pool_misses.fetch_add(1, Ordering::Relaxed);
     admit_and_insert(d, &row, true)?;
     let id = row.id.clone();
-    let r = match start_vmm(d, row, tpl.dir.clone(), State::Running, true).await {
+    let from = Source::Template(tpl.dir.clone());
+    let r = match start_vmm(d, row, from, State::Running, true).await {
         Ok(r) => r,
         Err(e) => {
             let _ = d.db(|db| db.delete_sandbox(&id));
@@ -280,6 +271,11 @@ pub fn ready_template(d: &Daemon, name: &str) -> ApiResult<TemplateRow> {
         None => Err(ApiError::NotFound(format!(
             "no template '{name}' (see GET /v1/templates)"
         ))),
+        Some(t) if t.kind != d.backend.kind() => Err(ApiError::Conflict(format!(
+            "template '{name}' is of kind {}; this daemon runs {} sandboxes",
+            t.kind,
+            d.backend.kind()
+        ))),
         Some(t) if t.state == TemplateState::Ready => Ok(t),
         Some(t) if t.state == TemplateState::Building => Err(ApiError::Conflict(format!(
             "template '{name}' is still being built"
@@ -291,13 +287,13 @@ pub fn ready_template(d: &Daemon, name: &str) -> ApiResult<TemplateRow> {
     }
 }
 
-/// Stops a VMM now (SIGKILL: the guest has nothing to save) and forgets
+/// Stops a VM now (SIGKILL: the guest has nothing to save) and forgets
 /// the live side; the supervisor reaps the process.
 async fn stop_live(live: &Live) {
     live.expect_exit.store(true, Ordering::Release);
     *live.client.lock().await = None;
-    if let Some(p) = live.proc() {
-        p.kill();
+    if let Some(vm) = live.vm() {
+        vm.kill();
     }
 }
 
@@ -365,23 +361,30 @@ pub async fn agent(d: &Daemon, live: &Live) -> ApiResult<Client> {
         return Ok(c.clone());
     }
     let post = live.needs_post_restore.load(Ordering::Acquire);
-    let sb = Sandbox {
-        id: live.id.clone(),
-        dir: live.paths.dir.clone(),
-        api_sock: live.paths.api_sock.clone(),
-        vsock: live.paths.vsock.clone(),
-    };
+    let endpoint = live
+        .vm()
+        .ok_or_else(|| ApiError::Internal(format!("sandbox '{}' has no VM", live.id)))?
+        .agent();
     let t = d.cfg.agent_timeout;
+    let id = live.id.clone();
     let c = blocking(
         "connecting to the sandbox agent",
         t + Duration::from_secs(5),
         move || {
-            let c = sb
-                .connect(t, post)
-                .map_err(|source| ApiError::AgentUnreachable {
-                    id: sb.id.clone(),
-                    source,
-                })?;
+            let unreachable = |source| ApiError::AgentUnreachable {
+                id: id.clone(),
+                source,
+            };
+            let c = endpoint.connect(t).map_err(&unreachable)?;
+            if post {
+                // The first connection after a restore: clones never share
+                // randomness or a stale clock.
+                c.post_restore(
+                    shoal_runtime::fresh::entropy(),
+                    shoal_runtime::fresh::unix_nanos(),
+                )
+                .map_err(&unreachable)?;
+            }
             c.set_timeout(Some(Duration::from_secs(120)));
             Ok(c)
         },

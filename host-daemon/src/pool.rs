@@ -13,6 +13,7 @@
 
 use super::db::{self, SandboxRow, State};
 use super::{ops, random_id, ApiError, Daemon};
+use shoal_runtime::backend::Source;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -85,11 +86,12 @@ async fn fill_one(d: &Arc<Daemon>, tpl: &str) -> bool {
         dir: d.cfg.sandboxes_dir().join(&id),
         id: id.clone(),
         template: t.name.clone(),
+        kind: t.kind,
         state: State::Starting,
         vcpus: t.vcpus,
         memory_mib: t.memory_mib,
         pid: None,
-        pid_start: None,
+        backend_state: None,
         created_at: now,
         last_active: now,
         ttl_s: 0,
@@ -112,7 +114,8 @@ async fn fill_one(d: &Arc<Daemon>, tpl: &str) -> bool {
         }
     }
     let res = async {
-        let r = ops::start_vmm(d, row, t.dir.clone(), State::Starting, false).await?;
+        let from = Source::Template(t.dir.clone());
+        let r = ops::start_vmm(d, row, from, State::Starting, false).await?;
         let live = d
             .live(&r.id)
             .ok_or_else(|| ApiError::Internal("pooled sandbox vanished".into()))?;

@@ -1,23 +1,23 @@
-//! Supervision: every VMM is watched through a pidfd, so a death is
-//! noticed at once (marked failed, reclaimed); TTLs and idle timeouts are
-//! swept periodically; and on start the daemon reattaches to the VMMs that
-//! outlived it or reclaims what is left of the others.
+//! Supervision: every sandbox's VM process is watched through a pidfd, so
+//! a death is noticed at once (marked failed, reclaimed); TTLs and idle
+//! timeouts are swept periodically; and on start the daemon reattaches to
+//! the VMs that outlived it or reclaims what is left of the others, all
+//! through its backend.
 
 use super::db::{self, State};
 use super::{ops, Daemon, Live};
-use shoal_runtime::vm;
+use shoal_runtime::backend::SandboxVm;
 use std::collections::HashSet;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
-use vmm::api::{self as vmm_api, Request};
 
-/// Watches `p` (the VMM of `live`) until it exits.
-pub fn watch(d: Arc<Daemon>, live: Arc<Live>, p: vm::Proc) {
+/// Watches `vm` (the VM of `live`) until its process exits.
+pub fn watch(d: Arc<Daemon>, live: Arc<Live>, vm: Arc<dyn SandboxVm>) {
     tokio::spawn(async move {
-        let afd = p.pidfd().and_then(|fd| {
+        let afd = vm.exit_fd().and_then(|fd| {
             // SAFETY: the AsyncFd owns the OwnedFd, which stays open and
             // unchanged until the AsyncFd is dropped.
             unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE) }
@@ -29,27 +29,27 @@ pub fn watch(d: Arc<Daemon>, live: Arc<Live>, p: vm::Proc) {
             }
             Err(_) => {
                 // No pidfd (old kernel, or already gone): poll.
-                while p.alive() {
+                while vm.alive() {
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
             }
         }
-        exited(&d, &live, p).await;
+        exited(&d, &live, &vm).await;
     });
 }
 
-async fn exited(d: &Arc<Daemon>, live: &Arc<Live>, p: vm::Proc) {
-    p.reap();
-    if live.proc() != Some(p) || live.expect_exit.load(Ordering::Acquire) {
-        return; // the daemon's doing (kill, pause), or an older VMM
+async fn exited(d: &Arc<Daemon>, live: &Arc<Live>, vm: &Arc<dyn SandboxVm>) {
+    vm.reap();
+    if !live.is_current(vm) || live.expect_exit.load(Ordering::Acquire) {
+        return; // the daemon's doing (kill, pause), or an older VM
     }
     d.metrics.vmm_deaths.fetch_add(1, Ordering::Relaxed);
-    live.set_proc(None);
+    live.set_vm(None);
     *live.client.lock().await = None;
     let why = format!(
         "VMM (pid {}) exited unexpectedly: {}",
-        p.pid,
-        vm::log_tail(&live.paths)
+        vm.pid(),
+        vm.last_words()
     );
     reclaim(d, &live.id, &why).await;
 }
@@ -153,12 +153,35 @@ pub async fn recover(d: &Arc<Daemon>) -> Recovery {
     let mut keep_dirs = HashSet::new();
     let mut tracked = HashSet::new();
     for r in rows {
+        let lost = |what: &str| {
+            format!(
+                "VMM lost while the daemon was down (state was {}): {what}",
+                r.state.as_str()
+            )
+        };
+        if r.kind != d.backend.kind() && r.state != State::Failed {
+            // Another kind's VM: this daemon cannot run or reattach it.
+            let why = format!(
+                "a {} sandbox, and this daemon runs {} sandboxes",
+                r.kind,
+                d.backend.kind()
+            );
+            let _ = d.db(|db| db.set_state(&r.id, State::Failed, Some(&why)));
+            keep_dirs.insert(r.dir.clone());
+            rec.reclaimed += 1;
+            continue;
+        }
+        let (backend, dir, state) = (d.backend.clone(), r.dir.clone(), r.backend_state.clone());
         match r.state {
             State::Paused => {
-                let live = Arc::new(Live::new(&r.id, &r.dir, None, true));
-                if live.paths.latest_snapshot().is_some() {
+                let ok = tokio::task::spawn_blocking(move || {
+                    state.is_some_and(|s| backend.can_resume(&dir, &s))
+                })
+                .await
+                .unwrap_or(false);
+                if ok {
                     keep_dirs.insert(r.dir.clone());
-                    d.insert_live(live);
+                    d.insert_live(Arc::new(Live::new(&r.id, &r.dir, None, true)));
                     rec.paused += 1;
                 } else {
                     let _ =
@@ -166,54 +189,44 @@ pub async fn recover(d: &Arc<Daemon>) -> Recovery {
                 }
             }
             State::Failed => {}
-            State::Running | State::Pooled | State::Starting | State::Pausing => {
-                let p = r
-                    .pid
-                    .zip(r.pid_start)
-                    .map(|(pid, start)| vm::Proc { pid, start });
-                let sock = r.dir.join("api.sock");
-                let usable: Option<bool> = match p {
-                    Some(p) if p.alive() && matches!(r.state, State::Running | State::Pooled) => {
-                        tokio::task::spawn_blocking(move || {
-                            // Running, or frozen (vCPUs paused by the freezer).
-                            let st = vmm_api::call(&sock, &Request::Stats, Duration::from_secs(3))
-                                .ok()
-                                .and_then(|s| s.stats)
-                                .map(|s| s.state);
-                            match st.as_deref() {
-                                Some("running") => Some(false),
-                                Some("paused") => Some(true),
-                                _ => None,
-                            }
-                        })
-                        .await
-                        .unwrap_or(None)
+            State::Starting | State::Pausing => {
+                // Half started or half paused: whatever runs is unusable.
+                let _ = tokio::task::spawn_blocking(move || {
+                    if let Some(s) = state {
+                        backend.discard(&dir, &s);
                     }
-                    _ => None,
-                };
-                match (p, usable) {
-                    (Some(p), Some(frozen)) => {
-                        let live =
-                            Arc::new(Live::new(&r.id, &r.dir, Some(p), r.needs_post_restore));
-                        *live.frozen.lock().await = frozen;
+                })
+                .await;
+                reclaim(d, &r.id, &lost("it was not running")).await;
+                rec.reclaimed += 1;
+            }
+            State::Running | State::Pooled => {
+                let found = tokio::task::spawn_blocking(move || match state {
+                    Some(s) => backend.reattach(&dir, &s).map_err(|e| e.to_string()),
+                    None => Err("no backend state recorded".into()),
+                })
+                .await
+                .unwrap_or_else(|e| Err(e.to_string()));
+                match found {
+                    Ok(found) => {
+                        let vm = found.vm;
+                        let live = Arc::new(Live::new(
+                            &r.id,
+                            &r.dir,
+                            Some(vm.clone()),
+                            r.needs_post_restore,
+                        ));
+                        *live.frozen.lock().await = found.frozen;
                         live.keep_running.store(r.keep_running, Ordering::Release);
                         d.insert_live(live.clone());
-                        watch(d.clone(), live, p);
                         keep_dirs.insert(r.dir.clone());
-                        tracked.insert(p.pid);
-                        d.event(&r.id, "reattached", &format!("VMM pid {}", p.pid));
+                        tracked.insert(vm.pid());
+                        d.event(&r.id, "reattached", &format!("VMM pid {}", vm.pid()));
+                        watch(d.clone(), live, vm);
                         rec.reattached += 1;
                     }
-                    _ => {
-                        if let Some(p) = p {
-                            p.kill();
-                            p.wait_gone(Duration::from_secs(2));
-                        }
-                        let why = format!(
-                            "VMM lost while the daemon was down (state was {})",
-                            r.state.as_str()
-                        );
-                        reclaim(d, &r.id, &why).await;
+                    Err(e) => {
+                        reclaim(d, &r.id, &lost(&e)).await;
                         rec.reclaimed += 1;
                     }
                 }
@@ -230,13 +243,12 @@ pub async fn recover(d: &Arc<Daemon>) -> Recovery {
             rec.stray_dirs += 1;
         }
     }
-    for p in vm::vmms_under(&d.cfg.sandboxes_dir()) {
-        if !tracked.contains(&p.pid) {
-            p.kill();
-            p.wait_gone(Duration::from_secs(2));
-            rec.stray_vmms += 1;
-        }
-    }
+    let (backend, root) = (d.backend.clone(), d.cfg.sandboxes_dir());
+    rec.stray_vmms = tokio::task::spawn_blocking(move || {
+        backend.reclaim_strays(&root, &|pid| tracked.contains(&pid))
+    })
+    .await
+    .unwrap_or(0);
     tracing::info!(
         reattached = rec.reattached,
         reclaimed = rec.reclaimed,

@@ -100,6 +100,7 @@ pub fn create_template(d: &Arc<Daemon>, req: CreateTemplate) -> ApiResult<Templa
     let t = TemplateRow {
         name: req.name.clone(),
         source: format!("image:{}", req.image),
+        kind: d.backend.kind(),
         vcpus,
         memory_mib: mem,
         dir: Default::default(),
@@ -145,17 +146,20 @@ async fn build(d: Arc<Daemon>, name: String, mut spec: TemplateSpec, layers: Vec
     let _g = d.building.lock().await;
     let t0 = Instant::now();
     let n2 = name.clone();
+    let backend = d.backend.clone();
     let res = tokio::task::spawn_blocking(move || {
         spec.layers = layers
             .iter()
             .map(|l| resolve_layer(l))
-            .collect::<Result<_, _>>()?;
-        sandbox::template(&spec, &mut |l| tracing::info!(template = %n2, "{l}"))
+            .collect::<Result<_, _>>()
+            .map_err(|e| e.to_string())?;
+        backend
+            .build_template(&spec, &mut |l| tracing::info!(template = %n2, "{l}"))
+            .map_err(|e| e.to_string())
     })
     .await;
     let res = match res {
-        Ok(Ok(dir)) => Ok(dir),
-        Ok(Err(e)) => Err(e.to_string()),
+        Ok(r) => r,
         Err(e) => Err(e.to_string()),
     };
     let r = d.db(|db| {

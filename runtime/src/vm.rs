@@ -133,6 +133,11 @@ impl Proc {
     }
 }
 
+/// `shoal-vmm` processes whose command line names a path under `root`.
+pub fn vmms_under(root: &Path) -> Vec<Proc> {
+    processes_under(root, "shoal-vmm")
+}
+
 /// Processes whose program name (argv[0]) ends in `program` and whose
 /// command line names a path under `root`: (pid, start time).
 pub fn processes_under(root: &Path, program: &str) -> Vec<Proc> {

@@ -61,6 +61,30 @@ impl MicroVm {
         MicroVm { vmm: vmm.into() }
     }
 
+    /// The state of a sandbox recorded by a daemon from before backend
+    /// states (schema v2: a pid and start time for a running VMM, the
+    /// newest `snap-*` in its directory for a paused one), so that VMMs
+    /// running across the upgrade are reattached.
+    pub fn state_before_v3(
+        dir: &Path,
+        paused: bool,
+        pid: Option<i32>,
+        start: Option<u64>,
+    ) -> Option<BackendState> {
+        let paths = Paths::new(dir);
+        let saved = match (paused, pid, start) {
+            (true, _, _) => Saved::Paused { snapshot: None },
+            (false, Some(pid), Some(start)) => Saved::Running {
+                pid,
+                start,
+                api_sock: paths.api_sock,
+                vsock: paths.vsock,
+            },
+            _ => return None,
+        };
+        Some(BackendState::encode(&saved))
+    }
+
     fn snapshot_of(&self, dir: &Path, snapshot: Option<&Path>) -> Option<PathBuf> {
         snapshot
             .filter(|s| s.join("state").is_file())
