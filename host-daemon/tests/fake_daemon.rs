@@ -1,0 +1,12 @@
+//! shoald's logic without KVM: a daemon in this process whose sandboxes
+//! are the fake backend's (real `shoal-agent` processes on the host, which
+//! freeze, pause to disk, die and get killed as VMs do), driven through
+//! its HTTP API. What it checks: operations and lifecycle, pools,
+//! supervision, admission, TTL and idle timeouts, recovery on restart.
+
+#[path = "fake_daemon/harness.rs"]
+mod harness;
+#[path = "fake_daemon/lifecycle.rs"]
+mod lifecycle;
+#[path = "fake_daemon/supervision.rs"]
+mod supervision;
