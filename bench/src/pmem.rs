@@ -403,11 +403,8 @@ fn memory_pass(
                             lock(&first_err).get_or_insert(e.to_string());
                         }
                     }
-                    let _ = vmm::api::call(
-                        &vm.restored.sock,
-                        &vmm::api::Request::Pause,
-                        Duration::from_secs(30),
-                    );
+                    let _ =
+                        vmm_api::Client::new(&vm.restored.sock, Duration::from_secs(30)).pause();
                     lock(&vms).push(vm);
                 });
             }

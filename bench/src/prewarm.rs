@@ -12,7 +12,7 @@ use std::process::Child;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use vmm::api::{self, Request};
+use vmm_api::Client;
 
 /// Results.
 #[derive(Debug, Serialize)]
@@ -50,7 +50,7 @@ fn spawn(vmm: &Path, dir: &Path, i: usize, memory_mib: u32) -> std::io::Result<W
         .map_err(std::io::Error::other)?
         .child;
     let end = Instant::now() + Duration::from_secs(30);
-    while api::call(&sock, &Request::Stats, Duration::from_secs(5)).is_err() {
+    while Client::new(&sock, Duration::from_secs(5)).stats().is_err() {
         if Instant::now() > end {
             break;
         }
@@ -62,21 +62,15 @@ fn spawn(vmm: &Path, dir: &Path, i: usize, memory_mib: u32) -> std::io::Result<W
 impl Warm {
     fn restore(&self, tpl: &Path) -> Result<(f64, f64), String> {
         let t0 = Instant::now();
-        let r = api::call(
-            &self.sock,
-            &Request::Restore {
-                dir: tpl.into(),
-                disks: vec![],
-            },
-            Duration::from_secs(60),
-        )
-        .map_err(|e| e.to_string())?;
+        let r = Client::new(&self.sock, Duration::from_secs(60))
+            .restore(tpl, &[])
+            .map_err(|e| e.to_string())?;
         let rtt = t0.elapsed().as_secs_f64() * 1e3;
-        Ok((r.restore_ms.unwrap_or(rtt), rtt))
+        Ok((r.restore_ms, rtt))
     }
 
     fn stop(mut self) {
-        let _ = api::call(&self.sock, &Request::Shutdown, Duration::from_secs(10));
+        let _ = Client::new(&self.sock, Duration::from_secs(10)).shutdown();
         let _ = self.child.wait();
     }
 }

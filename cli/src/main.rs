@@ -568,14 +568,14 @@ fn main() {
             VmCmd::Start { sandbox } => sb::start(&sandbox),
             VmCmd::Ls => sb::ls(),
             VmCmd::Stop { id } => sb::stop(&id),
-            VmCmd::Pause { id } => sb::control(&id, vmm::api::Request::Pause),
-            VmCmd::Resume { id } => sb::control(&id, vmm::api::Request::Resume),
-            VmCmd::Stats { id } => sb::control(&id, vmm::api::Request::Stats),
+            VmCmd::Pause { id } => sb::control(&id, vmm_api::Request::Pause),
+            VmCmd::Resume { id } => sb::control(&id, vmm_api::Request::Resume),
+            VmCmd::Stats { id } => sb::control(&id, vmm_api::Request::Stats),
             VmCmd::Exec { id, exec } => sb::exec(&id, &exec),
             VmCmd::Cp { src, dst } => sb::cp(&src, &dst),
             VmCmd::Snapshot { id, dir, diff } => {
                 let dir = std::path::absolute(&dir).unwrap_or(dir);
-                sb::control(&id, vmm::api::Request::Snapshot { dir, diff })
+                sb::control(&id, vmm_api::Request::Snapshot { dir, diff })
             }
         },
         Cmd::Restore { dir, sock, vsock } => restore_fg(dir, sock, vsock),

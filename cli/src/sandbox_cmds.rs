@@ -132,13 +132,9 @@ pub fn start(a: &SandboxArgs) -> Result<i32> {
 pub fn ls() -> Result<i32> {
     for id in Sandbox::list() {
         let st = Sandbox::open(&id).ok().and_then(|s| {
-            vmm::api::call(
-                &s.api_sock,
-                &vmm::api::Request::Stats,
-                Duration::from_secs(5),
-            )
-            .ok()
-            .and_then(|r| r.stats)
+            vmm_api::Client::new(&s.api_sock, Duration::from_secs(5))
+                .stats()
+                .ok()
         });
         match st {
             Some(s) => println!(
@@ -162,10 +158,10 @@ pub fn stop(id: &str) -> Result<i32> {
 }
 
 /// `shoal vm pause|resume|stats`, `shoal snapshot`.
-pub fn control(id: &str, req: vmm::api::Request) -> Result<i32> {
+pub fn control(id: &str, req: vmm_api::Request) -> Result<i32> {
     let sb = Sandbox::open(id)?;
-    let r = vmm::api::call(&sb.api_sock, &req, Duration::from_secs(300))?;
-    if let (vmm::api::Request::Snapshot { dir, .. }, Some(disk)) =
+    let r = vmm_api::Client::new(&sb.api_sock, Duration::from_secs(300)).call(&req)?;
+    if let (vmm_api::Request::Snapshot { dir, .. }, Some(disk)) =
         (&req, layers::scratch_disk(&sb.dir))
     {
         // The VM stays paused after a snapshot: its scratch disk as it is

@@ -112,7 +112,7 @@ mod tests {
     struct Rec(Vec<(u64, Vec<u8>)>);
     impl BusDevice for Rec {
         fn read(&mut self, offset: u64, data: &mut [u8]) {
-            data.fill(offset as u8);
+            data.fill(offset.to_le_bytes()[0]);
         }
         fn write(&mut self, offset: u64, data: &[u8]) {
             self.0.push((offset, data.to_vec()));

@@ -6,6 +6,7 @@
 
 use crate::bus::BusDevice;
 use crate::irq::IrqLine;
+use snapshot::Persist;
 use std::io::{self, Write};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -140,11 +141,19 @@ impl Drop for BoundedSink {
 
 /// Saved UART registers (mirror of `vm_superio::SerialState`).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct SerialSaved {
+pub struct SerialState {
     /// Divisor latch low/high, IER, IIR, LCR, LSR, MCR, MSR, scratch.
     pub regs: [u8; 9],
     /// Pending input bytes.
     pub in_buffer: Vec<u8>,
+}
+
+/// What restoring a UART needs besides its registers.
+pub struct SerialArgs {
+    /// The interrupt it raises.
+    pub irq: IrqLine,
+    /// Where its output goes.
+    pub sink: BoundedSink,
 }
 
 /// Why a UART could not be restored.
@@ -169,11 +178,17 @@ impl Serial {
     pub fn sink_mut(&mut self) -> &mut BoundedSink {
         self.inner.writer_mut()
     }
+}
+
+impl Persist for Serial {
+    type State = SerialState;
+    type ConstructorArgs = SerialArgs;
+    type Error = SerialRestoreError;
 
     /// Captures the registers.
-    pub fn save_state(&self) -> SerialSaved {
+    fn save(&self) -> Result<SerialState, SerialRestoreError> {
         let s = self.inner.state();
-        SerialSaved {
+        Ok(SerialState {
             regs: [
                 s.baud_divisor_low,
                 s.baud_divisor_high,
@@ -186,15 +201,12 @@ impl Serial {
                 s.scratch,
             ],
             in_buffer: s.in_buffer,
-        }
+        })
     }
 
     /// A UART with saved registers (the FIFO size is checked).
-    pub fn restore(
-        irq: IrqLine,
-        sink: BoundedSink,
-        s: &SerialSaved,
-    ) -> Result<Self, SerialRestoreError> {
+    fn restore(args: SerialArgs, s: &SerialState) -> Result<Self, SerialRestoreError> {
+        let SerialArgs { irq, sink } = args;
         let r = s.regs;
         let state = vm_superio::SerialState {
             baud_divisor_low: r[0],
@@ -283,25 +295,25 @@ mod tests {
         uart.write(0, &[0x0c]); // divisor low
         uart.write(3, &[0x03]);
         uart.write(7, &[0x5a]); // scratch
-        let saved = uart.save_state();
-        let mut back = Serial::restore(
-            IrqLine::new(4).unwrap(),
-            BoundedSink::new(Box::new(out.clone()), 100),
-            &saved,
-        )
-        .unwrap();
-        assert_eq!(back.save_state(), saved);
+        let saved = uart.save().unwrap();
+        let args = |out: &Shared| SerialArgs {
+            irq: IrqLine::new(4).unwrap(),
+            sink: BoundedSink::new(Box::new(out.clone()), 100),
+        };
+        let mut back = Serial::restore(args(&out), &saved).unwrap();
+        assert_eq!(back.save().unwrap(), saved);
+        // Through the snapshot container and back.
+        let mut file = Vec::new();
+        snapshot::write_to(&mut file, &saved).unwrap();
+        let read: SerialState =
+            snapshot::read_from(&mut file.as_slice(), std::path::Path::new("s")).unwrap();
+        assert_eq!(read, saved);
         let mut b = [0u8];
         back.read(7, &mut b);
         assert_eq!(b[0], 0x5a);
         let mut bad = saved.clone();
         bad.in_buffer = vec![0; 1 << 20];
-        assert!(Serial::restore(
-            IrqLine::new(4).unwrap(),
-            BoundedSink::new(Box::new(out), 100),
-            &bad
-        )
-        .is_err());
+        assert!(Serial::restore(args(&out), &bad).is_err());
     }
 
     #[test]

@@ -215,4 +215,4 @@ impl VirtioDevice for Pmem {
 
 #[cfg(test)]
 #[path = "device_tests.rs"]
-mod tests;
+pub(crate) mod tests;

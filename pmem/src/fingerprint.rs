@@ -17,7 +17,8 @@ use std::io;
 use std::os::unix::fs::{FileExt, MetadataExt};
 
 const EDGE: u64 = 1 << 20;
-const BLOCK: u64 = 4096;
+const BLOCK_BYTES: usize = 4096;
+const BLOCK: u64 = BLOCK_BYTES as u64;
 const SAMPLES: u64 = 64;
 
 /// Identity of an image file at snapshot time.
@@ -86,7 +87,7 @@ pub fn fingerprint(file: &File) -> io::Result<ImageFingerprint> {
     h.update(&buf);
     if len >= BLOCK * SAMPLES {
         let step = len / SAMPLES / BLOCK * BLOCK;
-        let mut block = [0u8; BLOCK as usize];
+        let mut block = [0u8; BLOCK_BYTES];
         for i in 1..SAMPLES - 1 {
             read_full_at(file, &mut block, i * step)?;
             h.update(block);

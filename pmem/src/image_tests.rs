@@ -18,7 +18,7 @@ fn pattern(len: u64) -> Vec<u8> {
 
 /// An image of `len` bytes whose first 4 KiB hold `sb` at offset 1024.
 fn with_superblock(len: u64, sb: &[(usize, &[u8])]) -> tempfile::NamedTempFile {
-    let mut b = vec![0u8; len as usize];
+    let mut b = vec![0u8; usize::try_from(len).unwrap()];
     for &(off, bytes) in sb {
         b[1024 + off..1024 + off + bytes.len()].copy_from_slice(bytes);
     }
@@ -219,7 +219,7 @@ fn real_ext4_image_block_size() {
         return;
     }
     for (bs, dax) in [(4096u32, true), (1024, false)] {
-        let f = file_with(&vec![0u8; 8 * MIB as usize]);
+        let f = file_with(&vec![0u8; usize::try_from(8 * MIB).unwrap()]);
         let ok = Command::new("mkfs.ext4")
             .args(["-q", "-F", "-b", &bs.to_string()])
             .arg(f.path())

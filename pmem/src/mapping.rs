@@ -116,6 +116,8 @@ pub struct PmemMapping {
     /// Start of the mapping; owned by this value, unmapped once in `release`.
     host_addr: usize,
     len: u64,
+    /// `len` as mapped.
+    map_len: usize,
     guest_addr: u64,
     before_unmap: Vec<Hook>,
     released: bool,
@@ -178,6 +180,7 @@ impl PmemMapping {
             info,
             host_addr,
             len,
+            map_len,
             guest_addr,
             before_unmap: Vec::new(),
             released: false,
@@ -273,7 +276,7 @@ impl PmemMapping {
         // `from_file`, owned by this value and unmapped only here (guarded by
         // `released`). No Rust reference into it exists: it is only handed
         // out as an integer address.
-        let rc = unsafe { libc::munmap(self.host_addr as *mut libc::c_void, self.len as usize) };
+        let rc = unsafe { libc::munmap(self.host_addr as *mut libc::c_void, self.map_len) };
         if rc != 0 {
             log::warn!(
                 "munmap of pmem image {} failed: {}",

@@ -93,7 +93,7 @@ fn maps_good_image_read_only_and_aligned() {
     assert_eq!(read_mapped(&m, 0, 4096), want[..4096]);
     assert_eq!(
         read_mapped(&m, 3 * MIB + 5, 100),
-        want[3 * MIB as usize + 5..][..100]
+        want[usize::try_from(3 * MIB).unwrap() + 5..][..100]
     );
     assert_eq!(read_mapped(&m, 4 * MIB - 10, 10), want[want.len() - 10..]);
     // Shared, read-only VMA of exactly the image's length.
@@ -115,7 +115,7 @@ fn mapping_cannot_be_made_writable() {
     let rc = unsafe {
         libc::mprotect(
             m.host_addr() as *mut libc::c_void,
-            m.len() as usize,
+            usize::try_from(m.len()).unwrap(),
             libc::PROT_READ | libc::PROT_WRITE,
         )
     };
@@ -192,8 +192,8 @@ fn two_mappings_share_the_page_cache() {
     let b = PmemMapping::open(f.path(), GPA + 4 * MIB).unwrap();
     assert_ne!(a.host_addr(), b.host_addr());
     assert_eq!(
-        read_mapped(&a, 0, 4 * MIB as usize),
-        read_mapped(&b, 0, 4 * MIB as usize)
+        read_mapped(&a, 0, usize::try_from(4 * MIB).unwrap()),
+        read_mapped(&b, 0, usize::try_from(4 * MIB).unwrap())
     );
     // A change to the file (a host-side write, never a guest's) shows in
     // both mappings at once: they map the page cache, not private copies.
@@ -259,5 +259,5 @@ fn failed_hook_leaks_the_range_instead_of_unmapping() {
     assert!(mapped(addr), "still mapped: the guest might reach it");
     // Clean up the deliberately leaked range.
     // SAFETY: the test owns this leaked mapping and nothing else uses it.
-    unsafe { libc::munmap(addr as *mut libc::c_void, (2 * MIB) as usize) };
+    unsafe { libc::munmap(addr as *mut libc::c_void, usize::try_from(2 * MIB).unwrap()) };
 }

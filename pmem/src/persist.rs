@@ -7,9 +7,9 @@
 //! (`devices::virtio::persist::MmioState`, via `queue_states`).
 //!
 //! Restore order in the VMM: [`PmemMapping::restore`] (checks and maps the
-//! image at the saved address), register its KVM slot, then
-//! `Pmem::restore(mapping.backing(), &state)` and the transport's
-//! `restore_state`, which re-activates the device.
+//! image at the saved address), register its KVM slot, then a device over
+//! the mapping (`Pmem::restore(mapping.backing(), &state)` checks that the
+//! two match) and the transport's `Persist::restore`, which re-activates it.
 
 use crate::device::Pmem;
 use crate::fingerprint::{fingerprint, ImageChange, ImageFingerprint};
@@ -162,3 +162,7 @@ impl PmemMapping {
         Ok(PmemMapping::from_file(file, &state.path, state.guest_addr)?)
     }
 }
+
+#[cfg(test)]
+#[path = "persist_tests.rs"]
+mod tests;

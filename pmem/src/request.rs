@@ -22,7 +22,7 @@ pub const RESP_OK: u32 = 0;
 pub const RESP_EIO: u32 = 1;
 
 const REQ_LEN: usize = 4;
-const RESP_LEN: usize = 4;
+const RESP_LEN: u32 = 4;
 
 /// What was wrong with a request.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -72,7 +72,7 @@ pub fn handle(mem: &GuestMemoryMmap, descs: &[Descriptor]) -> Completion {
     // Answer into the device-writable descriptors only.
     let out: Vec<&Descriptor> = writable.iter().filter(|d| d.is_write_only()).collect();
     let room: u64 = out.iter().map(|d| u64::from(d.len())).sum();
-    if room < RESP_LEN as u64 {
+    if room < u64::from(RESP_LEN) {
         return Completion {
             used_len: 0,
             error: Some(RequestError::ShortResponse(room)),
@@ -85,7 +85,7 @@ pub fn handle(mem: &GuestMemoryMmap, descs: &[Descriptor]) -> Completion {
         };
     }
     Completion {
-        used_len: RESP_LEN as u32,
+        used_len: RESP_LEN,
         error: status.err(),
     }
 }

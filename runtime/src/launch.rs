@@ -216,7 +216,8 @@ impl BootSpec {
                 // triple fault, which -no-reboot turns into an exit.
                 let extra = format!("{kernel_args} virtio_mmio.device=512@0xfeb00e00:12 reboot=t");
                 let root = self.root_kind_for(monitor);
-                let cmdline = vmm::boot::insert_kernel_args(&self.full_cmdline(root), extra.trim());
+                let cmdline =
+                    vmm_api::cmdline::insert_kernel_args(&self.full_cmdline(root), extra.trim());
                 let readonly = if root == RootKind::Blk {
                     ",readonly=on"
                 } else {

@@ -13,7 +13,6 @@ use shoal_images::artifacts;
 use shoal_images::layers::{self, LayerError, Upper};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
-use vmm::api::{self, Request};
 
 /// Errors managing sandboxes.
 #[derive(Debug, thiserror::Error)]
@@ -408,7 +407,7 @@ impl Sandbox {
     /// Stops the VM and removes the sandbox's files. `child` is the VMM
     /// process when this process started it (it is then reaped here).
     pub fn stop(&self, child: Option<&mut std::process::Child>) {
-        let _ = api::call(&self.api_sock, &Request::Shutdown, Duration::from_secs(10));
+        let _ = vmm_api::Client::new(&self.api_sock, Duration::from_secs(10)).shutdown();
         let end = Instant::now() + Duration::from_secs(5);
         match child {
             Some(c) => {

@@ -7,7 +7,7 @@ use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::Child;
 use std::time::{Duration, Instant};
-use vmm::api::{self, Request, SnapshotInfo};
+use vmm_api::{Client, SnapshotInfo};
 
 /// Errors making or restoring templates.
 #[derive(Debug, thiserror::Error)]
@@ -23,7 +23,7 @@ pub enum TemplateError {
     NotReady(String),
     /// A control request failed.
     #[error(transparent)]
-    Api(#[from] api::ApiError),
+    Api(#[from] vmm_api::ApiError),
     /// The control socket never came up.
     #[error("VMM control socket {0} did not come up")]
     NoSocket(PathBuf),
@@ -112,24 +112,12 @@ pub fn make_with(
         wait_until_idle(child.id(), QUIET_WINDOW, QUIET_MAX);
     }
     let t = Duration::from_secs(60);
-    let info = api::call(
-        &sock,
-        &Request::Snapshot {
-            dir: dir.into(),
-            diff: false,
-        },
-        t,
-    );
-    let _ = api::call(&sock, &Request::Shutdown, t);
+    let vmm = Client::new(&sock, t);
+    let info = vmm.snapshot(dir, false);
+    let _ = vmm.shutdown();
     let _ = child.wait();
     let _ = std::fs::remove_file(&sock);
-    Ok(info?.snapshot.unwrap_or_else(|| SnapshotInfo {
-        dir: dir.into(),
-        state_bytes: 0,
-        memory_bytes: 0,
-        pause_ms: 0.0,
-        save_ms: 0.0,
-    }))
+    Ok(info?)
 }
 
 /// One connection doing what a fresh clone's first client does: hello,
@@ -249,7 +237,7 @@ impl Restored {
 
     /// Shuts the VM down and reaps the process; returns its stderr.
     pub fn shutdown(mut self) -> String {
-        let _ = api::call(&self.sock, &Request::Shutdown, Duration::from_secs(10));
+        let _ = Client::new(&self.sock, Duration::from_secs(10)).shutdown();
         let mut err = String::new();
         if let Some(mut e) = self.child.stderr.take() {
             let _ = std::io::Read::read_to_string(&mut e, &mut err);

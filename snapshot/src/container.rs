@@ -105,7 +105,14 @@ pub fn read_from<T: DeserializeOwned, R: Read>(r: &mut R, path: &Path) -> Result
         });
     }
     let crc = u32::from_le_bytes(field(20, 24).try_into().unwrap_or_default());
-    let mut body = vec![0u8; len as usize];
+    // At most MAX_STATE_BYTES (64 MiB), checked above.
+    let mut body = vec![
+        0u8;
+        usize::try_from(len).map_err(|_| SnapshotError::TooLarge {
+            path: path.into(),
+            len
+        })?
+    ];
     if !read_full(r, &mut body).map_err(io)? {
         return Err(SnapshotError::Truncated(path.into()));
     }

@@ -24,7 +24,6 @@ use std::path::{Path, PathBuf};
 use std::process::Child;
 use std::sync::OnceLock;
 use std::time::Duration;
-use vmm::api::{self, Request};
 
 const UP: Duration = Duration::from_secs(180);
 const BIG: &str = "/data/big.bin";
@@ -262,9 +261,8 @@ fn pmem_root_is_dax_with_a_private_overlay_per_vm() {
     );
     assert_eq!(sh_ok(&a, "cat /etc/.w"), "AAA\n", "A keeps its own");
     // The VMM dropped and counted the raw device writes.
-    let stats = api::call(&ra.sb.api_sock, &Request::Stats, Duration::from_secs(10))
-        .unwrap()
-        .stats
+    let stats = vmm_api::Client::new(&ra.sb.api_sock, Duration::from_secs(10))
+        .stats()
         .unwrap();
     assert!(stats.pmem_guest_writes > 0, "{stats:?}");
 

@@ -200,16 +200,10 @@ fn snapshot_clones_keep_state_and_diverge() {
               while :; do sleep 1; done) >/dev/null 2>&1 & echo $! > /tmp/pid; echo ok",
         );
         assert_eq!((out.as_str(), st), ("ok\n", ExitStatus::Exited(0)));
-        let resp = vmm::api::call(
-            &r.sb.api_sock,
-            &vmm::api::Request::Snapshot {
-                dir: snap.clone(),
-                diff: false,
-            },
-            Duration::from_secs(120),
-        )
-        .unwrap();
-        assert!(resp.snapshot.is_some());
+        let info = vmm_api::Client::new(&r.sb.api_sock, Duration::from_secs(120))
+            .snapshot(&snap, false)
+            .unwrap();
+        assert_eq!(info.dir, snap);
     }
     let mut randoms = Vec::new();
     for i in 0..3 {

@@ -4,9 +4,16 @@
 //!
 //! `cargo run -p vmm --example guestprof -- API_SOCK SYSTEM_MAP [SAMPLES] [INTERVAL_MS]`
 
+#![warn(
+    clippy::cast_possible_truncation,
+    clippy::cast_possible_wrap,
+    clippy::cast_sign_loss,
+    clippy::cast_lossless
+)]
+
 use std::collections::BTreeMap;
 use std::time::Duration;
-use vmm::api::{call, Request};
+use vmm_api::Client;
 
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
@@ -29,16 +36,12 @@ fn main() -> anyhow::Result<()> {
     syms.sort();
     let mut hist: BTreeMap<String, usize> = BTreeMap::new();
     let mut taken = 0;
+    let api = Client::new(&args[1], Duration::from_secs(5));
     for _ in 0..n {
-        let r = match call(
-            std::path::Path::new(&args[1]),
-            &Request::Sample,
-            Duration::from_secs(5),
-        ) {
-            Ok(r) => r,
-            Err(_) => break, // the VM ended
+        let Ok(rips) = api.sample() else {
+            break; // the VM ended
         };
-        for rip in r.rips.unwrap_or_default() {
+        for rip in rips {
             let i = syms.partition_point(|(a, _)| *a <= rip);
             let name = if rip < 0xffff_8000_0000_0000 {
                 "(user)".to_string()
@@ -58,7 +61,7 @@ fn main() -> anyhow::Result<()> {
     for (name, c) in v.iter().take(40) {
         println!(
             "{:6.1}%  {c:5}  {name}",
-            *c as f64 * 100.0 / taken.max(1) as f64
+            *c as f64 * 100.0 / f64::from(taken.max(1))
         );
     }
     Ok(())

@@ -1,10 +1,20 @@
 //! Prints the vCPU and interrupt-controller state of a snapshot (debugging
 //! aid): `cargo run -p vmm --example snapdump -- DIR`.
 
+#![warn(
+    clippy::cast_possible_truncation,
+    clippy::cast_possible_wrap,
+    clippy::cast_sign_loss,
+    clippy::cast_lossless
+)]
+
 use vmm::persist::SnapshotState;
 
 fn lapic_reg(regs: &[std::os::raw::c_char], off: usize) -> u32 {
-    let b: Vec<u8> = regs[off..off + 4].iter().map(|&c| c as u8).collect();
+    let b: Vec<u8> = regs[off..off + 4]
+        .iter()
+        .map(|&c| c.to_ne_bytes()[0])
+        .collect();
     u32::from_le_bytes([b[0], b[1], b[2], b[3]])
 }
 

@@ -57,6 +57,15 @@ pub enum BootError {
     /// Writing boot data to guest memory failed.
     #[error("cannot write {0} to guest memory")]
     Write(&'static str),
+    /// The initrd landed where the boot protocol's 32-bit fields cannot
+    /// say (it is placed below the end of low RAM, so never).
+    #[error("initrd at {addr:#x} (+{size:#x}) is not below 4 GiB")]
+    InitrdHigh {
+        /// Its guest address.
+        addr: u64,
+        /// Its size.
+        size: u64,
+    },
     /// The host could not supply random bytes for the guest's RNG seed.
     #[error("cannot get random bytes for the guest RNG seed: {0}")]
     Random(std::io::Error),
@@ -66,6 +75,8 @@ pub enum BootError {
 const SETUP_RNG_SEED: u32 = 9;
 /// Seed length: 256 bits, what the guest's CRNG needs to be ready.
 pub const RNG_SEED_LEN: usize = 32;
+#[allow(clippy::cast_possible_truncation)] // 32
+const RNG_SEED_LEN_U32: u32 = RNG_SEED_LEN as u32;
 
 /// Fresh random bytes from the host kernel.
 fn host_random(buf: &mut [u8]) -> Result<(), BootError> {
@@ -82,7 +93,7 @@ fn host_random(buf: &mut [u8]) -> Result<(), BootError> {
             }
             return Err(BootError::Random(e));
         }
-        done += n as usize;
+        done += n.unsigned_abs();
     }
     Ok(())
 }
@@ -98,7 +109,7 @@ fn write_rng_seed(mem: &GuestMemoryMmap) -> Result<u64, BootError> {
     let mut entry = [0u8; 16 + RNG_SEED_LEN];
     // struct setup_data { u64 next; u32 type; u32 len; u8 data[]; }
     entry[8..12].copy_from_slice(&SETUP_RNG_SEED.to_le_bytes());
-    entry[12..16].copy_from_slice(&(RNG_SEED_LEN as u32).to_le_bytes());
+    entry[12..16].copy_from_slice(&RNG_SEED_LEN_U32.to_le_bytes());
     host_random(&mut entry[16..])?;
     mem.write_slice(&entry, GuestAddress(SETUP_DATA_ADDR))
         .map_err(|_| BootError::Write("RNG seed"))?;
@@ -179,6 +190,10 @@ pub fn load_initrd(
     Ok((addr, size))
 }
 
+/// [`CMDLINE_ADDR`] as the boot protocol's 32-bit field.
+#[allow(clippy::cast_possible_truncation)] // a constant below 1 MiB
+const CMDLINE_ADDR_U32: u32 = CMDLINE_ADDR as u32;
+
 /// Writes the command line and boot parameters.
 pub fn write_boot_params(
     mem: &GuestMemoryMmap,
@@ -202,12 +217,15 @@ pub fn write_boot_params(
     p.hdr.boot_flag = 0xaa55;
     p.hdr.header = 0x5372_6448; // "HdrS"
     p.hdr.kernel_alignment = 0x0100_0000;
-    p.hdr.cmd_line_ptr = CMDLINE_ADDR as u32;
-    p.hdr.cmdline_size = cmdline.len() as u32;
+    p.hdr.cmd_line_ptr = CMDLINE_ADDR_U32;
+    // Shorter than CMDLINE_MAX, checked above.
+    p.hdr.cmdline_size =
+        u32::try_from(cmdline.len()).map_err(|_| BootError::CmdlineTooLong(cmdline.len()))?;
     p.hdr.setup_data = write_rng_seed(mem)?;
     if let Some((addr, size)) = initrd {
-        p.hdr.ramdisk_image = addr as u32;
-        p.hdr.ramdisk_size = size as u32;
+        let high = || BootError::InitrdHigh { addr, size };
+        p.hdr.ramdisk_image = u32::try_from(addr).map_err(|_| high())?;
+        p.hdr.ramdisk_size = u32::try_from(size).map_err(|_| high())?;
     }
     let mut e820 = vec![(0, LOW_RAM_END)];
     for (start, len) in ram_ranges(mem_bytes) {
@@ -220,61 +238,16 @@ pub fn write_boot_params(
             size,
             r#type: 1, // usable RAM
         };
-        p.e820_entries = (i + 1) as u8;
+        // At most three entries (low RAM, RAM below and above the gap).
+        p.e820_entries = u8::try_from(i + 1).map_err(|_| BootError::Write("e820 table"))?;
     }
     mem.write_obj(p, GuestAddress(ZERO_PAGE))
         .map_err(|_| BootError::Write("boot parameters"))
 }
 
-/// Inserts `extra` words into `cmdline` before the ` -- ` that starts the
-/// init's own arguments (or at the end if there is none).
-pub fn insert_kernel_args(cmdline: &str, extra: &str) -> String {
-    if extra.is_empty() {
-        return cmdline.to_string();
-    }
-    // The init's arguments start at the first " -- " (or a final " --",
-    // or a leading "-- "); kernel words must go before it.
-    let split = cmdline
-        .find(" -- ")
-        .or_else(|| cmdline.ends_with(" --").then(|| cmdline.len() - 3))
-        .or_else(|| (cmdline.starts_with("-- ") || cmdline == "--").then_some(0));
-    let (head, tail) = match split {
-        Some(i) => cmdline.split_at(i),
-        None => (cmdline, ""),
-    };
-    let head = head.trim_end();
-    let sep = if head.is_empty() { "" } else { " " };
-    let tail = tail.trim_start();
-    if tail.is_empty() {
-        format!("{head}{sep}{extra}")
-    } else {
-        format!("{head}{sep}{extra} {tail}")
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn kernel_args_go_before_init_args() {
-        assert_eq!(
-            insert_kernel_args("console=ttyS0", "a=1"),
-            "console=ttyS0 a=1"
-        );
-        assert_eq!(
-            insert_kernel_args("console=ttyS0 -- /bin/sh -c 'x -- y'", "a=1"),
-            "console=ttyS0 a=1 -- /bin/sh -c 'x -- y'"
-        );
-        assert_eq!(insert_kernel_args("-- echo", "a=1"), "a=1 -- echo");
-        assert_eq!(insert_kernel_args("x", ""), "x");
-        // A bare trailing "--" (init with no command) stays last.
-        assert_eq!(
-            insert_kernel_args("console=ttyS0 --", "a=1"),
-            "console=ttyS0 a=1 --"
-        );
-        assert_eq!(insert_kernel_args("--", "a=1"), "a=1 --");
-    }
 
     #[test]
     fn cmdline_limits() {

@@ -119,6 +119,8 @@ pub fn map_kernel(mem: &GuestMemoryMmap, f: &File, low: u64) -> Option<(u64, u64
             continue; // pure BSS: the RAM is fresh and zero already
         }
         let host = mem.get_host_address(GuestAddress(start)).ok()?;
+        let len = usize::try_from(map_len).ok()?;
+        let offset = libc::off_t::try_from(s.offset - lead).ok()?;
         // SAFETY: `host..host+map_len` lies inside one guest RAM region
         // owned by `mem` (checked above); MAP_FIXED replaces those pages of
         // that mapping with a private mapping of the file at a
@@ -127,11 +129,11 @@ pub fn map_kernel(mem: &GuestMemoryMmap, f: &File, low: u64) -> Option<(u64, u64
         let p = unsafe {
             libc::mmap(
                 host.cast(),
-                map_len as usize,
+                len,
                 libc::PROT_READ | libc::PROT_WRITE,
                 flags,
                 f.as_raw_fd(),
-                (s.offset - lead) as libc::off_t,
+                offset,
             )
         };
         if p == libc::MAP_FAILED {
@@ -142,8 +144,9 @@ pub fn map_kernel(mem: &GuestMemoryMmap, f: &File, low: u64) -> Option<(u64, u64
         // Zero what the file has before the segment in its first page and
         // after it in its last page (neither belongs to the segment).
         let zero = |from: u64, len: u64| {
-            if len > 0 {
-                let z = vec![0u8; len as usize];
+            // Less than a page.
+            if let Some(len) = usize::try_from(len).ok().filter(|&l| l > 0) {
+                let z = vec![0u8; len];
                 let _ = vm_memory::Bytes::write_slice(mem, &z, GuestAddress(from));
             }
         };
@@ -162,7 +165,9 @@ mod tests {
     /// An ELF with the given (offset, paddr, filesz, memsz) PT_LOADs; the
     /// file byte at offset o is (o % 251) + 1, never zero.
     fn elf(segs: &[(u64, u64, u64, u64)], len: usize) -> tempfile::NamedTempFile {
-        let mut b: Vec<u8> = (0..len).map(|o| (o % 251) as u8 + 1).collect();
+        let mut b: Vec<u8> = (0..len)
+            .map(|o| u8::try_from(o % 251).unwrap() + 1)
+            .collect();
         b[..64].fill(0);
         b[..4].copy_from_slice(b"\x7fELF");
         b[4] = 2;
@@ -171,7 +176,7 @@ mod tests {
         b[24..32].copy_from_slice(&0x20_0123u64.to_le_bytes());
         b[32..40].copy_from_slice(&64u64.to_le_bytes());
         b[54..56].copy_from_slice(&56u16.to_le_bytes());
-        b[56..58].copy_from_slice(&(segs.len() as u16).to_le_bytes());
+        b[56..58].copy_from_slice(&u16::try_from(segs.len()).unwrap().to_le_bytes());
         for (i, &(off, pa, fs, ms)) in segs.iter().enumerate() {
             let p = &mut b[64 + i * 56..64 + (i + 1) * 56];
             p.fill(0);

@@ -4,6 +4,13 @@
 //! 124 when `--timeout` expires, 1 on any set-up or guest error (one line on
 //! stderr), 2 on bad flags.
 
+#![warn(
+    clippy::cast_possible_truncation,
+    clippy::cast_possible_wrap,
+    clippy::cast_sign_loss,
+    clippy::cast_lossless
+)]
+
 use anyhow::{bail, Context, Result};
 use clap::Parser;
 use std::path::PathBuf;
@@ -104,7 +111,8 @@ fn monotonic_ns() -> u128 {
     };
     // SAFETY: clock_gettime writes one timespec to a valid local.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u128 * 1_000_000_000 + ts.tv_nsec as u128
+    // The monotonic clock is never negative.
+    u128::from(ts.tv_sec.unsigned_abs()) * 1_000_000_000 + u128::from(ts.tv_nsec.unsigned_abs())
 }
 
 fn parse_disk(s: &str) -> Result<DiskConfig> {

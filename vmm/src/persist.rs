@@ -2,7 +2,7 @@
 //! kvmclock), and the snapshot directory's top-level state.
 
 use crate::cpu::CpuProfile;
-use devices::serial::SerialSaved;
+use devices::serial::SerialState;
 use devices::virtio::persist::MmioState;
 use kvm_bindings::{
     kvm_clock_data, kvm_cpuid_entry2, kvm_debugregs, kvm_irqchip, kvm_lapic_state, kvm_mp_state,
@@ -331,7 +331,7 @@ pub struct SnapshotState {
     /// One per vCPU.
     pub vcpus: Vec<VcpuState>,
     /// COM1.
-    pub serial: SerialSaved,
+    pub serial: SerialState,
     /// One per virtio-mmio device, in slot order.
     pub virtio: Vec<MmioState>,
     /// Guest RAM regions (guest address, length), in `memory` file order.

@@ -38,7 +38,16 @@ impl ExitReason {
     }
 }
 
-/// What a vCPU thread reports to the VM's controller.
+/// What a vCPU thread reports to the VM's controller, tagged with the
+/// thread's generation (see [`VcpuCtx::generation`]).
+pub struct VcpuReport {
+    /// The reporting thread's generation.
+    pub generation: u64,
+    /// What happened.
+    pub event: VcpuEvent,
+}
+
+/// What happened on a vCPU thread.
 pub enum VcpuEvent {
     /// The guest stopped (the thread has ended).
     Exit(u8, ExitReason),
@@ -65,8 +74,10 @@ pub struct VcpuFlags {
     pub stop: AtomicBool,
 }
 
-/// Everything one vCPU thread needs.
-pub struct VcpuCtx {
+/// Everything one vCPU thread needs. Reports go to the controller's inbox,
+/// whose message type `E` carries them (and whatever else the controller
+/// waits for).
+pub struct VcpuCtx<E> {
     /// Index of this vCPU.
     pub id: u8,
     /// Which start of the vCPUs this thread belongs to; the controller
@@ -91,7 +102,7 @@ pub struct VcpuCtx {
     /// Whether XSAVE state is saved.
     pub xsave: bool,
     /// Where exits and pauses are reported.
-    pub tx: Sender<crate::vm::Event>,
+    pub tx: Sender<E>,
     /// When the first vCPU first entered the guest.
     pub first_run: Arc<OnceLock<Instant>>,
 }
@@ -100,30 +111,31 @@ const I8042_COMMAND_PORT: u16 = 0x64;
 const KVM_SYSTEM_EVENT_SHUTDOWN: u32 = 1;
 const KVM_SYSTEM_EVENT_RESET: u32 = 2;
 
-impl VcpuCtx {
+impl<E: From<VcpuReport>> VcpuCtx<E> {
     /// Runs until the guest stops or `stop` is set; reports the reason.
     /// Runs the loop; returns the vCPU so the VM can load it again.
     pub fn run(mut self) -> VcpuFd {
         let reason = self.run_loop();
-        let _ = self.tx.send(crate::vm::Event::Vcpu(
-            self.generation,
-            VcpuEvent::Exit(self.id, reason),
-        ));
+        self.report(VcpuEvent::Exit(self.id, reason));
         self.fd
+    }
+
+    fn report(&self, event: VcpuEvent) {
+        // The controller is gone only when the VM is going away.
+        let _ = self.tx.send(E::from(VcpuReport {
+            generation: self.generation,
+            event,
+        }));
     }
 
     /// Parks until resumed; `false` means the thread must end.
     fn park(&mut self) -> bool {
-        let _ = self.tx.send(crate::vm::Event::Vcpu(
-            self.generation,
-            VcpuEvent::Paused(self.id),
-        ));
+        self.report(VcpuEvent::Paused(self.id));
         loop {
             match self.cmds.recv() {
-                Ok(VcpuCmd::Resume) => {
-                    self.flags.pause.store(false, Ordering::Release);
-                    return true;
-                }
+                // The controller cleared `pause` before sending this; if it
+                // is set again, the run loop parks again at once.
+                Ok(VcpuCmd::Resume) => return true,
                 Ok(VcpuCmd::Save(reply)) => {
                     let r = VcpuRef {
                         fd: &self.fd,

@@ -5,14 +5,21 @@
 //! reload into a live VM) and refuse a changed one; the CLI refuses bad
 //! images with one clear line.
 
+#![warn(
+    clippy::cast_possible_truncation,
+    clippy::cast_possible_wrap,
+    clippy::cast_sign_loss,
+    clippy::cast_lossless
+)]
+
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use vmm::api::{call, Request};
 use vmm::layout::VIRTIO_MMIO_BASE;
 use vmm::persist::SnapshotState;
 use vmm::{BootSource, ExitReason, PmemConfig, RunOptions, SerialOutput, Vm, VmConfig};
+use vmm_api::Client;
 
 const MIB: u64 = 1 << 20;
 const IMAGE_LEN: u64 = 4 * MIB;
@@ -125,15 +132,15 @@ fn guest_elf() -> Vec<u8> {
     ] {
         e.extend_from_slice(&v.to_le_bytes());
     }
-    e.resize(OFF as usize, 0);
+    e.resize(usize::try_from(OFF).unwrap(), 0);
     e.extend_from_slice(GUEST);
     e
 }
 
 fn write_image(path: &Path, first: u64, last: u64) {
-    let mut b = vec![0u8; IMAGE_LEN as usize];
+    let mut b = vec![0u8; usize::try_from(IMAGE_LEN).unwrap()];
     for (i, x) in b.iter_mut().enumerate() {
-        *x = (i % 251) as u8;
+        *x = u8::try_from(i % 251).unwrap();
     }
     b[..8].copy_from_slice(&first.to_le_bytes());
     let n = b.len();
@@ -200,7 +207,7 @@ fn run_rounds(
     sock: &Path,
     rounds: usize,
     at_rounds: impl FnOnce(&Path),
-) -> vmm::api::Stats {
+) -> vmm_api::Stats {
     let s2 = sock.to_path_buf();
     let runner = std::thread::spawn(move || {
         vm.run_with(RunOptions {
@@ -222,12 +229,13 @@ fn run_rounds(
         assert!(Instant::now() < deadline, "guest made no progress");
         std::thread::sleep(Duration::from_millis(5));
     }
+    let api = Client::new(sock, t);
     let mut stats = None;
     while stats.is_none() {
-        stats = call(sock, &Request::Stats, t).ok().and_then(|r| r.stats);
+        stats = api.stats().ok();
     }
     at_rounds(sock);
-    call(sock, &Request::Shutdown, t).unwrap();
+    api.shutdown().unwrap();
     let out = runner.join().unwrap();
     assert_eq!(out.exit, ExitReason::Stopped);
     stats.unwrap()
@@ -293,16 +301,9 @@ fn take_snapshot(s: &Setup) -> PathBuf {
     let snap = s.root.join("snap");
     let s2 = snap.clone();
     run_rounds(vm, &cap, &s.root.join("api.sock"), 1, move |sock| {
-        let r = call(
-            sock,
-            &Request::Snapshot {
-                dir: s2,
-                diff: false,
-            },
-            Duration::from_secs(30),
-        )
-        .unwrap();
-        assert!(r.ok, "{:?}", r.error);
+        Client::new(sock, Duration::from_secs(30))
+            .snapshot(&s2, false)
+            .unwrap();
     });
     snap
 }
@@ -354,8 +355,8 @@ fn snapshot_restore_and_reload_map_the_same_image() {
     assert_eq!(vm.pmem_info(), first, "same image: mapping reused");
     let base = VIRTIO_MMIO_BASE;
     assert_eq!(rd32(&vm, base + 0x8), 27);
-    assert_eq!(rd32(&vm, base + 0x100), PMEM_GPA as u32);
-    assert_eq!(rd32(&vm, base + 0x104), (PMEM_GPA >> 32) as u32);
+    assert_eq!(u64::from(rd32(&vm, base + 0x100)), PMEM_GPA & 0xffff_ffff);
+    assert_eq!(u64::from(rd32(&vm, base + 0x104)), PMEM_GPA >> 32);
 
     // A byte-identical copy renamed over the image (new inode) still
     // restores (the fingerprint samples the content).

@@ -2,6 +2,13 @@
 //! and MMIO exits, interrupt delivery and the serial console on real KVM.
 //! Each runs in milliseconds. Without /dev/kvm these fail with a clear message.
 
+#![warn(
+    clippy::cast_possible_truncation,
+    clippy::cast_possible_wrap,
+    clippy::cast_sign_loss,
+    clippy::cast_lossless
+)]
+
 use devices::BusDevice;
 use std::io::Write;
 use std::sync::{Arc, Mutex};
@@ -34,7 +41,7 @@ struct Probe {
 impl BusDevice for Probe {
     fn read(&mut self, offset: u64, data: &mut [u8]) {
         for (i, b) in data.iter_mut().enumerate() {
-            *b = 0xa0 + offset as u8 + i as u8;
+            *b = 0xa0 + u8::try_from(offset).unwrap() + u8::try_from(i).unwrap();
         }
     }
     fn write(&mut self, offset: u64, data: &[u8]) {
@@ -117,7 +124,7 @@ fn vcpu_registers_and_port_io() {
     // call next; next: pop ax; out dx,ax     -> instruction pointer (entry+N)
     // in al,dx; out 0xf1,al                  -> port reads reach the device
     let mut code = vec![0x89, 0xe0, 0xba, 0xf0, 0x00, 0xef];
-    let call_at = code.len() as u16;
+    let call_at = u16::try_from(code.len()).unwrap();
     code.extend_from_slice(&[0xe8, 0x00, 0x00, 0x58, 0xef]);
     code.extend_from_slice(&[0xec, 0xe6, 0xf1]);
     code.extend_from_slice(RESET);

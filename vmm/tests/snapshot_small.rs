@@ -2,13 +2,20 @@
 //! snapshotted mid-computation continues in every clone; bad snapshots are
 //! refused with clear errors.
 
+#![warn(
+    clippy::cast_possible_truncation,
+    clippy::cast_possible_wrap,
+    clippy::cast_sign_loss,
+    clippy::cast_lossless
+)]
+
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use vmm::api::{call, Request};
 use vmm::persist::SnapshotState;
 use vmm::{BootSource, ExitReason, RunOptions, SerialOutput, Vm, VmConfig};
+use vmm_api::{Client, VmState};
 
 /// Serializes the tests of this file: production runs one VM per VMM
 /// process, and on the PVM dev host these tests run in parallel in one
@@ -47,6 +54,11 @@ const DOT_EVERY: u32 = 1 << 12;
 
 /// Real-mode guest: for ecx = ITERS..1 { ebx = ebx*31 + ecx; in al,0x80;
 /// print '.' every DOT_EVERY }, then print ebx (4 bytes LE) and '\n', reset.
+/// A client of the VMM's control socket at `sock`.
+fn api(sock: &Path, t: Duration) -> Client {
+    Client::new(sock, t)
+}
+
 fn program() -> Vec<u8> {
     let mut c = vec![0xba, 0xf8, 0x03, 0x66, 0x31, 0xdb, 0x66, 0xb9];
     c.extend_from_slice(&ITERS.to_le_bytes());
@@ -119,24 +131,14 @@ fn snapshot_mid_run(dir: &Path) -> usize {
     let deadline = Instant::now() + Duration::from_secs(60);
     let before;
     loop {
-        if let Ok(r) = call(&sock, &Request::Stats, t) {
-            let st = r.stats.unwrap();
+        if let Ok(st) = api(&sock, t).stats() {
             if st.serial_bytes >= 3 {
-                let r = call(
-                    &sock,
-                    &Request::Snapshot {
-                        dir: snap.clone(),
-                        diff: false,
-                    },
-                    t,
-                )
-                .unwrap();
-                let info = r.snapshot.unwrap();
+                let info = api(&sock, t).snapshot(&snap, false).unwrap();
                 assert!(info.memory_bytes == 16 << 20 && info.state_bytes > 0);
-                let st = call(&sock, &Request::Stats, t).unwrap().stats.unwrap();
-                assert_eq!(st.state, "paused");
-                before = st.serial_bytes as usize;
-                call(&sock, &Request::Shutdown, t).unwrap();
+                let st = api(&sock, t).stats().unwrap();
+                assert_eq!(st.state, VmState::Paused);
+                before = usize::try_from(st.serial_bytes).unwrap();
+                api(&sock, t).shutdown().unwrap();
                 break;
             }
         }
@@ -300,7 +302,7 @@ fn run_with_api(cfg: &VmConfig, dir: &Path) -> (PathBuf, std::thread::JoinHandle
         })
         .unwrap()
     });
-    while call(&sock, &Request::Stats, Duration::from_secs(10)).is_err() {
+    while api(&sock, Duration::from_secs(10)).stats().is_err() {
         std::thread::sleep(Duration::from_millis(5));
     }
     (sock, runner)
@@ -312,16 +314,16 @@ fn pause_resume_and_stats() {
     let dir = tempfile::tempdir().unwrap();
     let (sock, runner) = run_with_api(&config(), dir.path());
     let t = Duration::from_secs(10);
-    call(&sock, &Request::Pause, t).unwrap();
+    api(&sock, t).pause().unwrap();
     // Sampling a paused guest leaves it paused.
-    let rips = call(&sock, &Request::Sample, t).unwrap().rips.unwrap();
+    let rips = api(&sock, t).sample().unwrap();
     assert!((0x1000..0x1000 + program().len() as u64).contains(&rips[0]));
-    let a = call(&sock, &Request::Stats, t).unwrap().stats.unwrap();
+    let a = api(&sock, t).stats().unwrap();
     std::thread::sleep(Duration::from_millis(300));
-    let b = call(&sock, &Request::Stats, t).unwrap().stats.unwrap();
-    assert_eq!(a.state, "paused");
+    let b = api(&sock, t).stats().unwrap();
+    assert_eq!(a.state, VmState::Paused);
     assert_eq!(a.serial_bytes, b.serial_bytes, "no progress while paused");
-    call(&sock, &Request::Resume, t).unwrap();
+    api(&sock, t).resume().unwrap();
     let out = runner.join().unwrap();
     assert_eq!(
         out.exit,
@@ -344,13 +346,13 @@ fn sampling_a_running_guest_finds_it_and_leaves_it_running() {
     let (sock, runner) = run_with_api(&cfg, dir.path());
     let t = Duration::from_secs(10);
     for _ in 0..3 {
-        let rips = call(&sock, &Request::Sample, t).unwrap().rips.unwrap();
+        let rips = api(&sock, t).sample().unwrap();
         assert_eq!(rips.len(), 1);
         assert!((0x1000..0x1004).contains(&rips[0]), "rip {:#x}", rips[0]);
-        let st = call(&sock, &Request::Stats, t).unwrap().stats.unwrap();
-        assert_eq!(st.state, "running");
+        let st = api(&sock, t).stats().unwrap();
+        assert_eq!(st.state, VmState::Running);
     }
-    call(&sock, &Request::Shutdown, t).unwrap();
+    api(&sock, t).shutdown().unwrap();
     assert_eq!(runner.join().unwrap().exit, ExitReason::Stopped);
 }
 
@@ -378,8 +380,8 @@ fn prewarmed_vm_reloads_snapshots_repeatedly() {
     let wait_empty = || {
         let end = Instant::now() + Duration::from_secs(120);
         loop {
-            let st = call(&sock, &Request::Stats, t).map(|r| r.stats.unwrap().state);
-            if matches!(st.as_deref(), Ok("empty")) {
+            let st = api(&sock, t).stats().map(|s| s.state);
+            if matches!(st, Ok(VmState::Empty)) {
                 return;
             }
             assert!(Instant::now() < end, "guest did not finish");
@@ -387,35 +389,19 @@ fn prewarmed_vm_reloads_snapshots_repeatedly() {
         }
     };
     wait_empty();
-    let e = call(&sock, &Request::Pause, t).unwrap_err();
+    let e = api(&sock, t).pause().unwrap_err();
     assert!(e.to_string().contains("no guest"), "{e}");
     // Twice from empty, then once replacing a running guest.
     for round in 0..3 {
-        let r = call(
-            &sock,
-            &Request::Restore {
-                dir: snap.clone(),
-                disks: vec![],
-            },
-            t,
-        )
-        .unwrap();
-        assert!(r.restore_ms.unwrap() > 0.0);
+        let r = api(&sock, t).restore(&snap, &[]).unwrap();
+        assert!(r.restore_ms > 0.0);
         if round == 2 {
             // Replace the running guest at once: its output restarts.
-            call(
-                &sock,
-                &Request::Restore {
-                    dir: snap.clone(),
-                    disks: vec![],
-                },
-                t,
-            )
-            .unwrap();
+            api(&sock, t).restore(&snap, &[]).unwrap();
         }
         wait_empty();
     }
-    call(&sock, &Request::Shutdown, t).unwrap();
+    api(&sock, t).shutdown().unwrap();
     runner.join().unwrap();
     let out = cap.0.lock().unwrap().clone();
     let results: Vec<&[u8]> = out
@@ -470,31 +456,17 @@ fn diff_snapshot_of_a_restored_vm_continues_correctly() {
     let diff_dir = dir.path().join("diff");
     let end = Instant::now() + Duration::from_secs(60);
     let at_diff = loop {
-        if let Ok(r) = call(&sock, &Request::Stats, t) {
-            let st = r.stats.unwrap();
+        if let Ok(st) = api(&sock, t).stats() {
             if st.serial_bytes >= 2 {
-                let r = call(
-                    &sock,
-                    &Request::Snapshot {
-                        dir: diff_dir.clone(),
-                        diff: true,
-                    },
-                    t,
-                )
-                .unwrap();
-                let info = r.snapshot.unwrap();
+                let info = api(&sock, t).snapshot(&diff_dir, true).unwrap();
                 assert!(
                     info.memory_bytes < 4 << 20,
                     "the diff holds only written pages, not all 16 MiB: {}",
                     info.memory_bytes
                 );
-                let n = call(&sock, &Request::Stats, t)
-                    .unwrap()
-                    .stats
-                    .unwrap()
-                    .serial_bytes;
-                call(&sock, &Request::Shutdown, t).unwrap();
-                break n as usize;
+                let n = api(&sock, t).stats().unwrap().serial_bytes;
+                api(&sock, t).shutdown().unwrap();
+                break usize::try_from(n).unwrap();
             }
         }
         assert!(Instant::now() < end);

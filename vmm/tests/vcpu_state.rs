@@ -2,6 +2,13 @@
 //! vCPU holds must equal what was saved, including state KVM only accepts
 //! in a particular order.
 
+#![warn(
+    clippy::cast_possible_truncation,
+    clippy::cast_possible_wrap,
+    clippy::cast_sign_loss,
+    clippy::cast_lossless
+)]
+
 use kvm_bindings::{kvm_msr_entry, Msrs};
 use kvm_ioctls::{Kvm, VcpuFd, VmFd};
 use snapshot::Persist;
@@ -70,7 +77,7 @@ fn armed_tsc_deadline_survives_restore_into_a_fresh_vcpu() {
     let (_vm, vcpu) = vm_and_vcpu(&kvm);
     let mut lapic = vcpu.get_lapic().expect("get LAPIC");
     for (i, b) in LVTT_TSC_DEADLINE.to_le_bytes().iter().enumerate() {
-        lapic.regs[APIC_LVTT + i] = *b as std::os::raw::c_char;
+        lapic.regs[APIC_LVTT + i] = std::os::raw::c_char::from_ne_bytes([*b]);
     }
     vcpu.set_lapic(&lapic).expect("set LAPIC");
     // Far in the future: it must not fire during the test.

@@ -1,16 +1,21 @@
 //! Snapshot state of a virtio-mmio transport and its device's queues.
 //!
-//! Restore rebuilds the transport's registers and, for an activated device,
-//! re-runs the device's normal activation with queues restored to their
-//! saved positions, so devices need no separate restore path.
+//! Restore ([`Persist::restore`] of [`MmioTransport`]) builds the transport
+//! around a freshly made device, sets its registers and, for an activated
+//! device, re-runs the device's normal activation with queues restored to
+//! their saved positions, so devices need no separate queue restore path.
 
 use super::mmio::MmioTransport;
+use super::VirtioDevice;
+use crate::irq::IrqLine;
 use serde::{Deserialize, Serialize};
-use virtio_queue::{Queue, QueueState};
+use snapshot::Persist;
+use virtio_queue::Queue;
+use vm_memory::GuestMemoryMmap;
 
 /// Serializable mirror of `virtio_queue::QueueState`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct QueueSaved {
+pub struct QueueState {
     /// Maximum size offered.
     pub max_size: u16,
     /// Next available-ring index.
@@ -31,8 +36,8 @@ pub struct QueueSaved {
     pub used_ring: u64,
 }
 
-impl From<QueueState> for QueueSaved {
-    fn from(q: QueueState) -> Self {
+impl From<virtio_queue::QueueState> for QueueState {
+    fn from(q: virtio_queue::QueueState) -> Self {
         Self {
             max_size: q.max_size,
             next_avail: q.next_avail,
@@ -47,10 +52,10 @@ impl From<QueueState> for QueueSaved {
     }
 }
 
-impl QueueSaved {
+impl QueueState {
     /// A validated queue (sizes and ring addresses checked by virtio-queue).
     pub fn to_queue(self) -> Result<Queue, virtio_queue::Error> {
-        Queue::try_from(QueueState {
+        Queue::try_from(virtio_queue::QueueState {
             max_size: self.max_size,
             next_avail: self.next_avail,
             next_used: self.next_used,
@@ -86,7 +91,17 @@ pub struct MmioState {
     /// Interrupt status register.
     pub interrupt_status: u32,
     /// Queue states: the transport's (before activation) or the device's.
-    pub queues: Vec<QueueSaved>,
+    pub queues: Vec<QueueState>,
+}
+
+/// What restoring a transport needs besides its state.
+pub struct MmioArgs {
+    /// A fresh device of the saved kind (not yet activated).
+    pub device: Box<dyn VirtioDevice>,
+    /// Guest memory.
+    pub mem: GuestMemoryMmap,
+    /// The transport's interrupt line.
+    pub irq: IrqLine,
 }
 
 /// Why a transport could not be restored.
@@ -121,9 +136,25 @@ pub enum MmioRestoreError {
     Activate(#[from] super::ActivateError),
 }
 
+impl Persist for MmioTransport {
+    type State = MmioState;
+    type ConstructorArgs = MmioArgs;
+    type Error = MmioRestoreError;
+
+    fn save(&self) -> Result<MmioState, MmioRestoreError> {
+        Ok(self.state())
+    }
+
+    fn restore(args: MmioArgs, state: &MmioState) -> Result<Self, MmioRestoreError> {
+        let mut t = MmioTransport::new(args.device, args.mem, args.irq);
+        t.load_state(state)?;
+        Ok(t)
+    }
+}
+
 impl MmioTransport {
     /// Captures the transport and its queues.
-    pub fn save_state(&self) -> MmioState {
+    fn state(&self) -> MmioState {
         let queues = if self.activated {
             self.device.queue_states()
         } else {
@@ -139,12 +170,12 @@ impl MmioTransport {
             config_generation: self.config_generation,
             activated: self.activated,
             interrupt_status: self.interrupt.status(),
-            queues: queues.into_iter().map(QueueSaved::from).collect(),
+            queues: queues.into_iter().map(QueueState::from).collect(),
         }
     }
 
     /// Applies `s` to a freshly built transport (same device kind).
-    pub fn restore_state(&mut self, s: &MmioState) -> Result<(), MmioRestoreError> {
+    fn load_state(&mut self, s: &MmioState) -> Result<(), MmioRestoreError> {
         let configured = self.device.device_type();
         if s.device_type != configured {
             return Err(MmioRestoreError::DeviceType {

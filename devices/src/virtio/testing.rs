@@ -36,6 +36,11 @@ struct DriverQueue {
     used_seen: u16,
 }
 
+/// The low 32 bits (a register takes a 64-bit value in two halves).
+fn lo(v: u64) -> u32 {
+    u32::try_from(v & u64::from(u32::MAX)).unwrap()
+}
+
 fn layout(index: usize) -> (u64, u64, u64) {
     if index == 0 {
         return (DESC, AVAIL, USED);
@@ -104,9 +109,9 @@ impl Driver {
         self.wr(0x70, status::ACKNOWLEDGE);
         self.wr(0x70, status::ACKNOWLEDGE | status::DRIVER);
         self.wr(0x24, 0);
-        self.wr(0x20, features as u32);
+        self.wr(0x20, lo(features));
         self.wr(0x24, 1);
-        self.wr(0x20, (features >> 32) as u32);
+        self.wr(0x20, lo(features >> 32));
         self.wr(
             0x70,
             status::ACKNOWLEDGE | status::DRIVER | status::FEATURES_OK,
@@ -115,13 +120,13 @@ impl Driver {
         for (i, &qsize) in sizes.iter().enumerate() {
             assert!(i == 0 || qsize <= 256, "extra queues hold 256 entries");
             let (desc, avail, used) = layout(i);
-            self.wr(0x30, i as u32);
+            self.wr(0x30, u32::try_from(i).unwrap());
             self.wr(0x38, u32::from(qsize));
-            self.wr(0x80, desc as u32);
+            self.wr(0x80, lo(desc));
             self.wr(0x84, 0);
-            self.wr(0x90, avail as u32);
+            self.wr(0x90, lo(avail));
             self.wr(0x94, 0);
-            self.wr(0xa0, used as u32);
+            self.wr(0xa0, lo(used));
             self.wr(0xa4, 0);
             self.wr(0x44, 1);
             self.queues.push(DriverQueue {
@@ -151,13 +156,13 @@ impl Driver {
         let qs = self.queues[q];
         let head = qs.next_desc;
         for (i, &(addr, len, write)) in bufs.iter().enumerate() {
-            let idx = (qs.next_desc + i as u16) % qs.size;
+            let idx = (qs.next_desc + u16::try_from(i).unwrap()) % qs.size;
             let more = i + 1 < bufs.len();
             let flags: u16 = u16::from(more) | if write { 2 } else { 0 };
             let next = (idx + 1) % qs.size;
             self.write_desc_on(q, idx, addr, len, flags, next);
         }
-        self.queues[q].next_desc = (qs.next_desc + bufs.len() as u16) % qs.size;
+        self.queues[q].next_desc = (qs.next_desc + u16::try_from(bufs.len()).unwrap()) % qs.size;
         self.publish_on(q, head);
         head
     }

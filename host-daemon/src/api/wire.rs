@@ -222,7 +222,10 @@ mod tests {
             (
                 ApiError::Backend {
                     context: "pause",
-                    source: BackendError::Control(vmm::api::ApiError::Refused("no".into())),
+                    source: BackendError::Control(vmm_api::ApiError::Refused {
+                        request: "pause",
+                        message: "no".into(),
+                    }),
                 },
                 502,
                 "sandbox_error",

@@ -17,7 +17,7 @@ use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
-use vmm::api::{self, Request, Response};
+use vmm_api::{Client, VmState};
 
 /// How long a restored VMM has to report its vCPUs running.
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
@@ -91,10 +91,6 @@ impl MicroVm {
             .map(Path::to_path_buf)
             .or_else(|| Paths::new(dir).latest_snapshot())
     }
-}
-
-fn call(sock: &Path, req: &Request, t: Duration) -> Result<Response, BackendError> {
-    Ok(api::call(sock, req, t)?)
 }
 
 /// Starts `vmm --restore snapshot` for the sandbox in `paths` (its own
@@ -270,6 +266,13 @@ struct MicroVmSandbox {
     paths: Paths,
 }
 
+impl MicroVmSandbox {
+    /// Its control socket, with deadline `t` per call.
+    fn control(&self, t: Duration) -> Client {
+        Client::new(&self.paths.api_sock, t)
+    }
+}
+
 impl SandboxVm for MicroVmSandbox {
     fn kind(&self) -> Kind {
         Kind::MicroVm
@@ -296,26 +299,24 @@ impl SandboxVm for MicroVmSandbox {
     }
 
     fn freeze(&self) -> Result<(), BackendError> {
-        call(&self.paths.api_sock, &Request::Pause, QUICK).map(drop)
+        Ok(self.control(QUICK).pause()?)
     }
 
     fn thaw(&self) -> Result<(), BackendError> {
-        call(&self.paths.api_sock, &Request::Resume, QUICK).map(drop)
+        Ok(self.control(QUICK).resume()?)
     }
 
     fn stats(&self) -> Result<VmStats, BackendError> {
-        let r = call(
-            &self.paths.api_sock,
-            &Request::Stats,
-            Duration::from_secs(3),
-        )?;
-        let s = r
-            .stats
-            .ok_or_else(|| BackendError::Reply("stats without counters".into()))?;
-        let frozen = match s.state.as_str() {
-            "running" => false,
-            "paused" => true,
-            other => return Err(BackendError::Reply(format!("VM state {other:?}"))),
+        let s = self.control(Duration::from_secs(3)).stats()?;
+        let frozen = match s.state {
+            VmState::Running => false,
+            VmState::Paused => true,
+            other => {
+                return Err(BackendError::Reply(format!(
+                    "VM state {:?}: no guest",
+                    other.as_str()
+                )))
+            }
         };
         Ok(VmStats {
             frozen,
@@ -326,15 +327,8 @@ impl SandboxVm for MicroVmSandbox {
     fn pause_to_disk(&self) -> Result<BackendState, BackendError> {
         let paths = &self.paths;
         let snap = paths.new_snapshot();
-        call(
-            &paths.api_sock,
-            &Request::Snapshot {
-                dir: snap.clone(),
-                diff: false,
-            },
-            SNAPSHOT,
-        )?;
-        let _ = api::call(&paths.api_sock, &Request::Shutdown, QUICK);
+        self.control(SNAPSHOT).snapshot(&snap, false)?;
+        let _ = self.control(QUICK).shutdown();
         self.proc.wait_gone(Duration::from_secs(5));
         for e in std::fs::read_dir(&paths.dir)
             .into_iter()
@@ -354,27 +348,22 @@ impl SandboxVm for MicroVmSandbox {
     }
 
     fn snapshot(&self, dir: &Path) -> Result<(), BackendError> {
-        let sock = &self.paths.api_sock;
-        let res = call(
-            sock,
-            &Request::Snapshot {
-                dir: dir.into(),
-                diff: false,
-            },
-            SNAPSHOT,
-        )
-        .and_then(|_| {
-            // The scratch disk as it is at the snapshot (the VM stays
-            // paused until the copy is made): the template's own, which
-            // each sandbox restored from it copies in turn.
-            match layers::scratch_disk(&self.paths.dir) {
-                Some(disk) => layers::clone_file(&disk, &dir.join(layers::SCRATCH_DISK))
-                    .map(drop)
-                    .map_err(BackendError::from),
-                None => Ok(()),
-            }
-        });
-        let resumed = call(sock, &Request::Resume, SNAPSHOT);
+        let c = self.control(SNAPSHOT);
+        let res = c
+            .snapshot(dir, false)
+            .map_err(BackendError::from)
+            .and_then(|_| {
+                // The scratch disk as it is at the snapshot (the VM stays
+                // paused until the copy is made): the template's own, which
+                // each sandbox restored from it copies in turn.
+                match layers::scratch_disk(&self.paths.dir) {
+                    Some(disk) => layers::clone_file(&disk, &dir.join(layers::SCRATCH_DISK))
+                        .map(drop)
+                        .map_err(BackendError::from),
+                    None => Ok(()),
+                }
+            });
+        let resumed = c.resume().map_err(BackendError::from);
         if res.is_err() {
             let _ = std::fs::remove_dir_all(dir);
         }

@@ -181,7 +181,7 @@ pub enum BackendError {
     },
     /// A request on the VMM's control socket failed.
     #[error("VMM: {0}")]
-    Control(#[from] vmm::api::ApiError),
+    Control(#[from] vmm_api::ApiError),
     /// The VMM answered, but not with what was asked for.
     #[error("VMM: unexpected reply: {0}")]
     Reply(String),

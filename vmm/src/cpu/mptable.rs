@@ -44,7 +44,7 @@ pub fn build(cpus: u8, base: u64) -> Result<Vec<u8>, MptableError> {
     entries.extend_from_slice(&[2, ioapic_id, IOAPIC_VERSION, 1]);
     entries.extend_from_slice(&IOAPIC_ADDR.to_le_bytes());
     count += 1;
-    for irq in 0..=IRQ_MAX as u8 {
+    for irq in (0..=IRQ_MAX).filter_map(|i| u8::try_from(i).ok()) {
         // I/O interrupt: INT type, conforming polarity/trigger, bus 0.
         entries.extend_from_slice(&[3, 0, 0, 0, 0, irq, ioapic_id, irq]);
         count += 1;
@@ -58,7 +58,10 @@ pub fn build(cpus: u8, base: u64) -> Result<Vec<u8>, MptableError> {
     let table_len = hdr_len + entries.len();
     let mut table = Vec::with_capacity(table_len);
     table.extend_from_slice(b"PCMP");
-    table.extend_from_slice(&(table_len as u16).to_le_bytes());
+    // 44 + 8 bytes per entry, a few hundred bytes for 254 vCPUs.
+    #[allow(clippy::cast_possible_truncation)]
+    let table_len_u16 = table_len as u16;
+    table.extend_from_slice(&table_len_u16.to_le_bytes());
     table.push(4); // spec revision 1.4
     table.push(0); // checksum, filled below
     table.extend_from_slice(b"SHOAL   ");

@@ -55,9 +55,13 @@ fn gdt_entry(flags: u16, base: u32, limit: u32) -> u64 {
 }
 
 fn segment(entry: u64, index: u8) -> kvm_segment {
+    // Fields of at most 4 bits: masked, so they fit.
+    #[allow(clippy::cast_possible_truncation)]
     let bits = |shift: u32, n: u32| ((entry >> shift) & ((1 << n) - 1)) as u8;
     kvm_segment {
         base: ((entry >> 16) & 0xff_ffff) | (((entry >> 56) & 0xff) << 24),
+        // 20 bits, masked.
+        #[allow(clippy::cast_possible_truncation)]
         limit: ((entry & 0xffff) | (((entry >> 48) & 0xf) << 16)) as u32,
         selector: u16::from(index) * 8,
         type_: bits(40, 4),
@@ -107,7 +111,10 @@ pub fn setup_long_mode(
     let code = segment(gdt[1], 1);
     let data = segment(gdt[2], 2);
     sregs.gdt.base = GDT_ADDR;
-    sregs.gdt.limit = (std::mem::size_of_val(&gdt) - 1) as u16;
+    // Four 8-byte entries.
+    #[allow(clippy::cast_possible_truncation)]
+    let limit = (std::mem::size_of_val(&gdt) - 1) as u16;
+    sregs.gdt.limit = limit;
     sregs.idt.base = IDT_ADDR;
     sregs.idt.limit = 7;
     sregs.cs = code;
@@ -209,11 +216,11 @@ pub fn setup_lapic(vcpu: &VcpuFd) -> Result<(), RegsError> {
     let set = |regs: &mut [i8; 1024], off: usize, mode: u32| {
         let mut b = [0u8; 4];
         for (i, x) in b.iter_mut().enumerate() {
-            *x = regs[off + i] as u8;
+            *x = regs[off + i].to_ne_bytes()[0];
         }
         let v = (u32::from_le_bytes(b) & !0x700) | (mode << 8);
         for (i, x) in v.to_le_bytes().iter().enumerate() {
-            regs[off + i] = *x as i8;
+            regs[off + i] = i8::from_ne_bytes([*x]);
         }
     };
     set(&mut lapic.regs, 0x350, 7); // LVT LINT0: ExtINT

@@ -7,14 +7,17 @@ use crate::cpu::cpuid;
 use crate::cpu::mptable;
 use crate::cpu::regs;
 use crate::layout::{ram_ranges, KVM_TSS_ADDR, VIRTIO_IRQ_BASE, VIRTIO_MMIO_BASE};
+use crate::persist::SnapshotState;
 use devices::i8042::{I8042, I8042_PORT, I8042_PORT_LEN};
-use devices::serial::{BoundedSink, Serial, SerialSaved, COM1_IRQ, COM1_PORT, UART_PORT_LEN};
+use devices::serial::{BoundedSink, Serial, SerialArgs, COM1_IRQ, COM1_PORT, UART_PORT_LEN};
 use devices::virtio::blk::{Block, BlockConfig};
 use devices::virtio::mmio::{MmioTransport, MMIO_LEN};
+use devices::virtio::persist::{MmioArgs, MmioState};
 use devices::virtio::vsock::Vsock;
 use devices::{Bus, BusDevice, IrqLine};
 use kvm_bindings::{kvm_pit_config, kvm_userspace_memory_region, KVM_MAX_CPUID_ENTRIES};
 use kvm_ioctls::{Kvm, VmFd};
+use snapshot::Persist;
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
@@ -41,9 +44,9 @@ pub(super) fn create_base() -> Result<Base, VmError> {
 }
 
 fn register_memory(vm_fd: &VmFd, mem: &GuestMemoryMmap) -> Result<(), VmError> {
-    for (slot, region) in mem.iter().enumerate() {
+    for (slot, region) in (0u32..).zip(mem.iter()) {
         let r = kvm_userspace_memory_region {
-            slot: slot as u32,
+            slot,
             guest_phys_addr: region.start_addr().0,
             memory_size: region.len(),
             userspace_addr: region.as_ptr() as u64,
@@ -59,10 +62,11 @@ fn register_memory(vm_fd: &VmFd, mem: &GuestMemoryMmap) -> Result<(), VmError> {
 
 /// Anonymous guest RAM for `cfg`.
 pub(super) fn anonymous_memory(cfg: &VmConfig) -> Result<GuestMemoryMmap, VmError> {
-    let ranges: Vec<(GuestAddress, usize)> = ram_ranges(cfg.mem_bytes())
+    let ranges = ram_ranges(cfg.mem_bytes())
         .into_iter()
-        .map(|(s, l)| (GuestAddress(s), l as usize))
-        .collect();
+        .map(|(s, l)| Ok((GuestAddress(s), usize::try_from(l)?)))
+        .collect::<Result<Vec<_>, std::num::TryFromIntError>>()
+        .map_err(|_| VmError::Memory(cfg.memory_mib))?;
     GuestMemoryMmap::from_ranges(&ranges).map_err(|_| VmError::Memory(cfg.memory_mib))
 }
 
@@ -138,14 +142,16 @@ impl Vm {
         Ok(())
     }
 
-    /// (Re)creates the device set on fresh buses: i8042, COM1 (fresh, or
-    /// with `saved` registers; it keeps the current console sink), and the
-    /// configured virtio devices in MMIO slot order: disks, vsock, pmem (the
-    /// pmem images must be mapped already, see `pmem_dev`). Returns the
-    /// kernel command-line words announcing the virtio devices.
+    /// (Re)creates the device set on fresh buses: i8042, COM1 (it keeps the
+    /// current console sink), and the configured virtio devices in MMIO slot
+    /// order: disks, vsock, pmem (the pmem images must be mapped already,
+    /// see `pmem_dev`). With `saved`, COM1 and the virtio transports are
+    /// restored from it ([`Persist::restore`]; activated devices are
+    /// re-activated at their saved queue positions). Returns the kernel
+    /// command-line words announcing the virtio devices.
     pub(super) fn attach_devices(
         &mut self,
-        saved: Option<&SerialSaved>,
+        saved: Option<&SnapshotState>,
     ) -> Result<Vec<String>, VmError> {
         for line in self.irq_lines.drain(..) {
             // Unregistering a line we registered cannot fail in a way we
@@ -165,9 +171,16 @@ impl Vm {
         let sink = self.take_sink();
         let serial = match saved {
             None => Serial::new(com1_irq, sink),
-            Some(st) => Serial::restore(com1_irq, sink, st)
-                .map_err(|e| VmError::DeviceState(e.to_string()))?,
+            Some(st) => Serial::restore(
+                SerialArgs {
+                    irq: com1_irq,
+                    sink,
+                },
+                &st.serial,
+            )
+            .map_err(|e| VmError::DeviceState(e.to_string()))?,
         };
+        let saved = saved.map(|st| st.virtio.as_slice());
         self.serial = Arc::new(Mutex::new(serial));
         self.pio
             .insert(self.serial.clone(), COM1_PORT, UART_PORT_LEN)?;
@@ -179,17 +192,20 @@ impl Vm {
                 read_only: d.read_only,
                 id: format!("shoal-disk{i}"),
             })?;
-            args.push(self.add_virtio(Box::new(blk), i)?);
+            args.push(self.add_virtio(Box::new(blk), i, saved)?);
         }
         if let Some(v) = self.config.vsock.clone() {
-            let (dev, events) = Vsock::new(u64::from(v.cid), &v.uds_path)?;
+            let mut dev = Vsock::new(u64::from(v.cid), &v.uds_path)?;
+            let events = dev.take_events();
             self.vsock = Some(dev.handle());
-            args.push(self.add_virtio(Box::new(dev), disks.len())?);
-            self.add_subscriber(Box::new(events))?;
+            args.push(self.add_virtio(Box::new(dev), disks.len(), saved)?);
+            if let Some(e) = events {
+                self.add_subscriber(Box::new(e))?;
+            }
         }
         let first_pmem = disks.len() + usize::from(self.config.vsock.is_some());
         for (j, p) in self.pmem_devices()?.into_iter().enumerate() {
-            args.push(self.add_virtio(Box::new(p.device), first_pmem + j)?);
+            args.push(self.add_virtio(Box::new(p.device), first_pmem + j, saved)?);
             self.mmio.insert(p.sink, p.base, p.len)?;
         }
         Ok(args)
@@ -229,17 +245,38 @@ impl Vm {
         Ok(line)
     }
 
-    /// Adds a virtio device as MMIO device number `index`; returns the
-    /// kernel command-line word that announces it.
+    /// Adds a virtio device as MMIO device number `index` (its transport
+    /// restored from `saved[index]` if given); returns the kernel
+    /// command-line word that announces it.
     fn add_virtio(
         &mut self,
         dev: Box<dyn devices::virtio::VirtioDevice>,
         index: usize,
+        saved: Option<&[MmioState]>,
     ) -> Result<String, VmError> {
-        let irq = VIRTIO_IRQ_BASE + index as u32;
+        let irq = u32::try_from(index)
+            .ok()
+            .and_then(|i| VIRTIO_IRQ_BASE.checked_add(i))
+            .ok_or_else(|| {
+                VmError::DeviceState(format!("no interrupt for virtio device {index}"))
+            })?;
         let base = VIRTIO_MMIO_BASE + index as u64 * MMIO_LEN;
         let line = self.irq_line(irq)?;
-        let t = Arc::new(Mutex::new(MmioTransport::new(dev, self.mem.clone(), line)));
+        let t = match saved {
+            None => MmioTransport::new(dev, self.mem.clone(), line),
+            Some(states) => {
+                let s = states.get(index).ok_or_else(|| {
+                    VmError::DeviceState(format!("no saved state for virtio device {index}"))
+                })?;
+                let args = MmioArgs {
+                    device: dev,
+                    mem: self.mem.clone(),
+                    irq: line,
+                };
+                MmioTransport::restore(args, s)?
+            }
+        };
+        let t = Arc::new(Mutex::new(t));
         self.mmio.insert(t.clone(), base, MMIO_LEN)?;
         self.virtio.push(t);
         Ok(format!("virtio_mmio.device=4K@{base:#x}:{irq}"))
@@ -262,9 +299,9 @@ impl Vm {
             .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
             .map_err(kvm_err("KVM_GET_SUPPORTED_CPUID"))?;
         let mut profile_args = String::new();
-        for (id, fd) in vm.vcpus.iter().enumerate() {
+        for (id, fd) in (0..cfg.vcpus).zip(vm.vcpus.iter()) {
             let mut c = base_cpuid.clone();
-            cpuid::setup(&mut c, profile, id as u8, cfg.vcpus);
+            cpuid::setup(&mut c, profile, id, cfg.vcpus);
             fd.set_cpuid2(&c).map_err(kvm_err("KVM_SET_CPUID2"))?;
             if id == 0 {
                 let held = fd
@@ -294,7 +331,7 @@ impl Vm {
                     .filter(|s| !s.is_empty())
                     .collect::<Vec<_>>()
                     .join(" ");
-                let full = boot::insert_kernel_args(cmdline, &extra);
+                let full = vmm_api::cmdline::insert_kernel_args(cmdline, &extra);
                 boot::write_boot_params(&vm.mem, mem_bytes, &full, initrd)?;
                 mptable::write(&vm.mem, cfg.vcpus)?;
                 for fd in &vm.vcpus {

@@ -17,7 +17,8 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 use vm_memory::{GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
 
-const PAGE: u64 = 4096;
+const PAGE_BYTES: usize = 4096;
+const PAGE: u64 = PAGE_BYTES as u64;
 const PM_PRESENT: u64 = 1 << 63;
 const PM_SWAPPED: u64 = 1 << 62;
 const PM_FILE_OR_SHARED: u64 = 1 << 61;
@@ -38,8 +39,9 @@ pub(super) fn private_pages(mem: &GuestMemoryMmap) -> Result<Vec<u64>, VmError> 
         let first = r.as_ptr() as u64 / PAGE;
         let mut done = 0u64;
         while done < pages {
-            let n = (pages - done).min((buf.len() / 8) as u64);
-            let bytes = &mut buf[..(n * 8) as usize];
+            let cap = buf.len() / 8;
+            let n = usize::try_from(pages - done).map_or(cap, |left| left.min(cap));
+            let bytes = &mut buf[..n * 8];
             pm.read_exact_at(bytes, (first + done) * 8)
                 .map_err(io("reading /proc/self/pagemap".into()))?;
             for (i, e) in bytes.chunks_exact(8).enumerate() {
@@ -50,7 +52,7 @@ pub(super) fn private_pages(mem: &GuestMemoryMmap) -> Result<Vec<u64>, VmError> 
                     out.push(file_page + done + i as u64);
                 }
             }
-            done += n;
+            done += n as u64;
         }
         file_page += pages;
     }
@@ -63,8 +65,9 @@ fn host_addr(mem: &GuestMemoryMmap, page: u64) -> Option<*mut u8> {
     for r in mem.iter() {
         let pages = r.len() / PAGE;
         if page < base + pages {
+            let off = usize::try_from((page - base) * PAGE).ok()?;
             // SAFETY: the offset is inside this region's mapping.
-            return Some(unsafe { r.as_ptr().add(((page - base) * PAGE) as usize) });
+            return Some(unsafe { r.as_ptr().add(off) });
         }
         base += pages;
     }
@@ -86,7 +89,7 @@ pub(super) fn write_diff(
             .ok_or_else(|| VmError::DeviceState(format!("page {p} outside guest memory")))?;
         // SAFETY: `ptr` points at a whole mapped guest page (host_addr
         // checked the region); the vCPUs are paused, so it is stable.
-        let page = unsafe { std::slice::from_raw_parts(ptr, PAGE as usize) };
+        let page = unsafe { std::slice::from_raw_parts(ptr, PAGE_BYTES) };
         f.write_all_at(page, p * PAGE)
             .map_err(io(format!("cannot write {}", path.display())))?;
     }
@@ -113,7 +116,7 @@ pub(super) fn apply_diff(mem: &GuestMemoryMmap, pages: &[u64], path: &Path) -> R
             )));
         }
         // SAFETY: `ptr` is a whole mapped guest page; no vCPU runs yet.
-        let page = unsafe { std::slice::from_raw_parts_mut(ptr, PAGE as usize) };
+        let page = unsafe { std::slice::from_raw_parts_mut(ptr, PAGE_BYTES) };
         f.read_exact_at(page, p * PAGE)
             .map_err(io(format!("cannot read {}", path.display())))?;
     }

@@ -10,14 +10,13 @@ mod run;
 pub use pmem_dev::{PmemError, PmemInfo};
 pub use run::{profile_kernel_args, RunOptions, RunOutcome};
 
-use crate::api::ControlMsg;
 use crate::boot::BootError;
 use crate::config::{ConfigError, SerialOutput, VmConfig};
 use crate::cpu::mptable::MptableError;
 use crate::cpu::regs::RegsError;
 use crate::cpu::CpuProfile;
 use crate::persist::StateError;
-use crate::vcpu::VcpuEvent;
+use crate::vcpu::VcpuReport;
 use devices::bus::BusError;
 use devices::serial::{BoundedSink, Serial};
 use devices::virtio::blk::BlockError;
@@ -124,10 +123,16 @@ impl From<MmioRestoreError> for VmError {
 
 /// What the controller thread receives.
 pub enum Event {
-    /// From a vCPU thread of the given generation.
-    Vcpu(u64, VcpuEvent),
+    /// From a vCPU thread.
+    Vcpu(VcpuReport),
     /// From the control socket.
-    Control(ControlMsg),
+    Control(vmm_api::Command),
+}
+
+impl From<VcpuReport> for Event {
+    fn from(r: VcpuReport) -> Self {
+        Event::Vcpu(r)
+    }
 }
 
 fn kvm_err(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> VmError {

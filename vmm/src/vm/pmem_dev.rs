@@ -185,9 +185,11 @@ fn same_image(dev: &PmemDev, st: &PmemState) -> bool {
 }
 
 impl Vm {
-    /// First KVM slot number for pmem devices (after the RAM slots).
-    fn pmem_slot_base(&self) -> u32 {
-        self.mem.num_regions() as u32
+    /// The KVM slot number of the next pmem device (after the RAM slots
+    /// and the pmem devices registered so far).
+    fn next_pmem_slot(&self) -> Result<u32, VmError> {
+        u32::try_from(self.mem.num_regions() + self.pmem.len())
+            .map_err(|_| PmemError::Mismatch("too many memory slots".into()).into())
     }
 
     /// Maps the configured images at addresses chosen by [`pmem::place`]
@@ -264,7 +266,7 @@ impl Vm {
     /// Registers `m` as the next read-only slot and installs the hook that
     /// deletes the slot before the mapping goes away.
     fn register_pmem(&mut self, mut m: PmemMapping) -> Result<(), VmError> {
-        let slot = self.pmem_slot_base() + self.pmem.len() as u32;
+        let slot = self.next_pmem_slot()?;
         let reg = m.region();
         // SAFETY: F_DUPFD_CLOEXEC on our own open VM fd; the result is
         // checked and owned below.

@@ -135,9 +135,10 @@ fn map_memory_file(
     let mut out = Vec::with_capacity(regions.len());
     let mut off = 0u64;
     for &(start, size) in regions {
+        let len = usize::try_from(size).map_err(|_| VmError::Memory(mib))?;
         let region = vm_memory::MmapRegion::build(
             Some(vm_memory::FileOffset::from_arc(f.clone(), off)),
-            size as usize,
+            len,
             libc::PROT_READ | libc::PROT_WRITE,
             libc::MAP_PRIVATE | libc::MAP_NORESERVE,
         )
@@ -261,8 +262,11 @@ impl Vm {
         }
         let mem_dir = memory_dir(dir, &st)?;
         let f = open_memory(&mem_dir, &st.memory_regions)?;
-        let mut off = 0i64;
+        let mut off: libc::off_t = 0;
         for r in self.mem.iter() {
+            let too_big = || VmError::Memory(self.config.memory_mib);
+            let len = usize::try_from(r.len()).map_err(|_| too_big())?;
+            let step = libc::off_t::try_from(r.len()).map_err(|_| too_big())?;
             // SAFETY: the target range is exactly this region's existing
             // mapping, owned by `self.mem` and registered with KVM;
             // MAP_FIXED replaces it in place (KVM's MMU notifier drops its
@@ -271,7 +275,7 @@ impl Vm {
             let p = unsafe {
                 libc::mmap(
                     r.as_ptr().cast(),
-                    r.len() as usize,
+                    len,
                     libc::PROT_READ | libc::PROT_WRITE,
                     libc::MAP_PRIVATE | libc::MAP_FIXED | libc::MAP_NORESERVE,
                     f.as_raw_fd(),
@@ -281,7 +285,7 @@ impl Vm {
             if p == libc::MAP_FAILED {
                 return Err(VmError::Memory(self.config.memory_mib));
             }
-            off += r.len() as i64;
+            off += step;
         }
         if st.diff_base.is_some() {
             super::diff::apply_diff(&self.mem, &st.diff_pages, &dir.join("memory.diff"))?;
@@ -302,10 +306,7 @@ impl Vm {
         self.loaded = false;
         // Pmem images first: their devices are built from the mappings.
         self.map_pmem_saved(&st.pmem)?;
-        self.attach_devices(Some(&st.serial))?;
-        for (t, s) in self.virtio.iter().zip(&st.virtio) {
-            devices::bus::lock(t).restore_state(s)?;
-        }
+        self.attach_devices(Some(st))?;
         VmRef::restore(VmRef(&self.vm_fd), &st.vm)?;
         for (fd, vs) in self.vcpus.iter().zip(&st.vcpus) {
             VcpuRef::restore(
@@ -341,7 +342,7 @@ impl Vm {
                 &self.mem,
                 GuestAddress(start),
                 &mut f,
-                len as usize,
+                usize::try_from(len).map_err(|_| VmError::Memory(self.config.memory_mib))?,
             )
             .map_err(|e| VmError::DeviceState(format!("writing guest memory: {e}")))?;
         }
@@ -359,12 +360,14 @@ impl Vm {
     ) -> Result<(u64, u64), VmError> {
         std::fs::create_dir_all(dir).map_err(io_err(format!("cannot create {}", dir.display())))?;
         let vm = VmRef(&self.vm_fd).save()?;
-        let serial = devices::bus::lock(&self.serial).save_state();
+        let serial = devices::bus::lock(&self.serial)
+            .save()
+            .map_err(|e| VmError::DeviceState(e.to_string()))?;
         let virtio = self
             .virtio
             .iter()
-            .map(|t| devices::bus::lock(t).save_state())
-            .collect();
+            .map(|t| devices::bus::lock(t).save())
+            .collect::<Result<_, _>>()?;
         let pmem = self.save_pmem()?;
         let regions: Vec<(u64, u64)> = self
             .mem

@@ -2,9 +2,8 @@
 //! the controller loop that pauses, snapshots, reloads and stops the guest.
 
 use super::{io_err, kvm_err, Event, Vm, VmError};
-use crate::api::{self, Request, Response, SnapshotInfo, Stats};
 use crate::cpu::{cpuid, CpuProfile};
-use crate::vcpu::{ExitReason, VcpuCmd, VcpuCtx, VcpuEvent, VcpuFlags};
+use crate::vcpu::{ExitReason, VcpuCmd, VcpuCtx, VcpuEvent, VcpuFlags, VcpuReport};
 use kvm_bindings::KVM_MAX_CPUID_ENTRIES;
 use kvm_ioctls::{Kvm, VcpuFd};
 use std::path::PathBuf;
@@ -12,6 +11,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{mpsc, Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+use vmm_api::{Command, RestoreInfo, Sample, SnapshotInfo, Stats, VmState};
 use vmm_sys_util::signal::{register_signal_handler, Killable, SIGRTMIN};
 
 /// How a run ended, with timing.
@@ -81,9 +81,13 @@ impl Vm {
                 }
             })?;
             let tx = Mutex::new(tx.clone());
-            api::serve(l, move |m| {
-                devices::bus::lock(&tx).send(Event::Control(m)).is_ok()
-            });
+            vmm_api::serve(l, move |c| {
+                devices::bus::lock(&tx).send(Event::Control(c)).is_ok()
+            })
+            .map_err(|source| VmError::ApiSocket {
+                path: path.clone(),
+                source,
+            })?;
         } else if !self.loaded {
             return Err(VmError::NotLoaded);
         }
@@ -134,13 +138,16 @@ impl Vm {
                 },
             };
             match ev {
-                Event::Vcpu(g, _) if g != ctl.generation => {}
-                Event::Vcpu(_, VcpuEvent::Exit(_, r)) => ctl.exit = Some(r),
-                Event::Vcpu(_, VcpuEvent::Paused(_)) => {}
-                Event::Control((req, reply)) => {
-                    let resp = self.handle(&mut ctl, &rx, &tx, req);
-                    let _ = reply.send(resp);
-                }
+                Event::Vcpu(r) if r.generation != ctl.generation => {}
+                Event::Vcpu(VcpuReport {
+                    event: VcpuEvent::Exit(_, r),
+                    ..
+                }) => ctl.exit = Some(r),
+                Event::Vcpu(VcpuReport {
+                    event: VcpuEvent::Paused(_),
+                    ..
+                }) => {}
+                Event::Control(cmd) => self.handle(&mut ctl, &rx, &tx, cmd),
             }
         }
         let exit = finished.unwrap_or(ExitReason::Stopped);
@@ -168,10 +175,12 @@ impl Vm {
         ctl.started = Instant::now();
         ctl.paused = false;
         for (id, fd) in self.vcpus.drain(..).enumerate() {
+            let id = u8::try_from(id)
+                .map_err(|_| VmError::DeviceState(format!("vCPU {id}: at most 255 vCPUs")))?;
             let flags = Arc::new(VcpuFlags::default());
             let (cmd_tx, cmd_rx) = mpsc::channel();
             let ctx = VcpuCtx {
-                id: id as u8,
+                id,
                 generation: ctl.generation,
                 fd,
                 pio: self.pio.clone(),
@@ -198,76 +207,68 @@ impl Vm {
         Ok(())
     }
 
+    /// Answers one control request.
     fn handle(
         &mut self,
         ctl: &mut Controller,
         rx: &mpsc::Receiver<Event>,
         tx: &mpsc::Sender<Event>,
-        req: Request,
-    ) -> Response {
+        cmd: Command,
+    ) {
         let idle = ctl.vcpus.is_empty();
-        match req {
-            Request::Pause | Request::Snapshot { .. } | Request::Sample if idle => {
-                Response::error("no guest is running")
+        match cmd {
+            c @ (Command::Pause(_) | Command::Snapshot { .. } | Command::Sample(_)) if idle => {
+                c.refuse("no guest is running")
             }
-            Request::Pause => match ctl.pause_all(rx) {
-                Ok(_) => Response::ok(),
-                Err(e) => Response::error(e),
-            },
-            Request::Resume => {
+            Command::Pause(r) => r.send(ctl.pause_all(rx)),
+            Command::Resume(r) => {
                 ctl.resume_all();
-                Response::ok()
+                r.ok(())
             }
-            Request::Sample => {
+            Command::Sample(r) => {
                 let was_paused = ctl.paused;
                 if let Err(e) = ctl.pause_all(rx) {
-                    return Response::error(e);
+                    return r.refuse(e);
                 }
                 let res = ctl.save_vcpus();
                 if !was_paused {
                     ctl.resume_all();
                 }
                 match res {
-                    Ok(v) => Response {
-                        ok: true,
-                        rips: Some(v.iter().map(|s| s.regs.rip).collect()),
-                        ..Default::default()
-                    },
-                    Err(e) => Response::error(format!("sample failed: {e}")),
+                    Ok(v) => r.ok(Sample {
+                        rips: v.iter().map(|s| s.regs.rip).collect(),
+                    }),
+                    Err(e) => r.refuse(format!("sample failed: {e}")),
                 }
             }
-            Request::Shutdown => {
+            Command::Shutdown(r) => {
                 ctl.exit = Some(ExitReason::Stopped);
-                Response::ok()
+                r.ok(())
             }
-            Request::Stats => {
+            Command::Stats(r) => {
                 let stats = devices::bus::lock(&self.serial).sink_mut().stats();
                 let state = if idle {
-                    "empty"
+                    VmState::Empty
                 } else if ctl.paused {
-                    "paused"
+                    VmState::Paused
                 } else {
-                    "running"
+                    VmState::Running
                 };
-                Response {
-                    ok: true,
-                    stats: Some(Stats {
-                        state: state.into(),
-                        vcpus: self.config.vcpus,
-                        memory_mib: self.config.memory_mib,
-                        uptime_ms: ctl.started.elapsed().as_millis() as u64,
-                        serial_bytes: stats.guest_bytes.load(Ordering::Relaxed),
-                        serial_dropped: stats.dropped_bytes.load(Ordering::Relaxed),
-                        pid: std::process::id(),
-                        pmem_guest_writes: self.pmem_guest_writes(),
-                    }),
-                    ..Default::default()
-                }
+                r.ok(Stats {
+                    state,
+                    vcpus: self.config.vcpus,
+                    memory_mib: self.config.memory_mib,
+                    uptime_ms: millis(ctl.started.elapsed()),
+                    serial_bytes: stats.guest_bytes.load(Ordering::Relaxed),
+                    serial_dropped: stats.dropped_bytes.load(Ordering::Relaxed),
+                    pid: std::process::id(),
+                    pmem_guest_writes: self.pmem_guest_writes(),
+                })
             }
-            Request::Snapshot { dir, diff } => {
+            Command::Snapshot { dir, diff, reply } => {
                 let t0 = Instant::now();
                 if let Err(e) = ctl.pause_all(rx) {
-                    return Response::error(e);
+                    return reply.refuse(e);
                 }
                 let pause_ms = t0.elapsed().as_secs_f64() * 1e3;
                 let t1 = Instant::now();
@@ -275,21 +276,17 @@ impl Vm {
                     .save_vcpus()
                     .and_then(|v| self.save_snapshot(v, &dir, diff));
                 match res {
-                    Ok((state_bytes, memory_bytes)) => Response {
-                        ok: true,
-                        snapshot: Some(SnapshotInfo {
-                            dir,
-                            state_bytes,
-                            memory_bytes,
-                            pause_ms,
-                            save_ms: t1.elapsed().as_secs_f64() * 1e3,
-                        }),
-                        ..Default::default()
-                    },
-                    Err(e) => Response::error(format!("snapshot failed: {e}")),
+                    Ok((state_bytes, memory_bytes)) => reply.ok(SnapshotInfo {
+                        dir,
+                        state_bytes,
+                        memory_bytes,
+                        pause_ms,
+                        save_ms: t1.elapsed().as_secs_f64() * 1e3,
+                    }),
+                    Err(e) => reply.refuse(format!("snapshot failed: {e}")),
                 }
             }
-            Request::Restore { dir, disks } => {
+            Command::Restore { dir, disks, reply } => {
                 let t0 = Instant::now();
                 if !idle {
                     self.vcpus = ctl.stop_all();
@@ -297,19 +294,23 @@ impl Vm {
                 if let Err(e) = self.reload_with_disks(&dir, &disks) {
                     // The VM is left empty; another restore may succeed.
                     self.loaded = false;
-                    return Response::error(format!("restore failed: {e}"));
+                    return reply.refuse(format!("restore failed: {e}"));
                 }
                 if let Err(e) = self.spawn_vcpus(ctl, tx) {
-                    return Response::error(format!("restore failed: {e}"));
+                    return reply.refuse(format!("restore failed: {e}"));
                 }
-                Response {
-                    ok: true,
-                    restore_ms: Some(t0.elapsed().as_secs_f64() * 1e3),
-                    ..Default::default()
-                }
+                reply.ok(RestoreInfo {
+                    restore_ms: t0.elapsed().as_secs_f64() * 1e3,
+                })
             }
         }
     }
+}
+
+/// Whole milliseconds of `d`, saturating (u64 milliseconds are 584 million
+/// years).
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 impl Controller {
@@ -328,15 +329,19 @@ impl Controller {
                 let _ = v.thread.kill(SIGRTMIN());
             }
             match rx.recv_timeout(Duration::from_millis(1)) {
-                Ok(Event::Vcpu(g, _)) if g != self.generation => {}
-                Ok(Event::Vcpu(_, VcpuEvent::Paused(_))) => waiting -= 1,
-                Ok(Event::Vcpu(_, VcpuEvent::Exit(_, r))) => {
+                Ok(Event::Vcpu(r)) if r.generation != self.generation => {}
+                Ok(Event::Vcpu(VcpuReport {
+                    event: VcpuEvent::Paused(_),
+                    ..
+                })) => waiting -= 1,
+                Ok(Event::Vcpu(VcpuReport {
+                    event: VcpuEvent::Exit(_, r),
+                    ..
+                })) => {
                     self.exit = Some(r);
                     return Err("the guest stopped while pausing".into());
                 }
-                Ok(Event::Control((_, reply))) => {
-                    let _ = reply.send(Response::error("busy: a pause is in progress"));
-                }
+                Ok(Event::Control(cmd)) => cmd.refuse("busy: a pause is in progress"),
                 Err(mpsc::RecvTimeoutError::Timeout) => {}
                 Err(mpsc::RecvTimeoutError::Disconnected) => {
                     return Err("vCPU threads are gone".into())
@@ -367,6 +372,11 @@ impl Controller {
             return;
         }
         for v in &self.vcpus {
+            // The controller owns the flag: cleared here, before the vCPU
+            // wakes, so a pause requested right after this resume (which
+            // sets it again) cannot be undone by a vCPU that is slow to
+            // take its Resume.
+            v.flags.pause.store(false, Ordering::Release);
             let _ = v.cmds.send(VcpuCmd::Resume);
         }
         self.paused = false;

@@ -102,10 +102,10 @@ fn run(mem: &GuestMemoryMmap, b: &Backing, body: &[Descriptor]) -> Result<u32, u
                 .first()
                 .filter(|d| d.is_write_only())
                 .ok_or(STATUS_IOERR)?;
-            let n = (d.len() as usize).min(ID_LEN);
+            let n = usize::try_from(d.len()).unwrap_or(usize::MAX).min(ID_LEN);
             mem.write_slice(&b.id[..n], d.addr())
                 .map_err(|_| STATUS_IOERR)?;
-            Ok(n as u32)
+            u32::try_from(n).map_err(|_| STATUS_IOERR)
         }
         RequestType::Unsupported(_) => Err(STATUS_UNSUPP),
     }
@@ -173,7 +173,8 @@ fn io_at(
         };
         match n {
             n if n > 0 => {
-                done += n as usize;
+                let n = n.unsigned_abs();
+                done += n;
                 off += n as u64;
             }
             0 if to_guest => {

@@ -1,8 +1,10 @@
 use super::*;
 use crate::virtio::blk::request::{STATUS_IOERR, STATUS_OK, STATUS_UNSUPP};
 use crate::virtio::blk::{VIRTIO_BLK_F_FLUSH, VIRTIO_BLK_F_RO};
-use crate::virtio::mmio::status;
+use crate::virtio::mmio::{status, MmioTransport};
+use crate::virtio::persist::MmioArgs;
 use crate::virtio::testing::{Driver, DATA};
+use snapshot::Persist;
 use std::io::Write;
 use vm_memory::{Bytes, GuestAddress};
 
@@ -209,7 +211,7 @@ fn snapshot_round_trip_continues_the_queue() {
     d.push_chain(&[(HDR, 16, false), (BUF, 512, true), (ST, 1, true)]);
     d.notify();
     assert_eq!(d.take_used().len(), 1);
-    let saved = d.t.save_state();
+    let saved = d.t.save().unwrap();
     assert!(saved.activated);
     assert_eq!(saved.queues[0].next_avail, 1);
     // A new transport over the same memory with a fresh device, restored.
@@ -219,9 +221,13 @@ fn snapshot_round_trip_continues_the_queue() {
         id: "x".into(),
     })
     .unwrap();
-    let mut t2 = crate::virtio::mmio::MmioTransport::new(Box::new(b), d.mem.clone(), d.irq.clone());
-    t2.restore_state(&saved).unwrap();
-    assert_eq!(t2.save_state(), saved);
+    let args = MmioArgs {
+        device: Box::new(b),
+        mem: d.mem.clone(),
+        irq: d.irq.clone(),
+    };
+    let t2 = MmioTransport::restore(args, &saved).unwrap();
+    assert_eq!(t2.save().unwrap(), saved);
     d.t = t2;
     header(&d, 0, 2);
     d.push_chain(&[(HDR, 16, false), (BUF, 512, true), (ST, 1, true)]);
@@ -238,30 +244,30 @@ fn snapshot_round_trip_continues_the_queue() {
 fn restore_refuses_mismatched_state() {
     let f = disk(8);
     let d = dev(f.path(), false);
-    let mut saved = d.t.save_state();
-    let mk = || {
+    let mut saved = d.t.save().unwrap();
+    let restore = |saved: &_| {
         let b = Block::new(&BlockConfig {
             path: f.path().into(),
             read_only: false,
             id: "x".into(),
         })
         .unwrap();
-        crate::virtio::mmio::MmioTransport::new(Box::new(b), d.mem.clone(), d.irq.clone())
+        let args = MmioArgs {
+            device: Box::new(b),
+            mem: d.mem.clone(),
+            irq: d.irq.clone(),
+        };
+        MmioTransport::restore(args, saved).map(drop)
     };
     saved.device_type = 19;
-    assert!(mk()
-        .restore_state(&saved)
+    assert!(restore(&saved)
         .unwrap_err()
         .to_string()
         .contains("does not match"));
     saved.device_type = 2;
     saved.queues.push(saved.queues[0]);
-    assert!(mk().restore_state(&saved).is_err());
+    assert!(restore(&saved).is_err());
     saved.queues.pop();
     saved.queues[0].size = 3; // not a power of two
-    assert!(mk()
-        .restore_state(&saved)
-        .unwrap_err()
-        .to_string()
-        .contains("invalid"));
+    assert!(restore(&saved).unwrap_err().to_string().contains("invalid"));
 }

@@ -264,6 +264,7 @@ impl Conn {
             Ok(0) => self.on_host_eof(),
             Ok(n) => {
                 // n <= max <= MAX_PKT_DATA, so it fits in u32.
+                #[allow(clippy::cast_possible_truncation)]
                 let n = n as u32;
                 self.rx_cnt = self.rx_cnt.wrapping_add(n);
                 hdr.op = Op::Rw;
@@ -368,7 +369,9 @@ impl Conn {
             self.tx_buf.extend(&tmp[..copied]);
         }
         // sent <= len <= MAX_PKT_DATA.
-        self.fwd_cnt = self.fwd_cnt.wrapping_add(sent as u32);
+        #[allow(clippy::cast_possible_truncation)]
+        let sent = sent as u32;
+        self.fwd_cnt = self.fwd_cnt.wrapping_add(sent);
         self.after_forward()
     }
 
@@ -382,7 +385,9 @@ impl Conn {
                     let n = n.min(front.len());
                     self.tx_buf.drain(..n);
                     // n <= CONN_TX_BUF_SIZE.
-                    self.fwd_cnt = self.fwd_cnt.wrapping_add(n as u32);
+                    #[allow(clippy::cast_possible_truncation)]
+                    let n = n as u32;
+                    self.fwd_cnt = self.fwd_cnt.wrapping_add(n);
                 }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}

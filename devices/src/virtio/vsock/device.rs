@@ -4,23 +4,17 @@
 
 use super::events::VsockEvents;
 use super::muxer::{Counters, Muxer};
-use super::packet::{self, RxPacket};
-use super::persist::VsockState;
-use super::{EVQ, MAX_PKT_DATA, QUEUE_SIZE, RXQ, TXQ, TYPE_VSOCK};
-use crate::virtio::persist::QueueSaved;
-use crate::virtio::{
-    ActivateError, VirtioDevice, VirtioInterrupt, INT_USED_RING, VIRTIO_F_VERSION_1,
-};
+use super::persist::{VsockArgs, VsockState};
+use super::shared::{lock, Active, Inner, Shared};
+use super::{EVQ, QUEUE_SIZE, RXQ, TXQ, TYPE_VSOCK};
+use crate::virtio::{ActivateError, VirtioDevice, VirtioInterrupt, VIRTIO_F_VERSION_1};
+use snapshot::Persist;
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use virtio_queue::{Queue, QueueOwnedT, QueueT};
-use virtio_vsock::packet::VsockPacket;
-use vm_memory::{Bytes, GuestMemoryMmap};
+use std::sync::{Arc, Mutex};
+use virtio_queue::Queue;
+use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::EventFd;
-
-/// Event id of VIRTIO_VSOCK_EVENT_TRANSPORT_RESET.
-const EVENT_TRANSPORT_RESET: u32 = 0;
 
 /// Set-up errors of a vsock device.
 #[derive(Debug, thiserror::Error)]
@@ -39,172 +33,20 @@ pub enum VsockError {
     /// The wake-up eventfd could not be created.
     #[error("cannot create eventfd: {0}")]
     EventFd(std::io::Error),
-}
-
-struct Active {
-    mem: GuestMemoryMmap,
-    irq: Arc<VirtioInterrupt>,
-    rx: Queue,
-    tx: Queue,
-    ev: Queue,
-}
-
-/// State shared by [`Vsock`], [`VsockEvents`] and [`VsockHandle`].
-pub(super) struct Inner {
-    pub muxer: Muxer,
-    acked: u64,
-    active: Option<Active>,
-    reset_pending: bool,
-    /// A TRANSPORT_RESET was written to the guest's event buffer.
-    reset_delivered: bool,
-    /// The guest has handled the last TRANSPORT_RESET (it re-posted its
-    /// event buffer). Until then new host connections wait: a REQUEST the
-    /// guest saw before the reset would be reset along with the old ones.
-    pub reset_acked: bool,
-}
-
-pub(super) type Shared = Arc<Mutex<Inner>>;
-
-/// Locks the shared state. Nothing panics while holding it, but a poisoned
-/// lock is still usable: every step leaves the state consistent.
-pub(super) fn lock(m: &Mutex<Inner>) -> MutexGuard<'_, Inner> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-impl Inner {
-    /// Serves rx and tx until neither makes progress, then interrupts the
-    /// guest if it wants to hear about it.
-    pub fn process(&mut self) {
-        let Some(a) = self.active.as_mut() else {
-            return;
-        };
-        let (mut rx_used, mut tx_used) = (false, false);
-        loop {
-            rx_used |= process_rx(a, &mut self.muxer);
-            let tx = process_tx(a, &mut self.muxer);
-            tx_used |= tx;
-            if !tx {
-                break;
-            }
-        }
-        let notify = (rx_used && a.rx.needs_notification(&a.mem).unwrap_or(true))
-            || (tx_used && a.tx.needs_notification(&a.mem).unwrap_or(true));
-        if notify {
-            let _ = a.irq.signal(INT_USED_RING);
-        }
-    }
-
-    /// Delivers a pending TRANSPORT_RESET if the guest gave an event buffer.
-    /// `guest_notified`: the guest kicked the event queue, which it does
-    /// after handling an event (re-posting the buffer).
-    fn process_events(&mut self, guest_notified: bool) {
-        let Some(a) = self.active.as_mut() else {
-            return;
-        };
-        if guest_notified && self.reset_delivered && !self.reset_pending {
-            self.reset_delivered = false;
-            self.reset_acked = true;
-        }
-        let mut used = false;
-        while self.reset_pending {
-            let Some(chain) = a.ev.pop_descriptor_chain(&a.mem) else {
-                break;
-            };
-            let head = chain.head_index();
-            let mut len = 0;
-            let desc = chain
-                .take(usize::from(QUEUE_SIZE))
-                .find(|d| d.is_write_only() && d.len() >= 4);
-            if let Some(d) = desc {
-                let id = EVENT_TRANSPORT_RESET.to_le_bytes();
-                if a.mem.write_slice(&id, d.addr()).is_ok() {
-                    len = 4;
-                    self.reset_pending = false;
-                    self.reset_delivered = true;
-                }
-            }
-            if a.ev.add_used(&a.mem, head, len).is_err() {
-                break;
-            }
-            used = true;
-        }
-        if used && a.ev.needs_notification(&a.mem).unwrap_or(true) {
-            let _ = a.irq.signal(INT_USED_RING);
-        }
-    }
-
-    fn transport_reset(&mut self) {
-        self.muxer.kill_all();
-        self.reset_pending = true;
-        self.reset_acked = false;
-        self.process_events(false);
-    }
-
-    fn save(&self) -> VsockState {
-        VsockState {
-            cid: self.muxer.cid(),
-            acked_features: self.acked,
-            queues: self
-                .active
-                .iter()
-                .flat_map(|a| [&a.rx, &a.tx, &a.ev])
-                .map(|q| QueueSaved::from(q.state()))
-                .collect(),
-        }
-    }
-}
-
-/// Fills guest RX buffers with what the muxer owes the guest.
-fn process_rx(a: &mut Active, muxer: &mut Muxer) -> bool {
-    let mut used = false;
-    while muxer.has_rx() {
-        let Some(mut chain) = a.rx.pop_descriptor_chain(&a.mem) else {
-            break;
-        };
-        let head = chain.head_index();
-        let len = match VsockPacket::from_rx_virtq_chain(&a.mem, &mut chain, MAX_PKT_DATA) {
-            Ok(mut pkt) => {
-                let pkt: &mut RxPacket<'_> = &mut pkt;
-                match muxer.fill_rx(pkt) {
-                    Some(n) => n,
-                    None => {
-                        // Nothing owed after all: leave the buffer to the guest.
-                        a.rx.go_to_previous_position();
-                        break;
-                    }
-                }
-            }
-            // An unusable buffer goes back empty.
-            Err(_) => 0,
-        };
-        if a.rx.add_used(&a.mem, head, len).is_err() {
-            break;
-        }
-        used = true;
-    }
-    used
-}
-
-/// Takes guest TX packets and hands the valid ones to the muxer.
-fn process_tx(a: &mut Active, muxer: &mut Muxer) -> bool {
-    let mut used = false;
-    while !muxer.tx_paused() {
-        // The chain iterator follows at most queue-size links and rejects
-        // loops, so a hostile ring cannot spin us.
-        let Some(mut chain) = a.tx.pop_descriptor_chain(&a.mem) else {
-            break;
-        };
-        let head = chain.head_index();
-        match packet::parse_tx(&a.mem, &mut chain, muxer.cid()) {
-            Ok(pkt) => muxer.on_guest_pkt(&pkt),
-            Err(_) => muxer.counters.tx_dropped += 1,
-        }
-        if a.tx.add_used(&a.mem, head, 0).is_err() {
-            break;
-        }
-        used = true;
-    }
-    used
+    /// Saved state with a queue count other than 0 (inactive) or 3.
+    #[error("saved vsock state has {0} queues; an active device has 3, an inactive one none")]
+    QueueCount(usize),
+    /// A saved queue is invalid.
+    #[error("saved vsock queue {index} is invalid: {source:?}")]
+    Queue {
+        /// Queue index.
+        index: usize,
+        /// virtio-queue's error.
+        source: virtio_queue::Error,
+    },
+    /// Re-activating the restored device failed.
+    #[error("re-activating the restored vsock device: {0}")]
+    Activate(ActivateError),
 }
 
 /// A virtio-vsock device (the part the MMIO transport owns).
@@ -212,6 +54,8 @@ pub struct Vsock {
     shared: Shared,
     wake: Arc<EventFd>,
     config: [u8; 8],
+    /// The event-thread half until [`Vsock::take_events`] hands it out.
+    events: Option<VsockEvents>,
 }
 
 /// A cloneable handle on a vsock device for the VMM: transport reset,
@@ -228,7 +72,7 @@ impl Vsock {
     /// must not exist; it is removed when the [`VsockEvents`] half is
     /// dropped). Register the [`VsockEvents`] half with the VMM's
     /// `EventManager`; put the [`Vsock`] half behind an MMIO transport.
-    pub fn new(cid: u64, uds_path: &Path) -> Result<(Vsock, VsockEvents), VsockError> {
+    pub fn new(cid: u64, uds_path: &Path) -> Result<Vsock, VsockError> {
         if !(3..u64::from(u32::MAX)).contains(&cid) {
             return Err(VsockError::Cid(cid));
         }
@@ -262,14 +106,19 @@ impl Vsock {
             reset_acked: true,
         }));
         let events = VsockEvents::new(shared.clone(), listener, wake.clone(), uds_path);
-        Ok((
-            Vsock {
-                shared,
-                wake,
-                config: cid.to_le_bytes(),
-            },
-            events,
-        ))
+        Ok(Vsock {
+            shared,
+            wake,
+            config: cid.to_le_bytes(),
+            events: Some(events),
+        })
+    }
+
+    /// The event-thread half, once: register it with the VMM's
+    /// `EventManager` before the guest uses the device (until then no host
+    /// socket is served). `None` after the first call.
+    pub fn take_events(&mut self) -> Option<VsockEvents> {
+        self.events.take()
     }
 
     /// A handle for the VMM.
@@ -278,11 +127,6 @@ impl Vsock {
             shared: self.shared.clone(),
             wake: self.wake.clone(),
         }
-    }
-
-    /// Snapshot state (see [`VsockState`]).
-    pub fn save(&self) -> VsockState {
-        lock(&self.shared).save()
     }
 
     /// Wakes the event thread if it has sockets to (un)watch.
@@ -306,11 +150,6 @@ impl VsockHandle {
         let mut inner = lock(&self.shared);
         inner.transport_reset();
         kick(&self.wake, &inner);
-    }
-
-    /// Snapshot state (see [`VsockState`]).
-    pub fn save(&self) -> VsockState {
-        lock(&self.shared).save()
     }
 
     /// Live connections.
@@ -411,5 +250,44 @@ impl VirtioDevice for Vsock {
             .iter()
             .flat_map(|a| [a.rx.state(), a.tx.state(), a.ev.state()])
             .collect()
+    }
+}
+
+impl Persist for Vsock {
+    type State = VsockState;
+    type ConstructorArgs = VsockArgs;
+    type Error = VsockError;
+
+    fn save(&self) -> Result<VsockState, VsockError> {
+        Ok(lock(&self.shared).save())
+    }
+
+    /// A new device for the saved cid on `args.uds_path` (connections are
+    /// not saved), with the saved features and, if it was active, its
+    /// queues at their saved positions. The VMM restores through the MMIO
+    /// transport instead, which re-activates a fresh device itself.
+    fn restore(args: VsockArgs, state: &VsockState) -> Result<Self, VsockError> {
+        let queues = match state.queues.len() {
+            0 => None,
+            3 => Some(
+                state
+                    .queues
+                    .iter()
+                    .enumerate()
+                    .map(|(index, q)| {
+                        q.to_queue()
+                            .map_err(|source| VsockError::Queue { index, source })
+                    })
+                    .collect::<Result<Vec<_>, _>>()?,
+            ),
+            n => return Err(VsockError::QueueCount(n)),
+        };
+        let mut dev = Vsock::new(state.cid, &args.uds_path)?;
+        dev.set_acked_features(state.acked_features);
+        if let Some(q) = queues {
+            dev.activate(args.mem, args.irq, q)
+                .map_err(VsockError::Activate)?;
+        }
+        Ok(dev)
     }
 }

@@ -7,9 +7,9 @@
 //! watch list, so an fd number is never reused while epoll (or
 //! `event_manager`'s dispatch table) still knows the old one.
 
-use super::device::{lock, Inner, Shared};
 use super::handshake::{Handshake, Progress};
 use super::muxer::ConnKey;
+use super::shared::{lock, Inner, Shared};
 use event_manager::{EventOps, EventSet, Events, MutEventSubscriber};
 use std::collections::HashMap;
 use std::io::ErrorKind;

@@ -28,12 +28,13 @@ mod handshake;
 mod muxer;
 mod packet;
 mod persist;
+mod shared;
 mod unix;
 
 pub use device::{Vsock, VsockError, VsockHandle};
 pub use events::VsockEvents;
 pub use muxer::Counters;
-pub use persist::VsockState;
+pub use persist::{VsockArgs, VsockState};
 
 /// Virtio device type of a vsock device.
 pub const TYPE_VSOCK: u32 = 19;
@@ -59,6 +60,8 @@ pub const FIRST_LOCAL_PORT: u32 = 1 << 30;
 /// Largest payload of one packet in either direction.
 pub const MAX_PKT_DATA: u32 = 64 * 1024;
 
+#[cfg(test)]
+mod persist_tests;
 #[cfg(test)]
 mod test_guest;
 #[cfg(test)]

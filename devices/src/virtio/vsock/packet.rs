@@ -9,6 +9,7 @@ use virtio_vsock::packet::{VsockPacket, PKT_HEADER_SIZE};
 use vm_memory::{GuestMemoryMmap, VolatileSlice};
 
 /// Header size on the wire.
+#[allow(clippy::cast_possible_truncation)] // 44 bytes
 pub const HDR_LEN: u32 = PKT_HEADER_SIZE as u32;
 /// Stream sockets, the only type served.
 pub const TYPE_STREAM: u16 = 1;

@@ -69,7 +69,7 @@ impl Pkt {
     /// Sets the payload (and `len`).
     pub fn with_data(mut self, data: &[u8]) -> Self {
         self.data = data.to_vec();
-        self.len = data.len() as u32;
+        self.len = u32::try_from(data.len()).unwrap();
         self
     }
 
@@ -123,7 +123,8 @@ impl Guest {
     pub fn new(rx_bufs: u16) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("vm.sock");
-        let (dev, events) = Vsock::new(CID, &path).unwrap();
+        let mut dev = Vsock::new(CID, &path).unwrap();
+        let events = dev.take_events().unwrap();
         let handle = dev.handle();
         let mut d = Driver::with_mem(Box::new(dev), mem_sized(MEM_SIZE));
         let st = d.bring_up_queues(1 << VIRTIO_F_VERSION_1, &[QSIZE, QSIZE, EVQ_SIZE]);
@@ -208,14 +209,14 @@ impl Guest {
             self.d.mem.read_slice(&mut h, GuestAddress(addr)).unwrap();
             let mut p = Pkt::parse(&h);
             assert_eq!(len, 44 + p.len, "used length matches header: {p:?}");
-            p.data = vec![0u8; p.len as usize];
+            p.data = vec![0u8; usize::try_from(p.len).unwrap()];
             self.d
                 .mem
                 .read_slice(&mut p.data, GuestAddress(addr + 44))
                 .unwrap();
             out.push(p);
         }
-        self.post_rx(used.len() as u16);
+        self.post_rx(u16::try_from(used.len()).unwrap());
         out
     }
 
@@ -239,8 +240,10 @@ impl Guest {
             .mem
             .write_slice(&p.data, GuestAddress(addr + 44))
             .unwrap();
-        self.d
-            .push_chain_on(1, &[(addr, 44 + p.data.len() as u32, false)]);
+        self.d.push_chain_on(
+            1,
+            &[(addr, 44 + u32::try_from(p.data.len()).unwrap(), false)],
+        );
         self.d.notify_queue(1);
         self.pump();
     }
@@ -258,7 +261,10 @@ impl Guest {
             .unwrap();
         self.d.push_chain_on(
             1,
-            &[(addr, 44, false), (addr + 64, p.data.len() as u32, false)],
+            &[
+                (addr, 44, false),
+                (addr + 64, u32::try_from(p.data.len()).unwrap(), false),
+            ],
         );
         self.d.notify_queue(1);
         self.pump();
@@ -267,7 +273,7 @@ impl Guest {
     /// Sends a raw chain of (offset in a TX slot or absolute address,
     /// len, writable) after writing `bytes` at the slot start.
     pub fn send_raw(&mut self, bytes: &[u8], descs: &[(Option<u64>, u32, bool)]) {
-        let addr = self.tx_slot(descs.len() as u16);
+        let addr = self.tx_slot(u16::try_from(descs.len()).unwrap());
         self.d.mem.write_slice(bytes, GuestAddress(addr)).unwrap();
         let chain: Vec<(u64, u32, bool)> = descs
             .iter()

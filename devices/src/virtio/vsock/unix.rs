@@ -19,9 +19,10 @@ pub fn connect_nonblocking(path: &Path) -> io::Result<UnixStream> {
     if bytes.is_empty() || bytes.len() >= addr.sun_path.len() || bytes.contains(&0) {
         return Err(io::Error::from_raw_os_error(libc::ENAMETOOLONG));
     }
-    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    addr.sun_family = libc::sa_family_t::try_from(libc::AF_UNIX)
+        .map_err(|_| io::Error::from_raw_os_error(libc::EAFNOSUPPORT))?;
     for (dst, &src) in addr.sun_path.iter_mut().zip(bytes) {
-        *dst = src as libc::c_char;
+        *dst = libc::c_char::from_ne_bytes([src]);
     }
     // SAFETY: plain syscall with constant arguments; the result is checked.
     let fd = unsafe {
@@ -36,7 +37,8 @@ pub fn connect_nonblocking(path: &Path) -> io::Result<UnixStream> {
     }
     // SAFETY: `fd` was just returned by socket() and is owned by nobody else.
     let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    let len = std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t;
+    let len = libc::socklen_t::try_from(std::mem::size_of::<libc::sockaddr_un>())
+        .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
     // SAFETY: `addr` is a fully initialised sockaddr_un that outlives the
     // call, and `len` is its size; `fd` is a valid socket.
     let rc = unsafe {

@@ -1,0 +1,41 @@
+//! The control protocol of `shoal-vmm --api-sock PATH`: one request enum,
+//! one typed reply per request, a [`Client`] and the socket side of the
+//! server ([`serve`], which hands each request to the VMM as a [`Command`]
+//! carrying a typed [`Responder`]).
+//!
+//! On the wire every message is one JSON object on one line, at most
+//! [`MAX_LINE`] bytes (newline included) each way:
+//!
+//! | request | success reply |
+//! |---|---|
+//! | `{"op":"pause"}` | `{"ok":true}` |
+//! | `{"op":"resume"}` | `{"ok":true}` |
+//! | `{"op":"shutdown"}` | `{"ok":true}` |
+//! | `{"op":"stats"}` | `{"ok":true,"stats":{..}}` ([`Stats`]) |
+//! | `{"op":"sample"}` | `{"ok":true,"rips":[..]}` ([`Sample`]) |
+//! | `{"op":"snapshot","dir":"/d","diff":false}` | `{"ok":true,"snapshot":{..}}` ([`SnapshotInfo`]) |
+//! | `{"op":"restore","dir":"/d","disks":["/f"]}` | `{"ok":true,"restore_ms":1.5}` ([`RestoreInfo`]) |
+//!
+//! A refused request is answered `{"ok":false,"error":"why"}`. The client
+//! gives every call one deadline (connect, send and reply together).
+//!
+//! [`cmdline`] holds the convention for the kernel command line the VMM is
+//! started with, which launchers share with the VMM.
+
+#![warn(
+    clippy::cast_possible_truncation,
+    clippy::cast_possible_wrap,
+    clippy::cast_sign_loss,
+    clippy::cast_lossless
+)]
+
+mod client;
+pub mod cmdline;
+mod server;
+mod wire;
+
+pub use client::{ApiError, Client, ReplyError};
+pub use server::{serve, Command, Responder};
+pub use wire::{
+    Reply, ReplyBody, Request, RestoreInfo, Sample, SnapshotInfo, Stats, VmState, MAX_LINE,
+};
