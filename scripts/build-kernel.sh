@@ -100,8 +100,8 @@ tar -xf "$tarball" -C "$work"
 src="$work/linux-source-6.1"
 [[ -d "$src" ]] || die "tarball did not contain linux-source-6.1/"
 
+log "applying ${#patches[@]} patches (kernel-configs/patches)"
 for p in "${patches[@]}"; do
-    log "applying $(basename "$p")"
     patch -d "$src" -p1 --batch --forward --quiet < "$p" || die "patch $(basename "$p") failed"
 done
 
@@ -138,15 +138,48 @@ if ((${#missing[@]})); then
 fi
 log "config verified: every option of shoal.config is as requested"
 
+# Objects a build compiles (kbuild's "  CC"/"  AS" lines): the count of
+# this machine's last build, else the count measured for shoal.config.
+expected="$(cat "$cache/.objects" 2>/dev/null || true)"
+[[ "$expected" =~ ^[0-9]+$ ]] || expected="$(cat "$cfgdir/objects" 2>/dev/null || true)"
+[[ "$expected" =~ ^[0-9]+$ ]] || expected=0
+
+# "3m05s"
+hms() { if (($1 >= 60)); then printf '%dm%02ds' $(($1 / 60)) $(($1 % 60)); else printf '%ds' "$1"; fi; }
+
 jobs="$(nproc)"
 log "make -j$jobs vmlinux (log: $buildlog; takes minutes)"
 start=$SECONDS
-if ! make -C "$src" -j"$jobs" vmlinux >>"$buildlog" 2>&1; then
+make -C "$src" -j"$jobs" vmlinux >>"$buildlog" 2>&1 &
+make_pid=$!
+# Progress every 5 s while make runs: objects compiled (of those expected),
+# elapsed, an estimate of what is left and the step make is at.
+last=""
+while kill -0 "$make_pid" 2>/dev/null; do
+    sleep 5 & wait $! || true
+    kill -0 "$make_pid" 2>/dev/null || break
+    done_n="$(grep -cE '^  (CC|AS) ' "$buildlog" || true)"
+    step="$(grep -E '^  [A-Z]+ ' "$buildlog" | tail -n 1 | sed -E 's/^ +//; s/ +/ /g' || true)"
+    el=$((SECONDS - start))
+    if ((expected > 0 && done_n > 0)); then
+        shown=$((done_n < expected ? done_n : expected))
+        pct=$((100 * shown / expected))
+        left=$(((el * (expected - shown)) / done_n))
+        msg="$shown/$expected objects ($pct%), $(hms "$el") elapsed, ~$(hms "$left") left"
+    else
+        msg="$done_n objects, $(hms "$el") elapsed"
+    fi
+    [[ -n "$step" ]] && msg="$msg ($step)"
+    [[ "$msg" != "$last" ]] && log "progress $msg"
+    last="$msg"
+done
+if ! wait "$make_pid"; then
     cp "$buildlog" "$cache/$key.failed.log" || true
     tail -n 60 "$buildlog" >&2
     die "kernel build failed (full log: $cache/$key.failed.log)"
 fi
-log "built in $((SECONDS - start)) s"
+grep -cE '^  (CC|AS) ' "$buildlog" >"$cache/.objects" 2>/dev/null || true
+log "built in $(hms $((SECONDS - start))) ($(cat "$cache/.objects" 2>/dev/null || echo '?') objects)"
 
 # Install: vmlinux last, by rename on the same filesystem, so a present
 # $dest/vmlinux always means a complete build.

@@ -151,7 +151,8 @@ pub struct Template {
     pub vcpus: u32,
     /// Guest memory (MiB).
     pub memory_mib: u32,
-    /// Snapshot directory on the host (empty while building).
+    /// Snapshot directory on the host, under the daemon's state directory
+    /// (being written while building).
     #[schema(value_type = String)]
     pub dir: PathBuf,
     /// State.

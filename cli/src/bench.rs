@@ -243,6 +243,7 @@ pub fn load(g: &crate::daemon_cmds::Global, a: &LoadArgs, json: &Path) -> Result
     };
     // The template (booted once and cached), then a warm-up sandbox.
     let name = format!("{}-1c-128m", a.image);
+    crate::daemon_cmds::image_template(g, &c, &a.image, 1, 128, &Default::default())?;
     let sb = c.create(&shoal_client::api::CreateSandbox {
         vcpus: Some(1),
         memory_mib: Some(128),

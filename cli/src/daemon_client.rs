@@ -5,11 +5,18 @@
 
 use anyhow::{bail, Context, Result};
 use shoal_client::DaemonClient;
-use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// Whether the daemon is on this host (a Unix socket), so that what the
+/// CLI installs here is what it reads.
+pub fn is_local(daemon: Option<&str>) -> bool {
+    let spec = daemon
+        .map(String::from)
+        .or_else(|| std::env::var("SHOAL_DAEMON").ok())
+        .unwrap_or_default();
+    !spec.starts_with("http://")
+}
 
 /// The daemon to talk to, started on demand when it is the local default.
 pub fn connect(daemon: Option<&str>) -> Result<DaemonClient> {
@@ -91,51 +98,7 @@ fn start_daemon(sock: &std::path::Path) -> Result<()> {
 
 /// A spinner with elapsed time on stderr while a long call runs (a plain
 /// line when stderr is not a terminal).
-pub struct Progress {
-    stop: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Progress {
-    /// Shows `msg` until dropped.
-    pub fn start(msg: &str) -> Progress {
-        let stop = Arc::new(AtomicBool::new(false));
-        if !std::io::stderr().is_terminal() {
-            eprintln!("{msg}");
-            return Progress { stop, thread: None };
-        }
-        let (s, msg) = (stop.clone(), msg.to_string());
-        let thread = std::thread::spawn(move || {
-            let t0 = Instant::now();
-            let frames = ['|', '/', '-', '\\'];
-            let mut i = 0;
-            while !s.load(Ordering::Acquire) {
-                eprint!(
-                    "\r{} {msg} {:.0} s ",
-                    frames[i % 4],
-                    t0.elapsed().as_secs_f64()
-                );
-                let _ = std::io::stderr().flush();
-                i += 1;
-                std::thread::sleep(Duration::from_millis(200));
-            }
-            eprint!("\r\x1b[2K");
-        });
-        Progress {
-            stop,
-            thread: Some(thread),
-        }
-    }
-}
-
-impl Drop for Progress {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Release);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
+pub use crate::progress::Live as Progress;
 
 /// Prints rows as an aligned table.
 pub fn table(head: &[&str], rows: &[Vec<String>]) {

@@ -84,24 +84,121 @@ fn read_stdin(forward: bool) -> Result<Option<Vec<u8>>> {
     Ok(Some(v))
 }
 
-fn create_sandbox(c: &DaemonClient, req: &api::CreateSandbox) -> Result<api::Sandbox> {
-    // Say so when the first use of an image boots its template.
-    let _p = req.image.as_deref().and_then(|img| {
-        let name = image_template_name(
+/// The images a template of `image` with `root` boots: the image, and
+/// the layers that are image names.
+fn template_images(image: &str, root: &api::RootRequest) -> Vec<String> {
+    let mut v = vec![image.to_string()];
+    for l in &root.layers {
+        if crate::IMAGES.contains(&l.as_str()) && !v.contains(l) {
+            v.push(l.clone());
+        }
+    }
+    v
+}
+
+/// Has the daemon make template `req` and waits for it, showing each
+/// step. From a checkout, for a daemon on this host, the guest kernel and
+/// images are built (the first time: minutes, with the build's progress)
+/// and installed in the foreground first, so that shoald only boots and
+/// snapshots. There is no deadline: each step ends when it ends, or fails
+/// saying what failed. An image template that exists is used as it is
+/// (one that failed is made again), unless `explicit` (`shoal template
+/// create`: the daemon refuses a taken name).
+fn ensure_template(
+    g: &Global,
+    c: &DaemonClient,
+    req: &api::CreateTemplate,
+    explicit: bool,
+) -> Result<api::Template> {
+    use crate::artifacts_cmd::{build_into, build_steps, plan_build};
+    use crate::progress::{elapsed, Live};
+    let name = &req.name;
+    if !explicit {
+        match c.template(name) {
+            Ok(t) if t.state == TemplateState::Ready => return Ok(t),
+            Ok(t) if t.state == TemplateState::Failed => {
+                let _ = c.delete_template(name);
+            }
+            _ => {}
+        }
+    }
+    let images = template_images(&req.image, &req.root());
+    let layout = shoal_images::artifacts::Layout::default_location();
+    let checkout = crate::daemon_client::is_local(g.daemon.as_deref())
+        .then(|| plan_build(&layout, &images))
+        .flatten();
+    let mut steps = match &checkout {
+        Some(_) => build_steps(&images),
+        None => vec![],
+    };
+    steps.push("boot and snapshot".into());
+    let total = steps.len();
+    let live = Live::start_with_line(&format!(
+        "shoal: preparing template '{name}' (once): {}",
+        steps.join(", ")
+    ));
+    if let Some(co) = &checkout {
+        build_into(co, &layout, &images, &live, 1, total)?;
+    }
+    let title = format!("  [{total}/{total}] template '{name}'");
+    live.step(&title);
+    let doing = "booting and snapshotting in shoald";
+    live.detail(doing);
+    let mut t = match c.create_template(req) {
+        Ok(t) => t,
+        // Being made by another client, or made meanwhile.
+        Err(e) if e.status() == Some(409) && !explicit => c.template(name)?,
+        Err(e) => return Err(e.into()),
+    };
+    while t.state == TemplateState::Building {
+        std::thread::sleep(std::time::Duration::from_millis(250));
+        t = c.template(name)?;
+        live.detail(doing);
+    }
+    if t.state != TemplateState::Ready {
+        bail!(
+            "template '{name}' failed: {}",
+            t.error.as_deref().unwrap_or("(no reason given)")
+        );
+    }
+    live.line(&format!(
+        "{title}: ready ({})",
+        elapsed(live.step_elapsed())
+    ));
+    Ok(t)
+}
+
+/// Has the daemon make (once) the template `POST /v1/sandboxes` with
+/// `image` at this shape uses, showing each step ([`ensure_template`]).
+pub fn image_template(
+    g: &Global,
+    c: &DaemonClient,
+    img: &str,
+    vcpus: u32,
+    mem: u32,
+    root: &api::RootRequest,
+) -> Result<api::Template> {
+    let req = api::CreateTemplate {
+        vcpus: Some(vcpus),
+        memory_mib: Some(mem),
+        ..api::CreateTemplate::new(image_template_name(img, vcpus, mem, root), img)
+    }
+    .with_root(root.clone());
+    ensure_template(g, c, &req, false)
+}
+
+fn create_sandbox(g: &Global, c: &DaemonClient, req: &api::CreateSandbox) -> Result<api::Sandbox> {
+    // The first use of an image at a shape makes its template first.
+    if let Some(img) = req.image.as_deref() {
+        image_template(
+            g,
+            c,
             img,
             req.vcpus.unwrap_or(1),
             req.memory_mib.unwrap_or(128),
             &req.root(),
-        );
-        let ready = c
-            .template(&name)
-            .is_ok_and(|t| t.state == TemplateState::Ready);
-        (!ready).then(|| {
-            Progress::start(&format!(
-                "shoal: preparing the '{img}' template (boot once, then snapshot; ~20-60 s on PVM hosts, once)"
-            ))
-        })
-    });
+        )?;
+    }
     Ok(c.create(req)?)
 }
 
@@ -115,7 +212,7 @@ pub fn run(g: &Global, a: &SandboxArgs, e: &ExecArgs, stdin: bool) -> Result<i32
         ..api::CreateSandbox::from_image(&a.image)
     }
     .with_root(a.root.request()?);
-    let sb = create_sandbox(&c, &req)?;
+    let sb = create_sandbox(g, &c, &req)?;
     let res = read_stdin(stdin).and_then(|s| stream_exec(&c, &sb.id, &exec_body(e, s)?));
     let _ = c.kill(&sb.id);
     res
@@ -182,7 +279,7 @@ pub fn create(g: &Global, a: &CreateArgs) -> Result<i32> {
         }
     }
     let c = connect(g.daemon.as_deref())?;
-    let sb = create_sandbox(&c, &req)?;
+    let sb = create_sandbox(g, &c, &req)?;
     print(g, &sb, |s| s.id.clone())
 }
 
@@ -357,19 +454,7 @@ pub fn template(g: &Global, op: &crate::TemplateCmd) -> Result<i32> {
                 ..api::CreateTemplate::new(name, image)
             }
             .with_root(root.request()?);
-            let mut v = c.create_template(&req)?;
-            let p = Progress::start(&format!("shoal: building template '{name}' from '{image}'"));
-            while v.state == TemplateState::Building {
-                std::thread::sleep(std::time::Duration::from_millis(250));
-                v = c.template(name)?;
-            }
-            drop(p);
-            if v.state != TemplateState::Ready {
-                bail!(
-                    "template '{name}' failed: {}",
-                    v.error.as_deref().unwrap_or("")
-                );
-            }
+            let v = ensure_template(g, &c, &req, true)?;
             print(g, &v, |v| v.name.clone())
         }
         T::Ls => {

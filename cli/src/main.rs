@@ -9,12 +9,17 @@
 //! - `shoal restore`: a snapshot in the foreground.
 //! - `shoal image build SRC -o OUT`: a DAX-ready root image (erofs, 4 KiB
 //!   blocks, padded to 2 MiB) from `base`, a directory or a tar archive.
-//! - `shoal doctor`: what this host offers. `shoal bench ...`: benchmarks.
+//! - `shoal artifacts build|show`: the guest kernel and images shoald
+//!   boots templates from (built from a checkout, installed in a layout).
+//! - `shoal doctor`: what this host offers and where the guest artifacts
+//!   come from. `shoal bench ...`: benchmarks.
 
+mod artifacts_cmd;
 mod bench;
 mod daemon_client;
 mod daemon_cmds;
 mod image_cmd;
+mod progress;
 mod sandbox_cmds;
 
 use anyhow::{bail, Context, Result};
@@ -216,8 +221,16 @@ enum Cmd {
         vsock: Option<PathBuf>,
     },
     /// Report what this host offers (KVM type, nesting, userfaultfd, core
-    /// scheduling, vhost-vsock, DAMON, cgroup v2) and what Shoal does about each.
+    /// scheduling, vhost-vsock, DAMON, cgroup v2) and what Shoal does about
+    /// each, and where the guest kernel and images come from.
     Doctor,
+    /// The guest kernel and images shoald boots templates from: an
+    /// installed directory (DIR/vmlinux, DIR/cmdline,
+    /// DIR/images/{tiny,base}.erofs, DIR/images/tiny.cpio).
+    Artifacts {
+        #[command(subcommand)]
+        op: ArtifactsCmd,
+    },
     /// Root images.
     Image {
         #[command(subcommand)]
@@ -275,6 +288,23 @@ pub enum PoolCmd {
         /// Template name.
         template: String,
     },
+}
+
+#[derive(Subcommand)]
+enum ArtifactsCmd {
+    /// Build the kernel and images with this checkout's scripts (cached:
+    /// instant when nothing changed) and install them.
+    Build {
+        /// Where to install (default: SHOAL_ARTIFACTS, else
+        /// <binaries>/../share/shoal if it has a kernel, else
+        /// ~/.cache/shoal/artifacts: where shoald looks by default).
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
+        /// Images to build (default: tiny and base).
+        images: Vec<String>,
+    },
+    /// Where they are read from and which are present.
+    Show,
 }
 
 #[derive(Subcommand)]
@@ -492,10 +522,17 @@ pub fn image_path(name: &str) -> Result<PathBuf> {
 
 fn doctor(json: bool) -> Result<i32> {
     let r = vmm::host::detect();
+    let layout = artifacts::Layout::default_location();
     if json {
-        println!("{}", serde_json::to_string_pretty(&r)?);
+        let mut v = serde_json::to_value(&r)?;
+        if let Some(o) = v.as_object_mut() {
+            o.insert("artifacts".into(), artifacts_cmd::show_json(&layout));
+        }
+        println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         print!("{}", r.table());
+        println!();
+        print!("{}", artifacts_cmd::show_text(&layout));
     }
     Ok(0)
 }
@@ -580,6 +617,18 @@ fn main() {
         },
         Cmd::Restore { dir, sock, vsock } => restore_fg(dir, sock, vsock),
         Cmd::Doctor => doctor(g.json),
+        Cmd::Artifacts {
+            op: ArtifactsCmd::Build { dir, images },
+        } => artifacts_cmd::build_cmd(dir, &images),
+        Cmd::Artifacts {
+            op: ArtifactsCmd::Show,
+        } => {
+            print!(
+                "{}",
+                artifacts_cmd::show_text(&artifacts::Layout::default_location())
+            );
+            Ok(0)
+        }
         Cmd::Image {
             op:
                 ImageCmd::Build {

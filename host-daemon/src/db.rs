@@ -85,7 +85,8 @@ pub struct TemplateRow {
     pub vcpus: u32,
     /// Guest memory (MiB).
     pub memory_mib: u32,
-    /// Snapshot directory (empty while building).
+    /// Snapshot directory (being written while building; empty for rows of
+    /// older daemons that were building).
     pub dir: PathBuf,
     /// Building, ready or failed.
     pub state: TemplateState,
@@ -93,7 +94,8 @@ pub struct TemplateRow {
     pub error: Option<String>,
     /// Seconds since the epoch.
     pub created_at: f64,
-    /// The daemon owns `dir` (removed with the template).
+    /// The daemon owns `dir` (under its state directory, removed with the
+    /// template; rows of older daemons may name a directory elsewhere).
     pub owned: bool,
     /// Further read-only layers over the image, lowest first (image names
     /// or absolute paths of erofs images).

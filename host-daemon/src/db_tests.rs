@@ -220,7 +220,10 @@ fn version_2_migrates_every_row_to_microvm_kinds_and_backend_states() {
     assert_eq!(by("start").backend_state, None, "no pid: nothing to find");
     // The states are the microVM backend's: it decodes them, finds the
     // (ended) VMMs gone, and resumes the paused one from its snapshot.
-    let b = MicroVm::new("/nonexistent/shoal-vmm");
+    let b = MicroVm::new(
+        "/nonexistent/shoal-vmm",
+        shoal_images::artifacts::Layout::at(dir.path().join("artifacts")),
+    );
     for id in ["run", "pool", "pausing"] {
         let s = by(id).backend_state.clone().expect(id);
         assert!(

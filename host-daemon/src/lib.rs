@@ -26,6 +26,7 @@ pub mod metrics;
 pub mod ops;
 pub mod pool;
 pub mod supervisor;
+pub mod template_dirs;
 pub mod templates;
 
 use admission::{Limits, Refusal};
@@ -70,9 +71,21 @@ impl Config {
         self.state_dir.join("sandboxes")
     }
 
-    /// Where snapshot templates live.
+    /// Where templates live: every template the daemon builds or
+    /// snapshots, removed only by the daemon ([`template_dirs::sweep_dirs`]).
     pub fn templates_dir(&self) -> PathBuf {
         self.state_dir.join("templates")
+    }
+
+    /// A new directory for template `name`: `templates/NAME.ID`, never
+    /// reused, so that a deleted template's files stay where the sandboxes
+    /// restored from it recorded them until the last of those is gone.
+    pub fn new_template_dir(&self, name: &str) -> PathBuf {
+        self.templates_dir().join(format!(
+            "{name}{}{}",
+            template_dirs::DIR_ID_SEP,
+            random_id()
+        ))
     }
 }
 
@@ -431,6 +444,7 @@ pub async fn serve_until(
     }
     let _ = std::fs::remove_file(&sock);
     supervisor::recover(&d).await;
+    template_dirs::recover(&d);
     let unix =
         tokio::net::UnixListener::bind(&sock).map_err(|e| format!("{}: {e}", sock.display()))?;
     {

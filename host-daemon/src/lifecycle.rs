@@ -109,35 +109,19 @@ pub async fn snapshot(d: &Arc<Daemon>, id: &str, req: SnapshotRequest) -> ApiRes
         .template
         .unwrap_or_else(|| format!("snap-{id}-{}", db::now() as u64));
     check_name("template", &name)?;
-    if d.db(|db| db.template(&name))?.is_some() {
-        return Err(ApiError::Conflict(format!("template '{name}' exists")));
-    }
     let (r, live, _busy) = ensure_running(d, id).await?;
-    let _g = live.op.lock().await;
-    *live.client.lock().await = None;
-    let dir = d.cfg.templates_dir().join(&name);
-    let vm = live
-        .vm()
-        .ok_or_else(|| ApiError::Internal(format!("sandbox '{id}' has no VM")))?;
-    let kind = vm.kind();
-    let dir2 = dir.clone();
-    blocking("snapshot", Duration::from_secs(180), move || {
-        vm.snapshot(&dir2).map_err(|source| ApiError::Backend {
-            context: "snapshot",
-            source,
-        })
-    })
-    .await?;
     // Layers and upper layer as the sandbox's template had them.
     let from = d.db(|db| db.template(&r.template))?;
-    let t = TemplateRow {
+    // Registered first (building), so that its name is taken and its
+    // directory is known to be in use while the snapshot is written.
+    let mut t = TemplateRow {
         name: name.clone(),
         source: format!("sandbox:{id}"),
-        kind,
+        kind: r.kind,
         vcpus: r.vcpus,
         memory_mib: r.memory_mib,
-        dir,
-        state: TemplateState::Ready,
+        dir: d.cfg.new_template_dir(&name),
+        state: TemplateState::Building,
         error: None,
         created_at: db::now(),
         owned: true,
@@ -145,6 +129,41 @@ pub async fn snapshot(d: &Arc<Daemon>, id: &str, req: SnapshotRequest) -> ApiRes
         upper_size_mib: from.as_ref().and_then(|f| f.upper_size_mib),
         upper_disk_mib: from.as_ref().and_then(|f| f.upper_disk_mib),
     };
+    let inserted = d.db(|db| {
+        if db.template(&name)?.is_some() {
+            return Ok(false);
+        }
+        db.put_template(&t)?;
+        Ok(true)
+    })?;
+    if !inserted {
+        return Err(ApiError::Conflict(format!("template '{name}' exists")));
+    }
+    let _g = live.op.lock().await;
+    *live.client.lock().await = None;
+    let dir = t.dir.clone();
+    let vm = live
+        .vm()
+        .ok_or_else(|| ApiError::Internal(format!("sandbox '{id}' has no VM")));
+    let dir2 = dir.clone();
+    let res = match vm {
+        Ok(vm) => {
+            blocking("snapshot", Duration::from_secs(180), move || {
+                vm.snapshot(&dir2).map_err(|source| ApiError::Backend {
+                    context: "snapshot",
+                    source,
+                })
+            })
+            .await
+        }
+        Err(e) => Err(e),
+    };
+    if let Err(e) = res {
+        let _ = d.db(|db| db.delete_template(&name));
+        let _ = std::fs::remove_dir_all(&dir);
+        return Err(e);
+    }
+    t.state = TemplateState::Ready;
     d.db(|db| db.put_template(&t))?;
     d.event(id, "snapshot", &format!("template '{name}'"));
     Ok(t)

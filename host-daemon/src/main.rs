@@ -19,6 +19,12 @@ struct Args {
     /// Default: $SHOAL_STATE/daemon or ~/.cache/shoal/daemon.
     #[arg(long)]
     state_dir: Option<PathBuf>,
+    /// Installed guest kernel and images (DIR/vmlinux, DIR/cmdline,
+    /// DIR/images/{tiny,base}.erofs; `shoal artifacts build` installs
+    /// them). Default: SHOAL_ARTIFACTS, else <binaries>/../share/shoal,
+    /// else ~/.cache/shoal/artifacts.
+    #[arg(long, value_name = "DIR")]
+    artifacts: Option<PathBuf>,
     /// Also listen on TCP (e.g. 127.0.0.1:7070); needs --token-file.
     #[arg(long)]
     listen: Option<std::net::SocketAddr>,
@@ -93,7 +99,12 @@ fn main() -> Result<()> {
     };
     // Each VMM costs the daemon a pidfd and a few short-lived sockets.
     raise_nofile();
-    let backend = Arc::new(MicroVm::new(shoal_images::artifacts::vmm_binary()?));
+    // The installed guest kernel and images templates boot from (the
+    // daemon only reads them; see shoal_images::artifacts).
+    let artifacts = a
+        .artifacts
+        .map(shoal_images::artifacts::Layout::at)
+        .unwrap_or_else(shoal_images::artifacts::Layout::default_location);
     let cfg = Config {
         state_dir: a.state_dir.unwrap_or_else(daemon::default_state_dir),
         limits: Limits {
@@ -114,6 +125,28 @@ fn main() -> Result<()> {
             .unwrap_or_else(|| 2 * std::thread::available_parallelism().map_or(1, |n| n.get())),
         freeze_after: (a.freeze_idle_ms > 0).then(|| Duration::from_millis(a.freeze_idle_ms)),
     };
+    let missing: Vec<String> = artifacts
+        .status()
+        .into_iter()
+        .filter(|(_, _, present)| !present)
+        .map(|(_, p, _)| p.display().to_string())
+        .collect();
+    tracing::info!(
+        dir = %artifacts.dir.display(),
+        from = artifacts.origin.describe(),
+        "guest kernel and images"
+    );
+    if !missing.is_empty() {
+        tracing::warn!(
+            "missing: {} (image templates that need them fail until they are installed: \
+             `shoal artifacts build` from a Shoal checkout)",
+            missing.join(", ")
+        );
+    }
+    let backend = Arc::new(MicroVm::new(
+        shoal_images::artifacts::vmm_binary()?,
+        artifacts,
+    ));
     let d = Daemon::open(cfg, backend).map_err(anyhow::Error::msg)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -310,6 +310,10 @@ pub async fn kill(d: &Arc<Daemon>, id: &str, reason: &str) -> ApiResult<()> {
     d.db(|db| db.delete_sandbox(id))?;
     let dir = r.dir.clone();
     let _ = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(dir)).await;
+    // The last sandbox of a deleted template lets its directory go.
+    if d.db(|db| db.template(&r.template))?.is_none() {
+        let _ = super::template_dirs::sweep_dirs(d);
+    }
     d.event(id, "killed", reason);
     Ok(())
 }

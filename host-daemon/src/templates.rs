@@ -1,5 +1,6 @@
 //! Templates (an image booted once and snapshotted, or a sandbox's
-//! snapshot) and warm pools per template.
+//! snapshot) and warm pools per template. Where their files live:
+//! [`crate::template_dirs`].
 
 use super::db::{self, State, TemplateRow};
 use super::ops::{self, check_name};
@@ -7,8 +8,9 @@ use super::{ApiError, ApiResult, Daemon};
 use shoal_api::{CreateTemplate, Pool, RootRequest, SetPool, Template, TemplateState};
 use shoal_images::layers::{self, Upper};
 use shoal_runtime::sandbox::{self, TemplateSpec};
+use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// Images the daemon can boot templates from.
 pub const IMAGES: [&str; 2] = ["tiny", "base"];
@@ -103,11 +105,11 @@ pub fn create_template(d: &Arc<Daemon>, req: CreateTemplate) -> ApiResult<Templa
         kind: d.backend.kind(),
         vcpus,
         memory_mib: mem,
-        dir: Default::default(),
+        dir: d.cfg.new_template_dir(&req.name),
         state: TemplateState::Building,
         error: None,
         created_at: db::now(),
-        owned: false,
+        owned: true,
         layers: root.layers.clone(),
         upper_size_mib: upper.disk_mib().is_none().then(|| upper.tmpfs_mib(mem)),
         upper_disk_mib: upper.disk_mib(),
@@ -128,61 +130,53 @@ pub fn create_template(d: &Arc<Daemon>, req: CreateTemplate) -> ApiResult<Templa
         upper,
         ..TemplateSpec::new(&req.image, vcpus as u8, mem)
     };
-    let (name, layers) = (t.name.clone(), root.layers);
-    tokio::spawn(async move { build(d2, name, spec, layers).await });
+    let (name, dir, layers) = (t.name.clone(), t.dir.clone(), root.layers);
+    tokio::spawn(async move { build(d2, name, dir, spec, layers).await });
     Ok(t)
 }
 
-/// A layer as the API names it: an image name or an image file.
-fn resolve_layer(l: &str) -> Result<std::path::PathBuf, shoal_images::artifacts::ArtifactError> {
-    if IMAGES.contains(&l) {
-        shoal_images::artifacts::image(&format!("{l}_erofs"))
-    } else {
-        Ok(l.into())
-    }
-}
-
-async fn build(d: Arc<Daemon>, name: String, mut spec: TemplateSpec, layers: Vec<String>) {
+async fn build(
+    d: Arc<Daemon>,
+    name: String,
+    dir: PathBuf,
+    spec: TemplateSpec,
+    layers: Vec<String>,
+) {
     let _g = d.building.lock().await;
     let t0 = Instant::now();
-    let n2 = name.clone();
-    let backend = d.backend.clone();
-    let res = tokio::task::spawn_blocking(move || {
-        spec.layers = layers
-            .iter()
-            .map(|l| resolve_layer(l))
-            .collect::<Result<_, _>>()
-            .map_err(|e| e.to_string())?;
-        backend
-            .build_template(&spec, &mut |l| tracing::info!(template = %n2, "{l}"))
-            .map_err(|e| e.to_string())
-    })
-    .await;
+    tracing::info!(template = %name, dir = %dir.display(), "booting the template");
+    let (backend, dir2) = (d.backend.clone(), dir.clone());
+    let res =
+        tokio::task::spawn_blocking(move || backend.build_template(spec, &layers, &dir2)).await;
     let res = match res {
-        Ok(r) => r,
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(e.to_string()),
         Err(e) => Err(e.to_string()),
     };
     let r = d.db(|db| {
-        if let Some(mut t) = db.template(&name)? {
-            match &res {
-                Ok(dir) => {
-                    t.dir = dir.clone();
-                    t.state = TemplateState::Ready;
-                }
-                Err(e) => {
-                    t.state = TemplateState::Failed;
-                    t.error = Some(e.clone());
-                }
+        // Deleted (or replaced) while it was built: nothing to record.
+        let Some(mut t) = db.template(&name)?.filter(|t| t.dir == dir) else {
+            return Ok(false);
+        };
+        match &res {
+            Ok(()) => t.state = TemplateState::Ready,
+            Err(e) => {
+                t.state = TemplateState::Failed;
+                t.error = Some(e.clone());
             }
-            db.put_template(&t)?;
         }
-        Ok(())
+        db.put_template(&t)?;
+        Ok(true)
     });
-    if let Err(e) = r {
-        tracing::error!(template = %name, "recording the template: {e}");
+    match r {
+        Ok(true) => {}
+        Ok(false) => {
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+        Err(e) => tracing::error!(template = %name, "recording the template: {e}"),
     }
     match res {
-        Ok(_) => d.event(
+        Ok(()) => d.event(
             &name,
             "template_ready",
             &format!("in {:.1} s", t0.elapsed().as_secs_f64()),
@@ -193,8 +187,9 @@ async fn build(d: Arc<Daemon>, name: String, mut spec: TemplateSpec, layers: Vec
 }
 
 /// The template of `image` at this shape and root
-/// ([`image_template_name`]), built on first use; waits for it (the first
-/// boot takes ~20-60 s on PVM hosts).
+/// ([`image_template_name`]), built on first use (again, if it failed
+/// before); waits for it as long as it is being built (a boot and a
+/// snapshot: ~20-60 s on PVM hosts; the build's own deadlines bound it).
 pub async fn image_template(
     d: &Arc<Daemon>,
     image: &str,
@@ -205,6 +200,16 @@ pub async fn image_template(
     check_shape(image, vcpus, mem)?;
     check_root(root, mem)?;
     let name = image_template_name(image, vcpus, mem, root);
+    // A failed image template is retried: what failed (missing artifacts,
+    // a boot on an overloaded host) may be fixed by now.
+    if d.db(|db| db.template(&name))?
+        .is_some_and(|t| t.state == TemplateState::Failed)
+    {
+        match delete_template(d, &name).await {
+            Ok(()) | Err(ApiError::NotFound(_)) => {}
+            Err(e) => return Err(e),
+        }
+    }
     match create_template(
         d,
         CreateTemplate {
@@ -220,18 +225,12 @@ pub async fn image_template(
         Ok(_) | Err(ApiError::Conflict(_)) => {}
         Err(e) => return Err(e),
     }
-    let end = Instant::now() + Duration::from_secs(900);
     loop {
         match ops::ready_template(d, &name) {
             Err(ApiError::Conflict(m)) if m.contains("still being built") => {}
             other => return other,
         }
-        if Instant::now() > end {
-            return Err(ApiError::Timeout(format!(
-                "template '{name}' was not built within 900 s"
-            )));
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
 }
 
@@ -243,7 +242,17 @@ pub async fn delete_template(d: &Arc<Daemon>, name: &str) -> ApiResult<()> {
         .ok_or_else(|| ApiError::NotFound(format!("no template '{name}'")))?;
     drain_pool(d, name).await?;
     d.db(|db| db.delete_template(name))?;
-    if t.owned {
+    // Its directory goes now unless a sandbox restored from it is left
+    // (a pause records the image paths in the template's directory).
+    let named = d.db(|db| {
+        let f = db::Filter {
+            template: Some(name.into()),
+            include_pooled: true,
+            ..Default::default()
+        };
+        Ok(!db.list_sandboxes(&f)?.is_empty())
+    })?;
+    if t.owned && !named {
         let dir = t.dir.clone();
         let _ = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(dir)).await;
     }
@@ -386,5 +395,67 @@ mod tests {
         std::fs::write(&tmp, "two").unwrap();
         std::fs::rename(&tmp, &p).unwrap();
         assert_ne!(before, image_template_name("tiny", 1, 128, &r));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_image_template_without_artifacts_fails_clearly_and_is_retried() {
+        use crate::template_dirs::tests::daemon;
+        use std::time::Duration;
+        let tmp = tempfile::tempdir().unwrap();
+        let d = daemon(&tmp.path().join("state"), &tmp.path().join("none"));
+        let req = CreateTemplate {
+            name: "t1".into(),
+            image: "tiny".into(),
+            vcpus: None,
+            memory_mib: None,
+            layers: vec![],
+            upper_size_mib: None,
+            upper_disk_mib: None,
+        };
+        let t = create_template(&d, req).unwrap();
+        assert_eq!(t.state, TemplateState::Building);
+        assert!(
+            t.dir.starts_with(d.cfg.templates_dir()),
+            "{}",
+            t.dir.display()
+        );
+        // No deadline to wait for: the build ends, here at once.
+        let t = tokio::time::timeout(Duration::from_secs(30), async {
+            loop {
+                let t = d.db(|db| db.template("t1")).unwrap().unwrap();
+                if t.state != TemplateState::Building {
+                    return t;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await
+        .expect("the build ended");
+        assert_eq!(t.state, TemplateState::Failed);
+        assert!(
+            t.error
+                .as_deref()
+                .unwrap_or("")
+                .contains("is not installed"),
+            "{t:?}"
+        );
+
+        // POST /v1/sandboxes with an image: its failed template is made again
+        // (the artifacts may be there by now), and the reason is the answer.
+        let root = RootRequest::default();
+        let first = image_template(&d, "tiny", 1, 128, &root)
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(first.contains("is not installed"), "{first}");
+        let row1 = d.db(|db| db.template("tiny-1c-128m")).unwrap().unwrap();
+        let again = image_template(&d, "tiny", 1, 128, &root)
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(again.contains("is not installed"), "{again}");
+        let row2 = d.db(|db| db.template("tiny-1c-128m")).unwrap().unwrap();
+        assert_ne!(row1.dir, row2.dir, "built again, in a new directory");
+        assert!(!row1.dir.exists() && !row2.dir.exists());
     }
 }

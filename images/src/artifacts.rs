@@ -1,11 +1,32 @@
-//! Guest kernel and images: found in the cache, or built by the repo's
-//! scripts (`scripts/build-kernel.sh`, `scripts/build-images.sh`), which
-//! cache by content hash so a second call is instant.
+//! Guest kernel and images.
+//!
+//! shoald reads them only from an installed directory, a [`Layout`]:
+//!
+//! ```text
+//! DIR/vmlinux            the guest kernel (uncompressed ELF)
+//! DIR/cmdline            its base command line (one line)
+//! DIR/images/tiny.erofs  busybox and the agent: read-only root
+//! DIR/images/tiny.cpio   the same as an initramfs
+//! DIR/images/base.erofs  Debian bookworm and the agent
+//! ```
+//!
+//! `DIR` is `SHOAL_ARTIFACTS` (shoald's `--artifacts`), else
+//! `<binaries>/../share/shoal` when that holds a `vmlinux` (an installed
+//! package), else `${SHOAL_CACHE:-~/.cache/shoal}/artifacts`. A source
+//! checkout builds them with its scripts (`scripts/build-kernel.sh`,
+//! `scripts/build-images.sh`, which cache by content hash so a second call
+//! is instant) and installs them into a layout ([`build`]; `shoal artifacts
+//! build`); the CLI run from a checkout does that on demand.
+//!
+//! The daemon-less helpers [`kernel`], [`image`] and [`base_cmdline`] build
+//! from the checkout when there is one, and read the default layout
+//! otherwise.
+
+pub mod build;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 
-/// Errors finding or building artifacts.
+/// Errors finding, building or installing artifacts.
 #[derive(Debug, thiserror::Error)]
 pub enum ArtifactError {
     /// A build script could not be run.
@@ -35,9 +56,226 @@ pub enum ArtifactError {
     /// The `shoal-vmm` binary is missing.
     #[error("shoal-vmm not found next to {0} (build the workspace: cargo build --release)")]
     NoVmm(PathBuf),
+    /// An installed file is missing.
+    #[error(
+        "{what} is not installed: {} is missing (kernel and images are read from {} ({}); \
+         install them with `shoal artifacts build` from a Shoal checkout, or point \
+         --artifacts / SHOAL_ARTIFACTS at a directory holding vmlinux, cmdline and \
+         images/{{tiny,base}}.erofs)",
+        path.display(), dir.display(), origin.describe()
+    )]
+    Missing {
+        /// What it is ("the guest kernel", "the 'base' image").
+        what: String,
+        /// The file.
+        path: PathBuf,
+        /// The layout's directory.
+        dir: PathBuf,
+        /// Where that directory came from.
+        origin: Origin,
+    },
+    /// An unknown image name.
+    #[error("unknown image {0:?} (expected tiny or base)")]
+    UnknownImage(String),
+    /// No source checkout to build from.
+    #[error("no Shoal source checkout here to build from ({0} has no scripts/build-kernel.sh; set SHOAL_REPO)")]
+    NoCheckout(PathBuf),
+    /// Installing or reading a file.
+    #[error("{0}: {1}")]
+    Io(PathBuf, std::io::Error),
 }
 
-/// The repository root (scripts and kernel configs live there).
+/// Where a layout's directory came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    /// Given explicitly (`--artifacts`).
+    Explicit,
+    /// `SHOAL_ARTIFACTS`.
+    Env,
+    /// `<binaries>/../share/shoal`.
+    NextToBinaries,
+    /// `${SHOAL_CACHE:-~/.cache/shoal}/artifacts`.
+    Cache,
+}
+
+impl Origin {
+    /// In a few words.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Origin::Explicit => "given with --artifacts",
+            Origin::Env => "SHOAL_ARTIFACTS",
+            Origin::NextToBinaries => "installed next to the binaries",
+            Origin::Cache => "the cache: no SHOAL_ARTIFACTS, no <binaries>/../share/shoal",
+        }
+    }
+}
+
+/// Image names.
+pub const IMAGES: [&str; 2] = ["tiny", "base"];
+
+/// One file of a layout.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Item {
+    /// The build scripts' key (`vmlinux`, `cmdline`, `tiny_erofs`,
+    /// `tiny_cpio`, `base_erofs`).
+    pub key: &'static str,
+    /// Its path in the layout, relative to the directory.
+    pub rel: &'static str,
+    /// What it is, for messages.
+    pub what: &'static str,
+}
+
+/// Every file a complete layout has.
+pub const ITEMS: [Item; 5] = [
+    Item {
+        key: "vmlinux",
+        rel: "vmlinux",
+        what: "the guest kernel",
+    },
+    Item {
+        key: "cmdline",
+        rel: "cmdline",
+        what: "the guest kernel command line",
+    },
+    Item {
+        key: "tiny_erofs",
+        rel: "images/tiny.erofs",
+        what: "the 'tiny' image",
+    },
+    Item {
+        key: "tiny_cpio",
+        rel: "images/tiny.cpio",
+        what: "the 'tiny' initramfs",
+    },
+    Item {
+        key: "base_erofs",
+        rel: "images/base.erofs",
+        what: "the 'base' image",
+    },
+];
+
+/// The item of a key.
+pub fn item(key: &str) -> Option<&'static Item> {
+    ITEMS.iter().find(|i| i.key == key)
+}
+
+/// An installed directory of guest artifacts (see the module docs).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Layout {
+    /// The directory.
+    pub dir: PathBuf,
+    /// Where it came from.
+    pub origin: Origin,
+}
+
+impl Layout {
+    /// The layout at `dir`.
+    pub fn at(dir: impl Into<PathBuf>) -> Layout {
+        Layout {
+            dir: dir.into(),
+            origin: Origin::Explicit,
+        }
+    }
+
+    /// `SHOAL_ARTIFACTS`, else `<binaries>/../share/shoal` when it holds a
+    /// kernel, else [`Layout::in_cache`].
+    pub fn default_location() -> Layout {
+        if let Some(d) = std::env::var_os("SHOAL_ARTIFACTS").filter(|d| !d.is_empty()) {
+            return Layout {
+                dir: d.into(),
+                origin: Origin::Env,
+            };
+        }
+        if let Some(d) = std::env::current_exe()
+            .ok()
+            .and_then(|e| Some(e.parent()?.parent()?.join("share/shoal")))
+            .filter(|d| d.join("vmlinux").is_file())
+        {
+            return Layout {
+                dir: d,
+                origin: Origin::NextToBinaries,
+            };
+        }
+        Layout::in_cache()
+    }
+
+    /// `${SHOAL_CACHE:-~/.cache/shoal}/artifacts`.
+    pub fn in_cache() -> Layout {
+        Layout {
+            dir: cache_dir().join("artifacts"),
+            origin: Origin::Cache,
+        }
+    }
+
+    /// The path of `item` in this layout.
+    pub fn path(&self, item: &Item) -> PathBuf {
+        self.dir.join(item.rel)
+    }
+
+    /// An installed file by key, or a [`ArtifactError::Missing`] naming it
+    /// and how to get it.
+    pub fn file(&self, key: &str) -> Result<PathBuf, ArtifactError> {
+        let it = item(key).ok_or_else(|| ArtifactError::UnknownImage(key.into()))?;
+        let p = self.path(it);
+        if p.is_file() {
+            Ok(p)
+        } else {
+            Err(ArtifactError::Missing {
+                what: it.what.into(),
+                path: p,
+                dir: self.dir.clone(),
+                origin: self.origin,
+            })
+        }
+    }
+
+    /// The guest kernel.
+    pub fn kernel(&self) -> Result<PathBuf, ArtifactError> {
+        self.file("vmlinux")
+    }
+
+    /// The base kernel command line.
+    pub fn cmdline(&self) -> Result<String, ArtifactError> {
+        let p = self.file("cmdline")?;
+        std::fs::read_to_string(&p)
+            .map(|s| s.trim().to_string())
+            .map_err(|e| ArtifactError::Io(p, e))
+    }
+
+    /// The read-only root of image `name` (`tiny` or `base`).
+    pub fn image(&self, name: &str) -> Result<PathBuf, ArtifactError> {
+        if !IMAGES.contains(&name) {
+            return Err(ArtifactError::UnknownImage(name.into()));
+        }
+        self.file(&format!("{name}_erofs"))
+    }
+
+    /// Each item and whether it is there.
+    pub fn status(&self) -> Vec<(&'static Item, PathBuf, bool)> {
+        ITEMS
+            .iter()
+            .map(|i| {
+                let p = self.path(i);
+                let ok = p.is_file();
+                (i, p, ok)
+            })
+            .collect()
+    }
+}
+
+/// `${SHOAL_CACHE:-~/.cache/shoal}`.
+pub fn cache_dir() -> PathBuf {
+    std::env::var_os("SHOAL_CACHE")
+        .filter(|d| !d.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into()))
+                .join(".cache/shoal")
+        })
+}
+
+/// The repository root this was built from (`SHOAL_REPO` overrides); it
+/// may not exist where the binaries run ([`build::Checkout::find`]).
 pub fn repo_root() -> PathBuf {
     if let Some(p) = std::env::var_os("SHOAL_REPO") {
         return p.into();
@@ -48,92 +286,32 @@ pub fn repo_root() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("."))
 }
 
-/// Runs a build script; its progress (stderr) is shown only if it takes
-/// more than a moment (a real build) or fails, so cache hits stay quiet.
-fn run_script(args: &[&str]) -> Result<String, ArtifactError> {
-    use std::io::{BufRead, BufReader, Read};
-    let script = repo_root().join(args[0]);
-    let mut child = Command::new("bash")
-        .arg(&script)
-        .args(&args[1..])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|source| ArtifactError::Spawn {
-            script: script.clone(),
-            source,
-        })?;
-    let err = child.stderr.take();
-    let start = std::time::Instant::now();
-    let relay = std::thread::spawn(move || {
-        let mut held = Vec::new();
-        let mut live = false;
-        if let Some(e) = err {
-            for line in BufReader::new(e).lines().map_while(Result::ok) {
-                if live {
-                    eprintln!("{line}");
-                } else if start.elapsed() > std::time::Duration::from_secs(3) {
-                    live = true;
-                    for h in held.drain(..) {
-                        eprintln!("{h}");
-                    }
-                    eprintln!("{line}");
-                } else {
-                    held.push(line);
-                }
-            }
-        }
-        held
-    });
-    let mut out = String::new();
-    if let Some(mut o) = child.stdout.take() {
-        let _ = o.read_to_string(&mut out);
-    }
-    let status = child.wait().map_err(|source| ArtifactError::Spawn {
-        script: script.clone(),
-        source,
-    })?;
-    let held = relay.join().unwrap_or_default();
-    if !status.success() {
-        for h in held {
-            eprintln!("{h}");
-        }
-        return Err(ArtifactError::Failed { script, status });
-    }
-    Ok(out)
-}
-
-/// The guest kernel (built if missing). `SHOAL_KERNEL` overrides.
+/// The guest kernel: built by the checkout's script (cached; `SHOAL_KERNEL`
+/// overrides), or the default layout's without a checkout.
 pub fn kernel() -> Result<PathBuf, ArtifactError> {
-    let out = run_script(&["scripts/build-kernel.sh"])?;
-    out.lines()
-        .last()
-        .filter(|l| !l.is_empty())
-        .map(PathBuf::from)
-        .ok_or_else(|| ArtifactError::NoOutput {
-            script: "scripts/build-kernel.sh".into(),
-            what: "the vmlinux path".into(),
-        })
+    match build::Checkout::find() {
+        Some(c) => c.kernel(&mut build::quiet_unless_slow()),
+        None => Layout::default_location().kernel(),
+    }
 }
 
-/// The base kernel command line (`kernel-configs/cmdline`).
+/// The base kernel command line: the checkout's
+/// `kernel-configs/cmdline`, or the default layout's.
 pub fn base_cmdline() -> String {
-    std::fs::read_to_string(repo_root().join("kernel-configs/cmdline"))
-        .map(|s| s.trim().to_string())
-        .unwrap_or_else(|_| "console=ttyS0 reboot=k panic=-1".into())
+    let from = match build::Checkout::find() {
+        Some(c) => c.cmdline(),
+        None => Layout::default_location().cmdline(),
+    };
+    from.unwrap_or_else(|_| "console=ttyS0 reboot=k panic=-1".into())
 }
 
-/// A guest image file: `tiny_erofs`, `tiny_cpio` or `base_erofs`.
+/// A guest image file (`tiny_erofs`, `tiny_cpio` or `base_erofs`): built
+/// by the checkout's script (cached), or the default layout's.
 pub fn image(key: &str) -> Result<PathBuf, ArtifactError> {
-    let which = key.split('_').next().unwrap_or(key);
-    let out = run_script(&["scripts/build-images.sh", which])?;
-    out.lines()
-        .find_map(|l| l.strip_prefix(&format!("{key}=")).map(PathBuf::from))
-        .ok_or_else(|| ArtifactError::NoOutput {
-            script: "scripts/build-images.sh".into(),
-            what: key.into(),
-        })
+    match build::Checkout::find() {
+        Some(c) => c.image(key, &mut build::quiet_unless_slow()),
+        None => Layout::default_location().file(key),
+    }
 }
 
 /// The `shoal-vmm` binary next to the running executable.
@@ -152,3 +330,7 @@ pub fn vmm_binary() -> Result<PathBuf, ArtifactError> {
     }
     Err(ArtifactError::NoVmm(exe))
 }
+
+#[cfg(test)]
+#[path = "artifacts_tests.rs"]
+mod tests;

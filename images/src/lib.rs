@@ -1,5 +1,6 @@
 //! Guest artifacts for Shoal: where the guest kernel and the built-in images
-//! come from ([`artifacts`]), building erofs images from a directory, a tar
+//! come from ([`artifacts`]: an installed layout shoald reads, built and
+//! installed from a source checkout by the CLI), building erofs images from a directory, a tar
 //! archive or a built-in recipe ([`image`]), and the read-only layers and
 //! upper layer a template stacks over its image ([`layers`]).
 

@@ -74,12 +74,7 @@ pub fn state_dir() -> PathBuf {
     if let Some(p) = std::env::var_os("SHOAL_STATE") {
         return p.into();
     }
-    std::env::var_os("SHOAL_CACHE")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into()))
-                .join(".cache/shoal")
-        })
+    artifacts::cache_dir()
 }
 
 /// A 64-bit FNV-1a hash of `parts` (each terminated), as 16 hex digits.
@@ -97,18 +92,39 @@ pub fn hash_hex(parts: &[&[u8]]) -> String {
     format!("{h:016x}")
 }
 
-/// The template snapshot for `spec`, booting and snapshotting it first if
-/// there is none. `progress` gets a line when that happens.
-pub fn template(
+/// The guest files a template boots.
+#[derive(Debug, Clone)]
+pub struct GuestFiles {
+    /// The guest kernel.
+    pub kernel: PathBuf,
+    /// The image's read-only root.
+    pub image: PathBuf,
+    /// The kernel command line (before the root and layer options).
+    pub cmdline: String,
+}
+
+impl GuestFiles {
+    /// For daemon-less use: built by the checkout, or from the installed
+    /// layout ([`artifacts::kernel`]).
+    pub fn for_image(image: &str) -> Result<GuestFiles, SandboxError> {
+        Ok(GuestFiles {
+            kernel: artifacts::kernel()?,
+            image: artifacts::image(&format!("{image}_erofs"))?,
+            // `quiet`: a sandbox's boot log is read by no one, and every
+            // console byte is a VM exit (errors still print).
+            cmdline: format!("{} quiet", artifacts::base_cmdline()),
+        })
+    }
+}
+
+/// The boot of `spec` with `guest`, less the paths only known once its
+/// directory exists (they change neither the command line nor the key),
+/// and the key of everything that makes the snapshot what it is.
+fn template_boot(
     spec: &TemplateSpec,
-    progress: &mut dyn FnMut(&str),
-) -> Result<PathBuf, SandboxError> {
-    let kernel = artifacts::kernel()?;
-    let image = artifacts::image(&format!("{}_erofs", spec.image))?;
-    let vmm = artifacts::vmm_binary()?;
-    // `quiet`: a sandbox's boot log is read by no one, and every console
-    // byte is a VM exit (errors still print).
-    let cmdline = format!("{} quiet", artifacts::base_cmdline());
+    guest: &GuestFiles,
+    vmm: &Path,
+) -> Result<(BootSpec, String), SandboxError> {
     // Bounds (the API checked them already; direct callers may not have).
     spec.upper.check(spec.memory_mib)?;
     if spec.layers.len() > layers::MAX_LAYERS {
@@ -119,13 +135,11 @@ pub fn template(
         layers::check_layer(l)?;
         layer_ids.push(layers::file_identity(l));
     }
-    // The boot, less the paths only known once its directory exists (they
-    // change neither the command line nor the key).
-    let mut boot = BootSpec {
-        kernel: kernel.clone(),
-        root: image.clone(),
+    let boot = BootSpec {
+        kernel: guest.kernel.clone(),
+        root: guest.image.clone(),
         root_kind: RootKind::default(),
-        cmdline,
+        cmdline: guest.cmdline.clone(),
         init_args: vec![],
         memory_mib: spec.memory_mib,
         vcpus: spec.vcpus,
@@ -140,21 +154,35 @@ pub fn template(
     let upper_key = spec.upper.key();
     let layer_key = layer_ids.join("\n");
     let key = hash_hex(&[
-        kernel.as_os_str().as_encoded_bytes(),
-        image.as_os_str().as_encoded_bytes(),
+        guest.kernel.as_os_str().as_encoded_bytes(),
+        guest.image.as_os_str().as_encoded_bytes(),
         boot.kernel_cmdline().as_bytes(),
         layer_key.as_bytes(),
         upper_key.as_bytes(),
         RootKind::default().name().as_bytes(),
         &[spec.vcpus],
         &spec.memory_mib.to_le_bytes(),
-        &std::fs::metadata(&vmm)
+        &std::fs::metadata(vmm)
             .and_then(|m| m.modified())
             .map(|t| format!("{t:?}"))
             .unwrap_or_default()
             .into_bytes(),
         env!("CARGO_PKG_VERSION").as_bytes(),
     ]);
+    Ok((boot, key))
+}
+
+/// The template snapshot for `spec`, booting and snapshotting it first if
+/// there is none, in the daemon-less cache (`state_dir()/templates`, where
+/// templates unused for a day are pruned). `progress` gets a line when
+/// that happens.
+pub fn template(
+    spec: &TemplateSpec,
+    progress: &mut dyn FnMut(&str),
+) -> Result<PathBuf, SandboxError> {
+    let guest = GuestFiles::for_image(&spec.image)?;
+    let vmm = artifacts::vmm_binary()?;
+    let (_, key) = template_boot(spec, &guest, &vmm)?;
     let dir = state_dir()
         .join("templates")
         .join(format!("{}-{key}", spec.image));
@@ -169,24 +197,7 @@ pub fn template(
     ));
     let tmp = dir.with_extension(format!("tmp{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
-    std::fs::create_dir_all(&tmp).map_err(|e| SandboxError::Io(tmp.clone(), e))?;
-    // A scratch disk is booted freshly formatted and stays in the template
-    // directory as it is at the snapshot; each sandbox gets a copy.
-    if let Some(mib) = spec.upper.disk_mib() {
-        let p = tmp.join(layers::SCRATCH_DISK);
-        if let Err(e) = layers::format_scratch(&p, mib) {
-            let _ = std::fs::remove_dir_all(&tmp);
-            return Err(e.into());
-        }
-        boot.upper_disk = Some(p);
-    }
-    boot.vsock_uds = Some(tmp.join("boot.vsock"));
-    let res = template::make(&boot, &vmm, &tmp, INIT_MARKER, Duration::from_secs(900));
-    let _ = std::fs::remove_file(tmp.join("boot.vsock"));
-    if let Err(e) = res {
-        let _ = std::fs::remove_dir_all(&tmp);
-        return Err(e.into());
-    }
+    build_template(&tmp, spec, &guest, &vmm)?;
     // Publish atomically; a concurrent creator may have won the race.
     match std::fs::rename(&tmp, &dir) {
         Ok(()) => {}
@@ -199,6 +210,38 @@ pub fn template(
     // again (the key changed) and each holds a guest-memory file.
     let _ = prune_templates(&state_dir().join("templates"), &dir, STALE_TEMPLATE_AGE);
     Ok(dir)
+}
+
+/// Boots `spec` with `guest` once and snapshots it into `dir` (created;
+/// removed again if that fails), with a freshly formatted scratch disk
+/// there if its upper layer is one. The snapshot records the image and
+/// layer paths: they must stay in place for restores.
+pub fn build_template(
+    dir: &Path,
+    spec: &TemplateSpec,
+    guest: &GuestFiles,
+    vmm: &Path,
+) -> Result<(), SandboxError> {
+    let (mut boot, _) = template_boot(spec, guest, vmm)?;
+    std::fs::create_dir_all(dir).map_err(|e| SandboxError::Io(dir.into(), e))?;
+    // A scratch disk is booted freshly formatted and stays in the template
+    // directory as it is at the snapshot; each sandbox gets a copy.
+    if let Some(mib) = spec.upper.disk_mib() {
+        let p = dir.join(layers::SCRATCH_DISK);
+        if let Err(e) = layers::format_scratch(&p, mib) {
+            let _ = std::fs::remove_dir_all(dir);
+            return Err(e.into());
+        }
+        boot.upper_disk = Some(p);
+    }
+    boot.vsock_uds = Some(dir.join("boot.vsock"));
+    let res = template::make(&boot, vmm, dir, INIT_MARKER, Duration::from_secs(900));
+    let _ = std::fs::remove_file(dir.join("boot.vsock"));
+    if let Err(e) = res {
+        let _ = std::fs::remove_dir_all(dir);
+        return Err(e.into());
+    }
+    Ok(())
 }
 
 /// Templates unused for this long are removed when a new one is made.

@@ -75,6 +75,27 @@ pub fn host_agent() -> PathBuf {
     .clone()
 }
 
+/// The guest kernel and the `tiny` image, built from this checkout
+/// (cached) and installed into `${SHOAL_CACHE:-~/.cache/shoal}/artifacts`
+/// once per test binary: the layout test daemons read (`--artifacts`).
+pub fn artifacts() -> shoal_images::artifacts::Layout {
+    use shoal_images::artifacts::{build, Layout};
+    static L: std::sync::OnceLock<Layout> = std::sync::OnceLock::new();
+    L.get_or_init(|| {
+        let c = build::Checkout::find().expect("the tests run from a Shoal checkout");
+        let l = Layout::in_cache();
+        c.build_and_install(&l, &["tiny"], &mut |_| {}, &mut build::quiet_unless_slow())
+            .unwrap_or_else(|e| {
+                panic!(
+                    "installing the guest artifacts into {}: {e}",
+                    l.dir.display()
+                )
+            });
+        l
+    })
+    .clone()
+}
+
 /// The guest kernel (built by scripts/build-kernel.sh if missing).
 pub fn kernel() -> PathBuf {
     shoal_images::artifacts::kernel().expect("guest kernel")

@@ -493,7 +493,7 @@ fn template_layers_and_upper_layers_end_to_end() {
         .unwrap();
     let (kit_s, bad_s) = (kit.to_str().unwrap(), misaligned.to_str().unwrap());
 
-    let d = Daemon::start_with(&["--no-pools"], true);
+    let d = Daemon::start(&["--no-pools"]);
     // Bad inputs: clear 400s, nothing registered, nothing booted.
     let t = |extra: Value| {
         let mut b = json!({"name": "x", "image": "tiny"});
@@ -685,4 +685,77 @@ fn template_layers_and_upper_layers_end_to_end() {
         .unwrap()
         .collect();
     assert!(left.is_empty(), "sandbox directories left: {left:?}");
+}
+
+/// Sets the modification time of `p` (a file or a directory).
+fn age(p: &std::path::Path, by: Duration) {
+    let t = std::time::SystemTime::now() - by;
+    std::fs::File::open(p)
+        .and_then(|f| f.set_modified(t))
+        .unwrap_or_else(|e| panic!("ageing {}: {e}", p.display()));
+}
+
+/// Regression: the daemon's templates lived in the daemon-less cache,
+/// whose pruning of day-old unmapped templates (run whenever a daemon-less
+/// template is made) deleted templates the daemon still listed as ready (a
+/// restore never refreshes a template's time). They now live under the
+/// state directory: a day-old, unmapped daemon template survives the
+/// prune, a sandbox still restores from it, and the daemon wrote nothing
+/// into the daemon-less cache. Deleting the template removes its
+/// directory (the daemon is the one that removes it).
+#[test]
+fn daemon_templates_live_in_the_state_dir_and_survive_cache_pruning() {
+    let cache = tempfile::tempdir().unwrap();
+    let env: [(&str, &std::path::Path); 2] =
+        [("SHOAL_CACHE", cache.path()), ("SHOAL_STATE", cache.path())];
+    let d = Daemon::start_env(&["--no-pools"], &env);
+    let sb = d.create(CreateSandbox::default());
+    let t = d.must("template", d.c.template("tiny-1c-128m"));
+    assert_eq!((t.state, t.owned), (TemplateState::Ready, true));
+    let dir = t.dir.clone();
+    assert!(
+        dir.starts_with(d.dir.join("templates")),
+        "template {} is not under the state directory {}",
+        dir.display(),
+        d.dir.display()
+    );
+    // Its image is its own: a reinstall of the artifacts cannot change it.
+    assert!(
+        dir.join("root.erofs").is_file(),
+        "no pinned image in {}",
+        dir.display()
+    );
+    d.kill(&sb.id);
+    wait_for("the VMM to end", 10, || d.vmms().is_empty());
+
+    // A day-old template no process maps (by the times the pruning looks
+    // at; its image must keep its own, which a restore checks), pruned by
+    // the daemon-less side as it does after making a template of its own.
+    for p in ["state", "memory", ""] {
+        age(&dir.join(p), Duration::from_secs(2 * 24 * 3600));
+    }
+    let pruned = shoal_runtime::sandbox::prune_templates(
+        &cache.path().join("templates"),
+        std::path::Path::new("/nonexistent"),
+        Duration::from_secs(3600),
+    );
+    assert!(pruned.is_empty(), "pruned {pruned:?}");
+    let in_cache: Vec<_> = std::fs::read_dir(cache.path())
+        .map(|r| r.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    assert!(
+        in_cache.is_empty(),
+        "the daemon wrote into the daemon-less cache: {in_cache:?}"
+    );
+    assert!(
+        dir.join("memory").is_file(),
+        "the daemon's template was removed"
+    );
+
+    // Still restores, and runs a command.
+    let sb = d.create(CreateSandbox::default());
+    assert_eq!(d.sh(&sb.id, "echo ok").stdout, "ok\n");
+    d.kill(&sb.id);
+    d.must("delete the template", d.c.delete_template("tiny-1c-128m"));
+    assert!(!dir.exists(), "a deleted template's directory stayed");
 }

@@ -35,6 +35,7 @@ fn daemon(dir: &std::path::Path) -> Arc<Daemon> {
         },
         Arc::new(shoal_runtime::backend::microvm::MicroVm::new(
             "/nonexistent/shoal-vmm",
+            shoal_images::artifacts::Layout::at(dir.join("artifacts")),
         )),
     )
     .unwrap()

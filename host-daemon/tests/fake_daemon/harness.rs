@@ -72,7 +72,7 @@ impl TestDaemon {
             .agent
             .clone()
             .unwrap_or_else(shoal_test_support::host_agent);
-        let fake = Fake::new(agent, tmp.path().join("fake-templates"));
+        let fake = Fake::new(agent);
         let mut d = TestDaemon {
             c: DaemonClient::unix(tmp.path().join("state/shoald.sock")),
             faults: fake.faults(),

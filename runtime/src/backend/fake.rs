@@ -18,7 +18,7 @@ use super::{
     end, AgentEndpoint, BackendError, BackendState, Kind, Proc, Reattached, SandboxBackend,
     SandboxVm, Source, VmStats,
 };
-use crate::sandbox::{hash_hex, TemplateSpec};
+use crate::sandbox::TemplateSpec;
 use crate::vm;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
@@ -122,17 +122,14 @@ enum Saved {
 #[derive(Debug, Clone)]
 pub struct Fake {
     agent: PathBuf,
-    templates: PathBuf,
     faults: Arc<Faults>,
 }
 
 impl Fake {
-    /// Sandboxes run by the `shoal-agent` binary `agent`; templates built
-    /// under `templates`.
-    pub fn new(agent: impl Into<PathBuf>, templates: impl Into<PathBuf>) -> Fake {
+    /// Sandboxes run by the `shoal-agent` binary `agent`.
+    pub fn new(agent: impl Into<PathBuf>) -> Fake {
         Fake {
             agent: agent.into(),
-            templates: templates.into(),
             faults: Arc::default(),
         }
     }
@@ -224,21 +221,13 @@ impl SandboxBackend for Fake {
 
     fn build_template(
         &self,
-        spec: &TemplateSpec,
-        progress: &mut dyn FnMut(&str),
-    ) -> Result<PathBuf, BackendError> {
+        spec: TemplateSpec,
+        layers: &[String],
+        dir: &Path,
+    ) -> Result<(), BackendError> {
         self.faults.check(Op::Template)?;
-        let what = format!("{spec:?}");
-        let dir = self.templates.join(format!(
-            "fake-{}-{}",
-            spec.image,
-            hash_hex(&[what.as_bytes()])
-        ));
-        if !dir.join(TEMPLATE_MARKER).is_file() {
-            progress(&format!("making fake template {}", dir.display()));
-            write_marker(&dir, &serde_json::json!({ "spec": what }))?;
-        }
-        Ok(dir)
+        let what = format!("{spec:?} layers {layers:?}");
+        write_marker(dir, &serde_json::json!({ "spec": what }))
     }
 
     fn restore(&self, dir: &Path, from: &Source) -> Result<Arc<dyn SandboxVm>, BackendError> {

@@ -5,8 +5,8 @@
 use super::*;
 use guest_agent::client::{ClientError, ExecRequest};
 
-fn backend(root: &Path) -> Fake {
-    Fake::new(shoal_test_support::host_agent(), root.join("templates"))
+fn backend(_root: &Path) -> Fake {
+    Fake::new(shoal_test_support::host_agent())
 }
 
 fn echo(vm: &dyn SandboxVm, word: &str) -> Result<String, ClientError> {
@@ -30,10 +30,10 @@ fn readable(fd: &OwnedFd, timeout: Duration) -> bool {
 fn lifecycle_of_a_fake_sandbox() {
     let root = tempfile::tempdir().unwrap();
     let b = backend(root.path());
-    let spec = TemplateSpec::new("tiny", 1, 128);
-    let tpl = b.build_template(&spec, &mut |_| {}).unwrap();
+    let tpl = root.path().join("templates/tiny");
+    b.build_template(TemplateSpec::new("tiny", 1, 128), &[], &tpl)
+        .unwrap();
     assert!(tpl.join(TEMPLATE_MARKER).is_file());
-    assert_eq!(b.build_template(&spec, &mut |_| {}).unwrap(), tpl, "cached");
     let dir = root.path().join("sandboxes/a");
     let vm = b.restore(&dir, &Source::Template(tpl.clone())).unwrap();
     assert_eq!(vm.kind(), Kind::Fake);
@@ -102,8 +102,8 @@ fn lifecycle_of_a_fake_sandbox() {
 fn faults_strays_and_bad_sources() {
     let root = tempfile::tempdir().unwrap();
     let b = backend(root.path());
-    let tpl = b
-        .build_template(&TemplateSpec::new("tiny", 1, 128), &mut |_| {})
+    let tpl = root.path().join("templates/tiny");
+    b.build_template(TemplateSpec::new("tiny", 1, 128), &[], &tpl)
         .unwrap();
     let sbs = root.path().join("sandboxes");
     b.faults().fail_next(Op::Restore, 1);

@@ -3,6 +3,7 @@
 //! so it outlives a daemon restart; it is controlled through its control
 //! socket and its agent is reached through its hybrid-vsock socket.
 
+use super::microvm_template::build_from_layout;
 use super::{
     end, AgentEndpoint, BackendError, BackendState, Kind, Proc, Reattached, SandboxBackend,
     SandboxVm, Source, VmStats,
@@ -12,6 +13,7 @@ use crate::sandbox::TemplateSpec;
 use crate::vm::{self, Paths};
 use crate::vmm_process::{Disk, Io, Serial, VmmProcess, VmmProcessError};
 use serde::{Deserialize, Serialize};
+use shoal_images::artifacts::Layout;
 use shoal_images::layers;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
@@ -53,12 +55,17 @@ enum Saved {
 #[derive(Debug, Clone)]
 pub struct MicroVm {
     vmm: PathBuf,
+    artifacts: Layout,
 }
 
 impl MicroVm {
-    /// Sandboxes run by the VMM binary `vmm`.
-    pub fn new(vmm: impl Into<PathBuf>) -> MicroVm {
-        MicroVm { vmm: vmm.into() }
+    /// Sandboxes run by the VMM binary `vmm`; image templates booted from
+    /// the guest kernel and images installed in `artifacts`.
+    pub fn new(vmm: impl Into<PathBuf>, artifacts: Layout) -> MicroVm {
+        MicroVm {
+            vmm: vmm.into(),
+            artifacts,
+        }
     }
 
     /// The state of a sandbox recorded by a daemon from before backend
@@ -170,10 +177,12 @@ impl SandboxBackend for MicroVm {
 
     fn build_template(
         &self,
-        spec: &TemplateSpec,
-        progress: &mut dyn FnMut(&str),
-    ) -> Result<PathBuf, BackendError> {
-        crate::sandbox::template(spec, progress).map_err(|e| BackendError::Template(Box::new(e)))
+        spec: TemplateSpec,
+        layers: &[String],
+        dir: &Path,
+    ) -> Result<(), BackendError> {
+        build_from_layout(&self.artifacts, &self.vmm, dir, spec, layers)
+            .map_err(|e| BackendError::Build(Box::new(e)))
     }
 
     fn restore(&self, dir: &Path, from: &Source) -> Result<Arc<dyn SandboxVm>, BackendError> {
@@ -423,7 +432,7 @@ mod tests {
     #[test]
     fn a_dead_vmm_is_not_reattached_and_paused_state_needs_its_snapshot() {
         let dir = tempfile::tempdir().unwrap();
-        let b = MicroVm::new("/nonexistent/shoal-vmm");
+        let b = MicroVm::new("/nonexistent/shoal-vmm", Layout::at(dir.path()));
         // A process that has ended.
         let mut c = std::process::Command::new("/bin/true").spawn().unwrap();
         let pid = c.id() as i32;

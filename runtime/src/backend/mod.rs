@@ -16,6 +16,7 @@
 
 pub mod fake;
 pub mod microvm;
+pub mod microvm_template;
 
 use crate::sandbox::TemplateSpec;
 use guest_agent::client::{Client, ClientError};
@@ -210,7 +211,7 @@ pub enum BackendError {
     },
     /// Building a template failed.
     #[error(transparent)]
-    Template(#[from] Box<crate::sandbox::SandboxError>),
+    Build(#[from] Box<microvm_template::BuildError>),
     /// Copying the scratch disk failed.
     #[error(transparent)]
     Layer(#[from] shoal_images::layers::LayerError),
@@ -278,13 +279,15 @@ pub struct Reattached {
 pub trait SandboxBackend: Send + Sync {
     /// The kind.
     fn kind(&self) -> Kind;
-    /// Makes the template of `spec` (booted once and snapshotted, cached
-    /// by content): its directory.
+    /// Makes the image template of `spec` in `dir` (booted once and
+    /// snapshotted): `layers` as the API names them (image names or erofs
+    /// files) become `spec`'s layers. On failure nothing is left in `dir`.
     fn build_template(
         &self,
-        spec: &TemplateSpec,
-        progress: &mut dyn FnMut(&str),
-    ) -> Result<PathBuf, BackendError>;
+        spec: TemplateSpec,
+        layers: &[String],
+        dir: &Path,
+    ) -> Result<(), BackendError>;
     /// Starts the VM of the sandbox whose directory is `dir` from `from`,
     /// and waits until it runs.
     fn restore(&self, dir: &Path, from: &Source) -> Result<Arc<dyn SandboxVm>, BackendError>;

@@ -11,10 +11,11 @@ use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-/// Boots the tiny template into the shared cache once per test binary, so
-/// that daemons started in parallel find it instead of each booting it.
-fn prime_template() {
-    shoal_test_support::tiny_template();
+/// The installed guest kernel and `tiny` image the daemons read (built
+/// from this checkout and installed once per test binary).
+fn artifacts() -> PathBuf {
+    shoal_test_support::require_kvm();
+    shoal_test_support::artifacts().dir
 }
 
 fn shoald_bin() -> PathBuf {
@@ -45,27 +46,30 @@ pub struct Daemon {
     pub dir: PathBuf,
     args: Vec<String>,
     pub c: DaemonClient,
-    /// Templates built by this daemon go under `dir/cache` (SHOAL_STATE),
-    /// removed with it, instead of the shared cache.
-    own_cache: bool,
+    /// Environment of the daemon process.
+    env: Vec<(String, PathBuf)>,
     _tmp: Option<tempfile::TempDir>,
 }
 
 impl Daemon {
     pub fn start(args: &[&str]) -> Daemon {
-        Self::start_with(args, false)
+        Self::start_env(args, &[])
     }
 
-    pub fn start_with(args: &[&str], own_cache: bool) -> Daemon {
-        prime_template();
+    /// A daemon with `env` set. Templates it builds go under its state
+    /// directory (`dir`), removed with it.
+    pub fn start_env(args: &[&str], env: &[(&str, &std::path::Path)]) -> Daemon {
+        let artifacts = artifacts();
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().to_path_buf();
+        let mut args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        args.extend(["--artifacts".into(), artifacts.display().to_string()]);
         let mut d = Daemon {
             child: None,
             c: DaemonClient::unix(dir.join("shoald.sock")),
             dir,
-            args: args.iter().map(|s| s.to_string()).collect(),
-            own_cache,
+            args,
+            env: env.iter().map(|(k, v)| (k.to_string(), v.into())).collect(),
             _tmp: Some(tmp),
         };
         d.spawn();
@@ -79,9 +83,7 @@ impl Daemon {
             .open(self.dir.join("shoald.log"))
             .unwrap();
         let mut cmd = Command::new(shoald_bin());
-        if self.own_cache {
-            cmd.env("SHOAL_STATE", self.dir.join("cache"));
-        }
+        cmd.envs(self.env.iter().map(|(k, v)| (k, v)));
         let child = cmd
             .arg("--state-dir")
             .arg(&self.dir)
