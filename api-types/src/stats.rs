@@ -44,11 +44,15 @@ pub struct Limits {
 
 impl Limits {
     /// Reservable guest memory (MiB).
+    // `as` from f64 saturates (negative and NaN give 0): what a budget wants.
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
     pub fn memory_budget_mib(&self) -> u64 {
         (self.host_memory_mib as f64 * self.memory_overcommit) as u64
     }
 
     /// Reservable vCPUs.
+    // `as` from f64 saturates (negative and NaN give 0): what a budget wants.
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
     pub fn vcpu_budget(&self) -> u64 {
         (self.host_cpus as f64 * self.cpu_overcommit) as u64
     }

@@ -124,7 +124,10 @@ pub fn run(o: &BootBenchOpts, progress: &mut dyn FnMut(&str)) -> Result<BootRepo
             .filter_map(|r| r.own_rss_kib.map(|x| x as f64))
             .collect();
         if let Some(s) = summarize(&mem) {
-            own.push((m.name().to_string(), s.median as u64));
+            // A median of KiB counts: non-negative and far below 2^53.
+            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+            let kib = s.median as u64;
+            own.push((m.name().to_string(), kib));
         }
     }
     let mut ratios = vec![];

@@ -5,7 +5,7 @@
 
 use super::{table, Row};
 use crate::stats::summarize;
-use guest_agent::client::{Client, ExecEvent, ExecRequest, UploadOptions};
+use agent_client::{Client, ExecEvent, ExecRequest, UploadOptions};
 use serde::Serialize;
 use shoal_runtime::sandbox::{self, Sandbox, SandboxError, TemplateSpec};
 use std::path::{Path, PathBuf};
@@ -85,7 +85,7 @@ fn ready_phases(sb: &Sandbox, t0: Instant) -> Result<ReadyPhases, SandboxError> 
     };
     let socket = Instant::now();
     let io = |e| SandboxError::Io(sb.vsock.clone(), e);
-    s.write_all(format!("CONNECT {}\n", guest_agent::proto::VSOCK_PORT).as_bytes())
+    s.write_all(format!("CONNECT {}\n", agent_proto::VSOCK_PORT).as_bytes())
         .map_err(io)?;
     let mut line = Vec::new();
     let mut b = [0u8; 1];
@@ -223,7 +223,8 @@ fn measure(
         }
     }
     let stdout = mb_s(got, t0.elapsed());
-    let data = vec![0x5au8; o.bytes as usize];
+    // Exact on the 64-bit hosts KVM runs on.
+    let data = vec![0x5au8; usize::try_from(o.bytes).unwrap_or(usize::MAX)];
     let t0 = Instant::now();
     c.upload(&mut &data[..], "/tmp/bench.bin", UploadOptions::default())?;
     let up = mb_s(o.bytes, t0.elapsed());
@@ -235,7 +236,7 @@ fn measure(
 
 /// (per exec, per MiB up, per MiB down) for a host-mode agent under strace.
 fn count_syscalls(agent: &Path) -> Result<(f64, f64, f64), String> {
-    use guest_agent::syscount::{analyse, mark};
+    use agent_client::syscount::{analyse, mark};
     let dir = tempfile_dir()?;
     let sock = dir.join("agent.sock");
     let trace = dir.join("trace.txt");
@@ -262,9 +263,9 @@ fn count_syscalls(agent: &Path) -> Result<(f64, f64, f64), String> {
         }
     };
     const N: usize = 100;
-    const MIB: u64 = 32;
+    const MIB: usize = 32;
     let t = ExecRequest::argv(["/bin/true"]);
-    let run = || -> Result<(), guest_agent::client::ClientError> {
+    let run = || -> Result<(), agent_client::ClientError> {
         for _ in 0..5 {
             c.exec_simple(&t)?;
         }
@@ -275,7 +276,7 @@ fn count_syscalls(agent: &Path) -> Result<(f64, f64, f64), String> {
         mark(&c, "exec-end");
         let file = dir.join("up.bin");
         c.write_file(&file, b"warm", 0o644)?;
-        let data = vec![7u8; (MIB << 20) as usize];
+        let data = vec![7u8; MIB << 20];
         mark(&c, "upload-start");
         c.upload(&mut &data[..], &file, UploadOptions::default())?;
         mark(&c, "upload-end");
@@ -293,7 +294,7 @@ fn count_syscalls(agent: &Path) -> Result<(f64, f64, f64), String> {
     let u = analyse(&text, "upload").ok_or("upload markers missing")?;
     let d = analyse(&text, "download").ok_or("download markers missing")?;
     // The command's own clone and the wait that reaps it are not the agent's cost.
-    let own = |p: &guest_agent::syscount::Phase| {
+    let own = |p: &agent_client::syscount::Phase| {
         let skip = ["clone", "clone3", "wait4", "waitid"];
         p.agent
             .iter()

@@ -48,7 +48,11 @@ pub fn cached_kib(path: &Path) -> u64 {
     let Ok(f) = std::fs::File::open(path) else {
         return 0;
     };
-    let len = f.metadata().map(|m| m.len()).unwrap_or(0) as usize;
+    let len = f
+        .metadata()
+        .ok()
+        .and_then(|m| usize::try_from(m.len()).ok())
+        .unwrap_or(0);
     if len == 0 {
         return 0;
     }

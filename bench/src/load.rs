@@ -248,7 +248,7 @@ fn burst(c: &DaemonClient, o: &LoadOpts, source: &str) -> Burst {
 }
 
 fn idle(c: &DaemonClient, o: &LoadOpts, progress: &mut dyn FnMut(&str)) -> Idle {
-    let before = (crate::hostmem::meminfo_kib("MemAvailable").max(0) / 1024) as u64;
+    let before = available_mib();
     let ids = Mutex::new(Vec::new());
     let stop = AtomicBool::new(false);
     let why = Mutex::new(String::from("the --idle-max cap"));
@@ -283,7 +283,7 @@ fn idle(c: &DaemonClient, o: &LoadOpts, progress: &mut dyn FnMut(&str)) -> Idle 
     let fill_s = t0.elapsed().as_secs_f64();
     // Let the last restores settle before reading memory.
     std::thread::sleep(Duration::from_secs(3));
-    let peak = (crate::hostmem::meminfo_kib("MemAvailable").max(0) / 1024) as u64;
+    let peak = available_mib();
     let load1 = std::fs::read_to_string("/proc/loadavg")
         .ok()
         .and_then(|s| s.split_whitespace().next().and_then(|v| v.parse().ok()))
@@ -341,7 +341,8 @@ pub fn run(c: &DaemonClient, o: &LoadOpts, progress: &mut dyn FnMut(&str)) -> Lo
         ));
         let _ = pool(c, &o.template, o.burst);
         let end = Instant::now() + Duration::from_secs(600);
-        while (pool_ready(c) as usize) < o.burst && Instant::now() < end {
+        while usize::try_from(pool_ready(c)).unwrap_or(usize::MAX) < o.burst && Instant::now() < end
+        {
             std::thread::sleep(Duration::from_millis(200));
         }
         create_rate.push(burst(c, o, "warm pool"));
@@ -411,4 +412,9 @@ impl LoadReport {
         }
         o
     }
+}
+
+/// The host's MemAvailable in MiB.
+fn available_mib() -> u64 {
+    u64::try_from(crate::hostmem::meminfo_kib("MemAvailable")).unwrap_or(0) / 1024
 }

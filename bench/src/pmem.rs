@@ -30,7 +30,7 @@
 //!   copy) and its writes reach that file (the VMM's `write_bytes` in
 //!   `/proc/PID/io`).
 //!
-//! Guests are driven through the agent (`guest_agent::client`) of VMs
+//! Guests are driven through the agent (`agent_client`) of VMs
 //! restored with [`shoal_runtime::template`]. Slow on PVM hosts, where each guest
 //! read of 5 MB is seconds of emulated kernel work: VM counts are options.
 
@@ -39,7 +39,7 @@ use super::pmem_report::{mib, reduction_pct};
 pub use super::pmem_report::{MemoryRow, PmemReport, WriteRow};
 use super::Row;
 use crate::stats::summarize;
-use guest_agent::client::{Client, ClientError, ExecRequest, ExitStatus};
+use agent_client::{Client, ClientError, ExecRequest, ExitStatus};
 use shoal_images::image::{build_image_with, AgentSource, BuildOptions, ImageError};
 use shoal_runtime::launch::{BootSpec, RootKind, INIT_MARKER};
 use shoal_runtime::template::{self, Restored, TemplateError};
@@ -51,7 +51,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// The guest port the agent listens on.
-const AGENT_PORT: u32 = guest_agent::proto::VSOCK_PORT;
+const AGENT_PORT: u32 = agent_proto::VSOCK_PORT;
 /// Where the read set lives in the benchmark image.
 const READ_DIR: &str = "/bench";
 
@@ -170,14 +170,10 @@ impl Vm {
 
     fn connect(&self, timeout: Duration) -> Result<Client, PmemBenchError> {
         let c = Client::connect_vsock_retry(&self.vsock, AGENT_PORT, timeout)?;
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_nanos() as u64;
-        let mut entropy = [0u8; 64];
-        // SAFETY: getrandom writes at most 64 bytes into the array.
-        unsafe { libc::getrandom(entropy.as_mut_ptr().cast(), entropy.len(), 0) };
-        c.post_restore(entropy, now)?;
+        c.post_restore(
+            shoal_runtime::fresh::entropy(),
+            shoal_runtime::fresh::unix_nanos(),
+        )?;
         Ok(c)
     }
 
@@ -195,7 +191,7 @@ impl Vm {
 /// Runs `script` with `sh -c` in the guest; returns its stdout.
 fn guest_sh(c: &Client, script: &str, timeout: Duration) -> Result<String, PmemBenchError> {
     let mut req = ExecRequest::argv(["/bin/sh", "-c", script]);
-    req.timeout_ms = timeout.as_millis() as u64;
+    req.timeout_ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
     let out = c.exec_simple(&req)?;
     if out.result.status != ExitStatus::Exited(0) {
         return Err(PmemBenchError::Guest {
@@ -259,7 +255,7 @@ fn build_images(
                 x ^= x << 13;
                 x ^= x >> 7;
                 x ^= x << 17;
-                x as u8
+                x.to_le_bytes()[0]
             })
             .collect();
         let p = dir.join(format!("f{i}"));
@@ -361,7 +357,8 @@ fn memory_pass(
     std::fs::create_dir_all(&dir).map_err(host_err(dir.display()))?;
     evict(image);
     evict(&tpl.join("memory"));
-    let files = || (cached_kib(image) + cached_kib(&tpl.join("memory"))) as i64;
+    let files =
+        || i64::try_from(cached_kib(image) + cached_kib(&tpl.join("memory"))).unwrap_or(i64::MAX);
     let cached0 = meminfo_kib("Cached:");
     let files0 = files();
     let avail0 = meminfo_kib("MemAvailable:");
@@ -424,7 +421,7 @@ fn memory_pass(
             per_vm.push(all as f64 / 1024.0);
         }
         let growth = files() - files0;
-        let total = private as i64 + growth;
+        let total = i64::try_from(private).unwrap_or(i64::MAX) + growth;
         let m = MemoryRow {
             root: kind.name().into(),
             vms: vms.len(),

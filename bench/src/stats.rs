@@ -25,6 +25,8 @@ pub fn summarize(samples: &[f64]) -> Option<Summary> {
     let mut s = samples.to_vec();
     s.sort_by(|a, b| a.total_cmp(b));
     let rank = |p: f64| {
+        // `as` from f64 saturates; the clamp keeps the rank in bounds.
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
         let i = ((p * s.len() as f64).ceil() as usize).clamp(1, s.len()) - 1;
         s[i]
     };

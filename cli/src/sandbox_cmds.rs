@@ -2,8 +2,8 @@
 //! each sandbox is a `shoal-vmm` process restored from a template).
 
 use crate::{ExecArgs, SandboxArgs};
+use agent_client::{Client, ExecEvent, ExecRequest, ExitStatus, UploadOptions};
 use anyhow::{bail, Context, Result};
-use guest_agent::client::{Client, ExecEvent, ExecRequest, ExitStatus, UploadOptions};
 use shoal_images::layers::{self, Upper};
 use shoal_runtime::sandbox::{self, Sandbox, TemplateSpec};
 use std::io::{IsTerminal, Read, Write};

@@ -190,7 +190,7 @@ impl<R: BufRead> Read for Chunked<R> {
                 return Ok(0);
             }
         }
-        let want = buf.len().min(self.left as usize);
+        let want = usize::try_from(self.left).map_or(buf.len(), |l| buf.len().min(l));
         let n = self.r.read(&mut buf[..want])?;
         if n == 0 {
             return Err(std::io::ErrorKind::UnexpectedEof.into());

@@ -16,7 +16,7 @@
 //! `--`.
 //!
 //! With no command after ` -- ` (or no argv at all) the agent serves the
-//! request protocol of `guest_agent::proto` on vsock port 5000 instead
+//! request protocol of `agent_proto` on vsock port 5000 instead
 //! (see server/mod.rs and PROTOCOL.md), reaping orphans as PID 1 must; with
 //! the command `--listen unix:PATH` it serves there instead (tests run the
 //! PID 1 server in Linux namespaces that way).
@@ -42,6 +42,12 @@
 // Unit tests use the test harness's own main.
 #![cfg_attr(not(test), no_main)]
 #![cfg_attr(test, allow(dead_code, unused_imports))]
+#![warn(
+    clippy::cast_possible_truncation,
+    clippy::cast_possible_wrap,
+    clippy::cast_sign_loss,
+    clippy::cast_lossless
+)]
 
 mod cmdline;
 mod overlay;
@@ -174,7 +180,7 @@ unsafe extern "C" fn main(
     let words = unsafe { c_strings(argv) };
     let listen = match words.get(first..) {
         // No command: serve the agent protocol on vsock.
-        None | Some([]) => Some(ListenAddr::Vsock(guest_agent::proto::VSOCK_PORT)),
+        None | Some([]) => Some(ListenAddr::Vsock(agent_proto::VSOCK_PORT)),
         // `--listen ADDR` as the command: serve there instead (tests run
         // the PID 1 server in namespaces on a Unix socket).
         Some([flag, addr]) if flag == b"--listen" => ListenAddr::parse(addr),
@@ -261,7 +267,7 @@ fn serve_guest(env: Vec<(Vec<u8>, Vec<u8>)>, addr: &ListenAddr) -> ! {
         }
     };
     announce_ready();
-    let mode = guest_agent::proto::AgentMode::Guest;
+    let mode = agent_proto::AgentMode::Guest;
     match server::Server::new(listener, addr.is_unix(), mode, env, guest) {
         Ok(s) => s.run(),
         Err((what, e)) => {
@@ -305,7 +311,7 @@ unsafe fn host_main(argc: usize, argv: *const *const c_char, envp: *const *const
     unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
     // SAFETY: forwarded from the caller.
     let env = server::split_env(unsafe { c_strings(envp) });
-    let mode = guest_agent::proto::AgentMode::Host;
+    let mode = agent_proto::AgentMode::Host;
     let guest = server::guest::Guest::default();
     match server::Server::new(listener, addr.is_unix(), mode, env, guest) {
         Ok(s) => s.run(),

@@ -3,20 +3,24 @@
 //! as its command, so its guest-only paths run for real: the mounts, the
 //! user cgroup, one cgroup per exec with `cgroup.kill` on timeout,
 //! oom_score_adj, reaping as PID 1, post-restore reseeding, power-off.
-//! Skipped (with a message) unless running as root with `unshare` and a
-//! cgroup2 hierarchy.
+//! Needs root, `unshare` and a cgroup2 hierarchy, and fails saying so
+//! without them. The agent listens inside its own mount namespace (on the
+//! tmpfs it mounts over /tmp), reached through `/proc/<pid>/root`, so the
+//! test does not depend on where the checkout lives.
+
+#![warn(
+    clippy::cast_possible_truncation,
+    clippy::cast_possible_wrap,
+    clippy::cast_sign_loss,
+    clippy::cast_lossless
+)]
 
 mod common;
 
-use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use guest_agent::client::{AgentMode, Client, ExecRequest};
-
-fn skip(why: &str) {
-    eprintln!("SKIPPED: {why}");
-}
+use agent_client::{AgentMode, Client, ExecRequest};
 
 fn sh(c: &Client, script: &str) -> (String, i32) {
     let out = c.exec_simple(&ExecRequest::shell(script)).unwrap();
@@ -26,59 +30,15 @@ fn sh(c: &Client, script: &str) -> (String, i32) {
 
 #[test]
 fn pid1_guest_mode_in_namespaces() {
-    // SAFETY: getuid has no preconditions.
-    if unsafe { libc::getuid() } != 0 {
-        return skip("needs root");
-    }
-    if common::own_cgroup2_dir().is_none() {
-        return skip("no cgroup2 hierarchy");
-    }
-    // Outside /tmp: the agent mounts a tmpfs there in its namespace.
-    let dir =
-        PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("pid1-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let sock = dir.join("agent.sock");
-    let spawned = Command::new("unshare")
-        .args([
-            "--pid",
-            "--fork",
-            "--mount",
-            "--uts",
-            "--cgroup",
-            "--propagation",
-            "private",
-            env!("CARGO_BIN_EXE_shoal-agent"),
-            "--listen",
-            &format!("unix:{}", sock.display()),
-        ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .spawn();
-    let Ok(mut child) = spawned else {
-        return skip("unshare not installed");
-    };
-    let t0 = Instant::now();
-    let c = loop {
-        if let Ok(c) = Client::connect_unix(&sock) {
-            break c;
-        }
-        if let Some(st) = child.try_wait().unwrap() {
-            return skip(&format!("unshare failed ({st}): namespaces not permitted?"));
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(20),
-            "agent did not start"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    };
+    let mut agent = common::start_pid1(|argv| argv, Stdio::piped());
+    let c = agent.client();
+    let child = &mut agent.child;
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| checks(&c)));
     // Power off: PID 1 reboots its namespace, which ends it.
     let _ = c.poweroff();
     let t0 = Instant::now();
     while child.try_wait().unwrap().is_none() {
         if t0.elapsed() > Duration::from_secs(10) {
-            let _ = child.kill();
             panic!("the namespace's PID 1 did not power off");
         }
         std::thread::sleep(Duration::from_millis(10));
@@ -86,7 +46,6 @@ fn pid1_guest_mode_in_namespaces() {
     let mut ready = String::new();
     std::io::Read::read_to_string(child.stdout.as_mut().unwrap(), &mut ready).unwrap();
     common::remove_user_cgroup();
-    let _ = std::fs::remove_dir_all(&dir);
     if let Err(e) = result {
         std::panic::resume_unwind(e);
     }

@@ -4,14 +4,21 @@
 //! own clone/exec/wait, <= 4 per MiB moved). Fails with a clear message
 //! where strace is missing. `SHOAL_KEEP_TRACE=FILE` keeps the trace.
 
+#![warn(
+    clippy::cast_possible_truncation,
+    clippy::cast_possible_wrap,
+    clippy::cast_sign_loss,
+    clippy::cast_lossless
+)]
+
 mod common;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use agent_client::syscount::{analyse, mark};
+use agent_client::{ExecRequest, UploadOptions};
 use common::{Agent, PseudoRandom, TempDir};
-use guest_agent::client::{ExecRequest, UploadOptions};
-use guest_agent::syscount::{analyse, mark};
 
 const EXECS: usize = 100;
 const MIB: u64 = 64;
@@ -50,33 +57,26 @@ fn measure(guest: bool) {
     let tmp = TempDir::new("strace");
     let trace_path = tmp.path().join("trace.txt");
     let tp = trace_path.display().to_string();
-    // Guest mode mounts a tmpfs over /tmp: keep its socket elsewhere.
-    let dir = TempDir::new_in(Path::new(env!("CARGO_TARGET_TMPDIR")), "sys");
-    let mut agent = Agent::start_in(dir, |argv| {
+    let strace = |argv: Vec<String>| {
         let mut v: Vec<String> = ["strace", "-f", "-qq", "-o", &tp]
             .iter()
             .map(|s| s.to_string())
             .collect();
-        if guest {
-            v.extend(
-                [
-                    "unshare",
-                    "--pid",
-                    "--fork",
-                    "--mount",
-                    "--uts",
-                    "--cgroup",
-                    "--propagation",
-                    "private",
-                ]
-                .iter()
-                .map(|s| s.to_string()),
-            );
-        }
         v.extend(argv);
         v
-    });
-    let c = agent.client();
+    };
+    // Guest mode: PID 1 in namespaces, its socket and the uploaded file on
+    // the tmpfs it mounts over /tmp in its own mount namespace.
+    let (mut pid1, mut host_agent, c, file) = if guest {
+        let agent = common::start_pid1(strace, std::process::Stdio::inherit());
+        let c = agent.client();
+        (Some(agent), None, c, PathBuf::from("/tmp/upload.bin"))
+    } else {
+        let agent = Agent::start_with(strace);
+        let c = agent.client();
+        let file = agent.dir.path().join("upload.bin");
+        (None, Some(agent), c, file)
+    };
     let truecmd = if Path::new("/bin/true").exists() {
         "/bin/true"
     } else {
@@ -92,7 +92,6 @@ fn measure(guest: bool) {
     }
     mark(&c, "exec-end");
 
-    let file = agent.dir.path().join("upload.bin");
     let len = MIB << 20;
     // Warm the file path and the buffers once.
     c.write_file(&file, b"warm", 0o644).unwrap();
@@ -112,7 +111,12 @@ fn measure(guest: bool) {
 
     c.poweroff().unwrap();
     let t0 = Instant::now();
-    while agent.child.try_wait().unwrap().is_none() {
+    let mut exited = || match (&mut pid1, &mut host_agent) {
+        (Some(p), _) => p.child.try_wait().unwrap().is_some(),
+        (None, Some(a)) => a.child.try_wait().unwrap().is_some(),
+        (None, None) => true,
+    };
+    while !exited() {
         assert!(
             t0.elapsed() < Duration::from_secs(30),
             "strace did not exit"

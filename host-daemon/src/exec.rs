@@ -1,18 +1,18 @@
 //! Exec (one-shot JSON, or streamed newline-delimited JSON events) and
 //! files (streamed upload and download, stat, list, remove) through the
-//! sandbox's agent. The agent client is blocking: each call runs on the
-//! blocking pool or its own thread, always under a deadline.
+//! sandbox's agent, over its one tokio connection (no thread per request
+//! or per stream), always under a deadline.
 
 use super::ops::{agent, ensure_running};
-use super::{blocking, ApiError, ApiResult, Daemon};
+use super::{within, ApiError, ApiResult, Daemon};
+use agent_client::{
+    AsyncClient, AsyncDownload, AsyncExecHandle, ClientError, ExecEvent, ExecRequest, ExitStatus,
+    FileStat, FileType, UploadOptions,
+};
 use api::Encoding;
 use axum::body::{Body, Bytes};
-use guest_agent::client::{
-    ExecEvent, ExecHandle, ExecRequest, ExitStatus, FileStat, FileType, UploadOptions,
-};
 use shoal_api as api;
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
@@ -80,12 +80,12 @@ fn prepare(env: &BTreeMap<String, String>, b: api::ExecRequest) -> ApiResult<Pre
     })
 }
 
-fn feed(h: &ExecHandle, stdin: Option<Vec<u8>>) -> Result<(), guest_agent::client::ClientError> {
+async fn feed(h: &AsyncExecHandle, stdin: Option<Vec<u8>>) -> Result<(), ClientError> {
     if let Some(data) = stdin {
         for c in data.chunks(256 * 1024) {
-            h.write_stdin(c)?;
+            h.write_stdin(c).await?;
         }
-        h.close_stdin()?;
+        h.close_stdin().await?;
     }
     Ok(())
 }
@@ -107,12 +107,14 @@ pub async fn exec(d: &Arc<Daemon>, id: &str, b: api::ExecRequest) -> ApiResult<a
     let (row, live, _busy) = ensure_running(d, id).await?;
     let p = prepare(&row.env, b)?;
     let c = agent(d, &live).await?;
-    let out = blocking("exec", p.timeout + SLACK, move || {
-        let mut h = c.exec(&p.req)?;
-        feed(&h, p.stdin)?;
+    let work = async {
+        let mut h = c.exec(&p.req).await?;
+        // The request's own deadline below governs (same error as before).
+        h.set_deadline(None);
+        feed(&h, p.stdin).await?;
         let (mut out, mut err, mut truncated) = (Vec::new(), Vec::new(), false);
         loop {
-            match h.next_event()? {
+            match h.next_event().await? {
                 Some(ExecEvent::Stdout(x)) | Some(ExecEvent::Stderr(x))
                     if out.len() + err.len() + x.len() > 2 * ONESHOT_OUTPUT_LIMIT =>
                 {
@@ -128,8 +130,8 @@ pub async fn exec(d: &Arc<Daemon>, id: &str, b: api::ExecRequest) -> ApiResult<a
                 }
             }
         }
-    })
-    .await;
+    };
+    let out = within("exec", p.timeout + SLACK, work).await;
     let (out, err, r, truncated) = out?;
     let (exit_code, signal) = status_fields(r.status);
     let encoding = match (Encoding::encode(&out).1, Encoding::encode(&err).1) {
@@ -170,54 +172,58 @@ pub async fn exec_stream(d: &Arc<Daemon>, id: &str, b: api::ExecRequest) -> ApiR
     let deadline = tokio::time::Instant::now() + p.timeout + SLACK;
     let (tx, rx) = mpsc::channel::<Bytes>(64);
     let d2 = d.clone();
-    std::thread::Builder::new()
-        .name("exec-stream".into())
-        .spawn(move || {
-            let _busy = busy;
-            let send = |b: Bytes| tx.blocking_send(b).is_ok();
-            let mut h = match c.exec(&p.req) {
-                Ok(h) => h,
+    tokio::spawn(async move {
+        let _busy = busy;
+        let send = |b: Bytes| {
+            let tx = tx.clone();
+            async move { tx.send(b).await.is_ok() }
+        };
+        let mut h = match c.exec(&p.req).await {
+            Ok(h) => h,
+            Err(e) => {
+                send(error_line(e.to_string())).await;
+                return;
+            }
+        };
+        // The stream's own deadline below governs.
+        h.set_deadline(None);
+        send(line(api::ExecEvent::Start {
+            pid: h.pid(),
+            exec_id: h.exec_id(),
+        }))
+        .await;
+        if let Err(e) = feed(&h, p.stdin).await {
+            send(error_line(e.to_string())).await;
+            return;
+        }
+        loop {
+            let ok = match h.next_event().await {
+                Ok(Some(ExecEvent::Stdout(x))) => send(line(api::ExecEvent::stdout(&x))).await,
+                Ok(Some(ExecEvent::Stderr(x))) => send(line(api::ExecEvent::stderr(&x))).await,
+                Ok(Some(ExecEvent::Exit(r))) => {
+                    let (code, sig) = status_fields(r.status);
+                    d2.metrics.exec.observe(t0.elapsed().as_secs_f64());
+                    send(line(api::ExecEvent::Exit {
+                        exit_code: code,
+                        signal: sig,
+                        timed_out: r.timed_out,
+                    }))
+                    .await;
+                    return;
+                }
+                Ok(None) => return,
                 Err(e) => {
-                    send(error_line(e.to_string()));
+                    send(error_line(format!("sandbox agent: {e}"))).await;
                     return;
                 }
             };
-            send(line(api::ExecEvent::Start {
-                pid: h.pid(),
-                exec_id: h.exec_id(),
-            }));
-            if let Err(e) = feed(&h, p.stdin) {
-                send(error_line(e.to_string()));
+            if !ok {
+                // The client went away: end the command.
+                let _ = h.signal(libc::SIGKILL, true).await;
                 return;
             }
-            loop {
-                let ok = match h.next_event() {
-                    Ok(Some(ExecEvent::Stdout(x))) => send(line(api::ExecEvent::stdout(&x))),
-                    Ok(Some(ExecEvent::Stderr(x))) => send(line(api::ExecEvent::stderr(&x))),
-                    Ok(Some(ExecEvent::Exit(r))) => {
-                        let (code, sig) = status_fields(r.status);
-                        d2.metrics.exec.observe(t0.elapsed().as_secs_f64());
-                        send(line(api::ExecEvent::Exit {
-                            exit_code: code,
-                            signal: sig,
-                            timed_out: r.timed_out,
-                        }));
-                        return;
-                    }
-                    Ok(None) => return,
-                    Err(e) => {
-                        send(error_line(format!("sandbox agent: {e}")));
-                        return;
-                    }
-                };
-                if !ok {
-                    // The client went away: end the command.
-                    let _ = h.signal(libc::SIGKILL, true);
-                    return;
-                }
-            }
-        })
-        .map_err(ApiError::Thread)?;
+        }
+    });
     let stream = futures_util::stream::unfold(Some(rx), move |rx| async move {
         let mut rx = rx?;
         match tokio::time::timeout_at(deadline, rx.recv()).await {
@@ -268,7 +274,10 @@ pub async fn stat(d: &Arc<Daemon>, id: &str, path: String) -> ApiResult<api::Fil
     check_path(&path)?;
     let (_, live, _busy) = ensure_running(d, id).await?;
     let c = agent(d, &live).await?;
-    blocking("stat", FILE_OP, move || Ok(stat_view(c.stat(&path)?))).await
+    within("stat", FILE_OP, async {
+        Ok(stat_view(c.stat(&path).await?))
+    })
+    .await
 }
 
 /// Directory listing.
@@ -276,9 +285,10 @@ pub async fn list(d: &Arc<Daemon>, id: &str, path: String) -> ApiResult<Vec<api:
     check_path(&path)?;
     let (_, live, _busy) = ensure_running(d, id).await?;
     let c = agent(d, &live).await?;
-    blocking("list", FILE_OP, move || {
+    within("list", FILE_OP, async {
         let mut v: Vec<api::DirEntry> = c
-            .list_dir(&path)?
+            .list_dir(&path)
+            .await?
             .into_iter()
             .map(|e| api::DirEntry {
                 name: String::from_utf8_lossy(&e.name).into_owned(),
@@ -296,29 +306,10 @@ pub async fn remove(d: &Arc<Daemon>, id: &str, path: String, recursive: bool) ->
     check_path(&path)?;
     let (_, live, _busy) = ensure_running(d, id).await?;
     let c = agent(d, &live).await?;
-    blocking("remove", FILE_OP, move || Ok(c.remove(&path, recursive)?)).await
-}
-
-/// Reads from a channel of body chunks (the blocking side of an upload).
-struct ChanReader {
-    rx: mpsc::Receiver<Result<Bytes, String>>,
-    cur: Bytes,
-}
-
-impl Read for ChanReader {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        while self.cur.is_empty() {
-            match self.rx.blocking_recv() {
-                Some(Ok(b)) => self.cur = b,
-                Some(Err(e)) => return Err(std::io::Error::other(e)),
-                None => return Ok(0),
-            }
-        }
-        let n = buf.len().min(self.cur.len());
-        buf[..n].copy_from_slice(&self.cur[..n]);
-        self.cur = self.cur.slice(n..);
-        Ok(n)
-    }
+    within("remove", FILE_OP, async {
+        Ok(c.remove(&path, recursive).await?)
+    })
+    .await
 }
 
 /// Streams `body` into a guest file; returns the bytes written.
@@ -333,51 +324,37 @@ pub async fn upload(
     check_path(&path)?;
     let (_, live, _busy) = ensure_running(d, id).await?;
     let c = agent(d, &live).await?;
-    let (tx, rx) = mpsc::channel(16);
-    let pump = tokio::spawn(async move {
+    let work = async {
+        let mut up = c.open_upload(&path, opts).await?;
         let mut s = body.into_data_stream();
         while let Some(chunk) = s.next().await {
-            let item = chunk.map_err(|e| format!("request body: {e}"));
-            let stop = item.is_err();
-            if tx.send(item).await.is_err() || stop {
-                break;
-            }
+            let chunk = chunk.map_err(|e| {
+                ClientError::Io(std::io::Error::other(format!("request body: {e}")))
+            })?;
+            up.write(&chunk).await?;
         }
-    });
-    let res = blocking("upload", Duration::from_secs(3600), move || {
-        let mut r = ChanReader {
-            rx,
-            cur: Bytes::new(),
-        };
-        Ok(c.upload(&mut r, &path, opts)?)
-    })
-    .await;
-    pump.abort();
-    res
+        Ok(up.finish().await?)
+    };
+    within("upload", Duration::from_secs(3600), work).await
 }
 
-/// Sends written bytes as body chunks (the blocking side of a download).
-struct ChanWriter {
-    tx: mpsc::Sender<Result<Bytes, std::io::Error>>,
-    buf: Vec<u8>,
+/// Where a download's body stream is.
+enum Download {
+    /// Not asked of the agent yet.
+    Opening(AsyncClient, String),
+    /// Chunks coming.
+    Open(AsyncDownload),
+    /// Ended by an error.
+    Done,
 }
 
-impl Write for ChanWriter {
-    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-        self.buf.extend_from_slice(b);
-        if self.buf.len() >= 256 * 1024 {
-            self.flush()?;
-        }
-        Ok(b.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        if !self.buf.is_empty() {
-            let b = Bytes::from(std::mem::take(&mut self.buf));
-            self.tx
-                .blocking_send(Ok(b))
-                .map_err(|_| std::io::Error::from(std::io::ErrorKind::BrokenPipe))?;
-        }
-        Ok(())
+fn download_error(e: ClientError) -> std::io::Error {
+    match e {
+        ClientError::Timeout => std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            "the sandbox stopped sending the file",
+        ),
+        e => std::io::Error::other(e),
     }
 }
 
@@ -393,33 +370,23 @@ pub async fn download(d: &Arc<Daemon>, id: &str, path: String) -> ApiResult<(u64
     }
     let (_, live, busy) = ensure_running(d, id).await?;
     let c = agent(d, &live).await?;
-    let (tx, rx) = mpsc::channel(8);
-    std::thread::Builder::new()
-        .name("download".into())
-        .spawn(move || {
-            let _busy = busy;
-            let mut w = ChanWriter {
-                tx: tx.clone(),
-                buf: Vec::new(),
-            };
-            let r = c.download(&path, &mut w).map_err(std::io::Error::other);
-            let r = r.and_then(|_| w.flush());
-            if let Err(e) = r {
-                let _ = tx.blocking_send(Err(e));
-            }
-        })
-        .map_err(ApiError::Thread)?;
-    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
-        match tokio::time::timeout(Duration::from_secs(120), rx.recv()).await {
-            Ok(Some(item)) => Some((item, rx)),
+    // Opened when the body is first polled; each chunk within the client's
+    // 120 s call timeout. An error after the status went out ends the body
+    // with that error, as before.
+    let first = Download::Opening(c, path);
+    let stream = futures_util::stream::unfold((first, busy), |(state, busy)| async move {
+        let mut dl = match state {
+            Download::Done => return None,
+            Download::Open(dl) => dl,
+            Download::Opening(c, path) => match c.open_download(&path, 0, None).await {
+                Ok(dl) => dl,
+                Err(e) => return Some((Err(download_error(e)), (Download::Done, busy))),
+            },
+        };
+        match dl.next_chunk().await {
+            Ok(Some(chunk)) => Some((Ok(Bytes::from(chunk)), (Download::Open(dl), busy))),
             Ok(None) => None,
-            Err(_) => Some((
-                Err(std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    "the sandbox stopped sending the file",
-                )),
-                rx,
-            )),
+            Err(e) => Some((Err(download_error(e)), (Download::Done, busy))),
         }
     });
     Ok((st.size, Body::from_stream(stream)))

@@ -30,8 +30,8 @@ pub mod template_dirs;
 pub mod templates;
 
 use admission::{Limits, Refusal};
+use agent_client::AsyncClient;
 use db::Db;
-use guest_agent::client::Client;
 use shoal_api::{ErrorBody, ErrorCode};
 use shoal_images::layers::LayerError;
 use shoal_runtime::backend::{BackendError, SandboxBackend, SandboxVm};
@@ -126,7 +126,7 @@ pub enum ApiError {
     /// 409 (EEXIST), 400 (another errno: the request was wrong), 504 (its
     /// deadline), 502 (anything else).
     #[error("{}", agent_message(.0))]
-    Agent(#[from] guest_agent::client::ClientError),
+    Agent(#[from] agent_client::ClientError),
     /// 502: the sandbox's agent could not be reached.
     #[error("sandbox '{id}' agent unreachable: {source}")]
     AgentUnreachable {
@@ -134,7 +134,7 @@ pub enum ApiError {
         id: String,
         /// Why.
         #[source]
-        source: guest_agent::client::ClientError,
+        source: agent_client::ClientError,
     },
     /// The sandbox's VM failed (502), or could not even be started on
     /// this host (500), as its backend says.
@@ -176,9 +176,9 @@ pub enum ApiError {
 }
 
 /// The message of an agent error as the API has always given it.
-fn agent_message(e: &guest_agent::client::ClientError) -> String {
+fn agent_message(e: &agent_client::ClientError) -> String {
     match e {
-        guest_agent::client::ClientError::Remote { .. } => e.to_string(),
+        agent_client::ClientError::Remote { .. } => e.to_string(),
         _ => format!("sandbox agent: {e}"),
     }
 }
@@ -186,7 +186,7 @@ fn agent_message(e: &guest_agent::client::ClientError) -> String {
 impl ApiError {
     /// The machine-readable code (and so the HTTP status).
     pub fn code(&self) -> ErrorCode {
-        use guest_agent::client::ClientError as C;
+        use agent_client::ClientError as C;
         match self {
             ApiError::BadRequest(_) | ApiError::InvalidBody(_) | ApiError::Layers(_) => {
                 ErrorCode::BadRequest
@@ -244,7 +244,7 @@ pub struct Live {
     /// The next agent connection must send fresh entropy and time.
     pub needs_post_restore: AtomicBool,
     /// The cached agent connection.
-    pub client: tokio::sync::Mutex<Option<Client>>,
+    pub client: tokio::sync::Mutex<Option<AsyncClient>>,
     /// Serializes lifecycle operations (pause, resume, snapshot, kill).
     pub op: tokio::sync::Mutex<()>,
     /// Operations in flight (a busy sandbox is never frozen).
@@ -406,6 +406,21 @@ pub async fn blocking<T: Send + 'static>(
             what: what.into(),
             source,
         }),
+        Err(_) => Err(ApiError::Timeout(format!(
+            "{what} did not finish within {deadline:?}"
+        ))),
+    }
+}
+
+/// Runs `f` with a deadline: the async counterpart of [`blocking`], with
+/// the same timeout error.
+pub async fn within<T>(
+    what: &str,
+    deadline: Duration,
+    f: impl std::future::Future<Output = ApiResult<T>>,
+) -> ApiResult<T> {
+    match tokio::time::timeout(deadline, f).await {
+        Ok(r) => r,
         Err(_) => Err(ApiError::Timeout(format!(
             "{what} did not finish within {deadline:?}"
         ))),

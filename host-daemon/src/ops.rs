@@ -4,10 +4,13 @@
 //! template, and the agent connection.
 
 use super::db::{self, SandboxRow, State, TemplateRow};
-use super::{admission, blocking, random_id, supervisor, ApiError, ApiResult, Daemon, Live};
-use guest_agent::client::Client;
+use super::{
+    admission, blocking, random_id, supervisor, within, ApiError, ApiResult, Daemon, Live,
+};
+use agent_client::{AsyncClient, ClientError, Config};
 use shoal_api::{CreateSandbox, TemplateState};
 use shoal_runtime::backend::Source;
+use shoal_runtime::fresh::{entropy, unix_nanos};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -357,40 +360,52 @@ pub async fn ensure_running(
     )))
 }
 
+/// How the daemon talks to agents: the connection within the agent
+/// timeout; each call, and each frame of a transfer, within 120 s; an
+/// exec's events within its own timeout plus 30 s; a stream the daemon
+/// does not take (an HTTP client not reading) for 120 s is dropped instead
+/// of holding up the sandbox's other requests.
+pub fn agent_config(connect: Duration) -> Config {
+    Config {
+        connect_timeout: connect,
+        call_timeout: Duration::from_secs(120),
+        exec_slack: Duration::from_secs(30),
+        stall_timeout: Duration::from_secs(120),
+        ..Config::default()
+    }
+}
+
 /// The agent connection of a running sandbox (connecting, and after a
-/// restore sending fresh entropy and time, on first use).
-pub async fn agent(d: &Daemon, live: &Live) -> ApiResult<Client> {
+/// restore sending fresh entropy and time, on first use). One tokio
+/// connection per sandbox carries all its requests: no thread.
+pub async fn agent(d: &Daemon, live: &Live) -> ApiResult<AsyncClient> {
     let mut g = live.client.lock().await;
     if let Some(c) = g.as_ref().filter(|c| !c.is_closed()) {
         return Ok(c.clone());
     }
     let post = live.needs_post_restore.load(Ordering::Acquire);
-    let endpoint = live
+    let t = d.cfg.agent_timeout;
+    let transport = live
         .vm()
         .ok_or_else(|| ApiError::Internal(format!("sandbox '{}' has no VM", live.id)))?
         .agent();
-    let t = d.cfg.agent_timeout;
-    let id = live.id.clone();
-    let c = blocking(
+    let connect = async {
+        let c = AsyncClient::connect_retry(&transport, agent_config(t), t).await?;
+        if post {
+            // The first connection after a restore: clones never share
+            // randomness or a stale clock.
+            c.post_restore(entropy(), unix_nanos()).await?;
+        }
+        Ok::<_, ClientError>(c)
+    };
+    let c = within(
         "connecting to the sandbox agent",
         t + Duration::from_secs(5),
-        move || {
-            let unreachable = |source| ApiError::AgentUnreachable {
-                id: id.clone(),
+        async {
+            connect.await.map_err(|source| ApiError::AgentUnreachable {
+                id: live.id.clone(),
                 source,
-            };
-            let c = endpoint.connect(t).map_err(&unreachable)?;
-            if post {
-                // The first connection after a restore: clones never share
-                // randomness or a stale clock.
-                c.post_restore(
-                    shoal_runtime::fresh::entropy(),
-                    shoal_runtime::fresh::unix_nanos(),
-                )
-                .map_err(&unreachable)?;
-            }
-            c.set_timeout(Some(Duration::from_secs(120)));
-            Ok(c)
+            })
         },
     )
     .await?;

@@ -10,7 +10,9 @@ fn tree(root: &Path) -> Vec<(&'static str, Vec<u8>)> {
     let files = vec![
         (
             "data/big.bin",
-            (0..(3 * 4096 + 123)).map(|i| (i * 7 % 256) as u8).collect(),
+            (0..(3 * 4096 + 123u32))
+                .map(|i| (i * 7 % 256).to_le_bytes()[0])
+                .collect(),
         ),
         ("etc/hostname", b"shoal-test\n".to_vec()),
         ("etc/empty", Vec::new()),

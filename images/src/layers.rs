@@ -345,8 +345,10 @@ pub fn clone_file(src: &Path, dst: &Path) -> Result<u64, LayerError> {
 
 /// `lseek(fd, off, whence)`, `None` at ENXIO (no data/hole after `off`).
 fn seek(f: &File, off: u64, whence: libc::c_int) -> io::Result<Option<u64>> {
+    let off =
+        libc::off_t::try_from(off).map_err(|_| io::Error::from_raw_os_error(libc::EOVERFLOW))?;
     // SAFETY: lseek on an fd we own; no memory is passed.
-    let r = unsafe { libc::lseek(f.as_raw_fd(), off as libc::off_t, whence) };
+    let r = unsafe { libc::lseek(f.as_raw_fd(), off, whence) };
     if r < 0 {
         let e = io::Error::last_os_error();
         return if e.raw_os_error() == Some(libc::ENXIO) {
@@ -355,7 +357,8 @@ fn seek(f: &File, off: u64, whence: libc::c_int) -> io::Result<Option<u64>> {
             Err(e)
         };
     }
-    Ok(Some(r as u64))
+    // r >= 0 here.
+    Ok(Some(r.unsigned_abs()))
 }
 
 /// Copies the data regions of `input` (found with SEEK_DATA/SEEK_HOLE)
@@ -368,9 +371,13 @@ fn copy_data(input: &File, out: &File, len: u64) -> io::Result<u64> {
             break;
         };
         let end = seek(input, start, libc::SEEK_HOLE)?.unwrap_or(len).min(len);
-        let (mut off_in, mut off_out) = (start as libc::loff_t, start as libc::loff_t);
-        while (off_in as u64) < end {
-            let want = (end - off_in as u64).min(1 << 30) as usize;
+        let overflow = || io::Error::from_raw_os_error(libc::EOVERFLOW);
+        let mut off_in = libc::loff_t::try_from(start).map_err(|_| overflow())?;
+        let mut off_out = off_in;
+        // off_in only grows from a non-negative start.
+        while off_in.unsigned_abs() < end {
+            let left = end - off_in.unsigned_abs();
+            let want = usize::try_from(left.min(1 << 30)).map_err(|_| overflow())?;
             // SAFETY: both fds are open; the offsets are locals the kernel
             // updates; no user memory is involved.
             let n = unsafe {
@@ -392,7 +399,8 @@ fn copy_data(input: &File, out: &File, len: u64) -> io::Result<u64> {
                     "the file shrank while being copied",
                 ));
             }
-            copied += n as u64;
+            // n > 0 here.
+            copied += n.unsigned_abs() as u64;
         }
         pos = end;
     }

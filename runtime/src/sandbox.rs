@@ -8,7 +8,7 @@ use crate::fresh::{entropy, unix_nanos};
 use crate::launch::{BootSpec, RootKind, INIT_MARKER};
 use crate::template::{self, TemplateError};
 use crate::vmm_process::{Disk, Io, Serial, VmmProcess};
-use guest_agent::client::Client;
+use agent_client::Client;
 use shoal_images::artifacts;
 use shoal_images::layers::{self, LayerError, Upper};
 use std::path::{Path, PathBuf};
@@ -25,7 +25,7 @@ pub enum SandboxError {
     Template(#[from] TemplateError),
     /// The agent.
     #[error("guest agent: {0}")]
-    Agent(#[from] guest_agent::client::ClientError),
+    Agent(#[from] agent_client::ClientError),
     /// File system.
     #[error("{0}: {1}")]
     Io(PathBuf, std::io::Error),
@@ -440,7 +440,7 @@ impl Sandbox {
     /// on the first connection after a restore, gives the guest fresh
     /// entropy and the current time.
     pub fn connect(&self, timeout: Duration, post_restore: bool) -> Result<Client, SandboxError> {
-        let c = Client::connect_vsock_retry(&self.vsock, guest_agent::proto::VSOCK_PORT, timeout)?;
+        let c = Client::connect_vsock_retry(&self.vsock, agent_proto::VSOCK_PORT, timeout)?;
         if post_restore {
             c.post_restore(entropy(), unix_nanos())?;
         }

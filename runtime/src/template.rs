@@ -35,7 +35,7 @@ pub enum TemplateError {
     Exited(std::process::ExitStatus),
     /// The guest agent did not answer the warm-up before the snapshot.
     #[error("guest agent warm-up before the snapshot: {0}")]
-    AgentWarmup(#[from] guest_agent::client::ClientError),
+    AgentWarmup(#[from] agent_client::ClientError),
 }
 
 /// Boots `spec` with our VMM, waits for a console line containing `ready`,
@@ -124,12 +124,8 @@ pub fn make_with(
 /// post-restore (entropy, clock), an exec with output, a small file
 /// written, read back and removed; then the connection closes.
 fn warm_agent(uds: &Path) -> Result<(), TemplateError> {
-    use guest_agent::client::{Client, ExecRequest};
-    let c = Client::connect_vsock_retry(
-        uds,
-        guest_agent::proto::VSOCK_PORT,
-        Duration::from_secs(120),
-    )?;
+    use agent_client::{Client, ExecRequest};
+    let c = Client::connect_vsock_retry(uds, agent_proto::VSOCK_PORT, Duration::from_secs(120))?;
     c.set_timeout(Some(Duration::from_secs(120)));
     c.post_restore(crate::fresh::entropy(), crate::fresh::unix_nanos())?;
     c.exec_simple(&ExecRequest::argv(["true"]))?;

@@ -167,7 +167,7 @@ fn api_contract_end_to_end() {
 
     // Files: streamed upload and download, stat, list, remove.
     let data: Vec<u8> = (0..1u32 << 20)
-        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13).to_le_bytes()[0])
         .collect();
     let up = d.must(
         "upload",

@@ -13,7 +13,7 @@
 //! nodes). The fixture directory stays in the target directory until the
 //! next run empties it.
 
-use guest_agent::client::{Client, ExecRequest, ExitStatus};
+use agent_client::{Client, ExecRequest, ExitStatus};
 use shoal_images::artifacts;
 use shoal_images::image::{build_image_with, AgentSource, BuildOptions, ImageSource};
 use shoal_runtime::launch::{BootSpec, RootKind, INIT_MARKER};
@@ -59,7 +59,7 @@ fn fixture() -> &'static Fixture {
                 x ^= x << 13;
                 x ^= x >> 17;
                 x ^= x << 5;
-                x as u8
+                x.to_le_bytes()[0]
             })
             .collect();
         std::fs::create_dir_all(root.join("data")).unwrap();

@@ -7,7 +7,7 @@
 //! Slow on PVM hosts (each guest fork+exec takes ~0.5-1 s), so few and
 //! coarse; one template is booted per test binary.
 
-use guest_agent::client::{Client, ExecEvent, ExecRequest, ExitStatus, UploadOptions};
+use agent_client::{Client, ExecEvent, ExecRequest, ExitStatus, UploadOptions};
 use shoal_runtime::sandbox::Sandbox;
 use std::path::PathBuf;
 use std::process::Child;
@@ -73,7 +73,7 @@ fn exec_files_and_reattach() {
 
     // File round trip (1 MiB; guest-side copies are slow on PVM hosts).
     let data: Vec<u8> = (0..1u32 << 20)
-        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13).to_le_bytes()[0])
         .collect();
     c.upload(&mut &data[..], "/tmp/blob", UploadOptions::default())
         .unwrap();
@@ -227,7 +227,8 @@ fn snapshot_clones_keep_state_and_diverge() {
         let host = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap()
-            .as_secs() as i64;
+            .as_secs()
+            .cast_signed();
         assert!(
             (guest - host).abs() < 30,
             "clone {i} clock {guest} vs host {host}"

@@ -6,7 +6,7 @@ use std::ffi::CStr;
 use std::os::fd::{AsRawFd, OwnedFd};
 
 use super::os::{self, cstring, Errno, SysResult};
-use guest_agent::proto::{DirEntry, FileStat, FileType};
+use agent_proto::{DirEntry, FileStat, FileType};
 
 /// Deepest directory tree `remove --recursive` descends.
 const MAX_DEPTH: usize = 256;

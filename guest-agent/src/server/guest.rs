@@ -5,7 +5,7 @@ use std::ffi::{c_int, CStr, CString};
 
 use super::os::{self, Errno};
 use crate::sys::report;
-use guest_agent::proto::{AgentMode, PostRestore, PostRestoreReply, PowerAction};
+use agent_proto::{AgentMode, PostRestore, PostRestoreReply, PowerAction};
 
 /// Parent cgroup of every user command (one child cgroup per exec).
 const USER_CGROUP: &CStr = c"/sys/fs/cgroup/shoal-user";
@@ -96,8 +96,15 @@ pub fn kill_cgroup(dir: &CStr) {
     }
 }
 
+/// The type of ioctl(2)'s request argument: `c_int` in musl, `c_ulong` in
+/// glibc (the request numbers below fit both).
+#[cfg(target_env = "musl")]
+type IoctlRequest = libc::c_int;
+#[cfg(not(target_env = "musl"))]
+type IoctlRequest = libc::c_ulong;
+
 /// RNDADDENTROPY = `_IOW('R', 0x03, int[2])`.
-const RNDADDENTROPY: libc::c_ulong = 0x4008_5203;
+const RNDADDENTROPY: IoctlRequest = 0x4008_5203;
 
 /// `struct rand_pool_info` with room for 64 bytes.
 #[repr(C)]
@@ -108,7 +115,7 @@ struct RandPoolInfo {
 }
 
 /// `_IO('R', 0x07)`: reseed the kernel CRNG from the input pool.
-const RNDRESEEDCRNG: u32 = 0x5207;
+const RNDRESEEDCRNG: IoctlRequest = 0x5207;
 
 /// Reseeds the RNG and (in the guest) steps the clock.
 pub fn post_restore(mode: AgentMode, req: &PostRestore) -> Result<PostRestoreReply, Errno> {
@@ -122,20 +129,14 @@ pub fn post_restore(mode: AgentMode, req: &PostRestore) -> Result<PostRestoreRep
         };
         // SAFETY: info is a valid rand_pool_info of the size announced in
         // buf_size; the ioctl only reads it.
-        let r = unsafe {
-            libc::ioctl(
-                std::os::fd::AsRawFd::as_raw_fd(&fd),
-                RNDADDENTROPY as _,
-                &info,
-            )
-        };
+        let r = unsafe { libc::ioctl(std::os::fd::AsRawFd::as_raw_fd(&fd), RNDADDENTROPY, &info) };
         credited = r == 0;
         if credited {
             // Rekey the CRNG from the pool now: otherwise every clone of a
             // snapshot keeps producing the same /dev/urandom stream until
             // the kernel's next periodic reseed.
             // SAFETY: RNDRESEEDCRNG takes no argument.
-            unsafe { libc::ioctl(std::os::fd::AsRawFd::as_raw_fd(&fd), RNDRESEEDCRNG as _) };
+            unsafe { libc::ioctl(std::os::fd::AsRawFd::as_raw_fd(&fd), RNDRESEEDCRNG) };
         }
     }
     if !credited {

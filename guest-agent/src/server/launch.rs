@@ -213,7 +213,9 @@ extern "C" fn child_main(arg: *mut c_void) -> c_int {
             }
         }
         for (target, &fd) in a.stdio.iter().enumerate() {
-            let target = target as c_int; // 0..3
+            // The index of a 3-element array: 0, 1 or 2.
+            #[allow(clippy::cast_possible_truncation, clippy::cast_possible_wrap)]
+            let target = target as c_int;
             let r = if fd == target {
                 // dup2(fd, fd) would keep O_CLOEXEC: clear it instead.
                 libc::fcntl(fd, libc::F_SETFD, 0)

@@ -70,6 +70,22 @@ fn listen(fd: &OwnedFd) -> SysResult<()> {
     Ok(())
 }
 
+/// `size_of::<T>()` as a `socklen_t`, for the fixed-size addresses and
+/// option values handed to the kernel.
+fn socklen<T>() -> libc::socklen_t {
+    // At most a sockaddr_un (110 bytes): far below u32::MAX.
+    #[allow(clippy::cast_possible_truncation)]
+    let n = std::mem::size_of::<T>() as libc::socklen_t;
+    n
+}
+
+/// An address family as `sa_family_t` (the AF_ constants are small
+/// positive ints: AF_UNIX 1, AF_VSOCK 40).
+#[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+const fn family(af: c_int) -> libc::sa_family_t {
+    af as libc::sa_family_t
+}
+
 fn bind_unix(path: &std::path::Path) -> SysResult<OwnedFd> {
     let bytes = path.as_os_str().as_bytes();
     // SAFETY: sockaddr_un is plain data; zero is valid.
@@ -77,13 +93,13 @@ fn bind_unix(path: &std::path::Path) -> SysResult<OwnedFd> {
     if bytes.len() >= addr.sun_path.len() || bytes.contains(&0) {
         return Err(Errno(libc::ENAMETOOLONG));
     }
-    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    addr.sun_family = family(libc::AF_UNIX);
     for (d, s) in addr.sun_path.iter_mut().zip(bytes) {
-        *d = *s as libc::c_char;
+        *d = libc::c_char::from_ne_bytes([*s]);
     }
     let fd = socket(libc::AF_UNIX)?;
     let _ = std::fs::remove_file(path);
-    let len = std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t;
+    let len = socklen::<libc::sockaddr_un>();
     // SAFETY: addr is a valid sockaddr_un of `len` bytes.
     let r = unsafe { libc::bind(fd.as_raw_fd(), std::ptr::addr_of!(addr).cast(), len) };
     if r != 0 {
@@ -112,16 +128,16 @@ fn bind_vsock(port: u32) -> SysResult<OwnedFd> {
                 libc::AF_VSOCK,
                 opt,
                 std::ptr::addr_of!(size).cast(),
-                std::mem::size_of::<u64>() as libc::socklen_t,
+                socklen::<u64>(),
             )
         };
     }
     // SAFETY: sockaddr_vm is plain data; zero is valid.
     let mut addr: libc::sockaddr_vm = unsafe { std::mem::zeroed() };
-    addr.svm_family = libc::AF_VSOCK as libc::sa_family_t;
+    addr.svm_family = family(libc::AF_VSOCK);
     addr.svm_port = port;
     addr.svm_cid = libc::VMADDR_CID_ANY;
-    let len = std::mem::size_of::<libc::sockaddr_vm>() as libc::socklen_t;
+    let len = socklen::<libc::sockaddr_vm>();
     // SAFETY: addr is a valid sockaddr_vm of `len` bytes.
     let r = unsafe { libc::bind(fd.as_raw_fd(), std::ptr::addr_of!(addr).cast(), len) };
     if r != 0 {
@@ -166,7 +182,7 @@ pub fn accept(listener: &OwnedFd, unix: bool) -> SysResult<OwnedFd> {
             libc::SOL_SOCKET,
             libc::SO_RCVTIMEO,
             std::ptr::addr_of!(timeout).cast(),
-            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+            socklen::<libc::timeval>(),
         )
     };
     if unix {
@@ -178,7 +194,7 @@ pub fn accept(listener: &OwnedFd, unix: bool) -> SysResult<OwnedFd> {
                 libc::SOL_SOCKET,
                 libc::SO_SNDBUFFORCE,
                 std::ptr::addr_of!(size).cast(),
-                std::mem::size_of::<c_int>() as libc::socklen_t,
+                socklen::<c_int>(),
             )
         };
     }

@@ -7,13 +7,13 @@
 use super::wire::{body, flag, path_arg, query, AdmissionErrors, Errors, Res, D};
 use crate::db::{Filter, State};
 use crate::{admission, exec, metrics, ops, templates, ApiError, Daemon};
+use agent_client::UploadOptions;
 use axum::body::{Body, Bytes};
 use axum::extract::State as AxState;
 use axum::extract::{Path, RawQuery};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use guest_agent::client::UploadOptions;
 use shoal_api::{
     CreateSandbox, CreateTemplate, DirEntry, Event, EventQuery, ExecEvent, ExecRequest, ExecResult,
     FileQuery, FileStat, Health, HostStats, ListFilter, Pool, RemoveQuery, Sandbox, SetPool,

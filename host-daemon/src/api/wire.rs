@@ -162,11 +162,11 @@ mod tests {
     #[tokio::test]
     async fn errors_keep_their_causes_and_answer_as_before() {
         use crate::admission::Refusal;
-        use guest_agent::client::ClientError as C;
+        use agent_client::ClientError as C;
         use std::error::Error;
         let json = serde_json::from_slice::<serde_json::Value>(b"{x").unwrap_err();
         let remote = |errno| C::Remote {
-            code: guest_agent::proto::ErrorCode::Io,
+            code: agent_proto::ErrorCode::Io,
             errno,
             message: "m".into(),
         };

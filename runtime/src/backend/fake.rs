@@ -15,8 +15,8 @@
 //! Templates are directories holding a `fake-template.json` marker.
 
 use super::{
-    end, AgentEndpoint, BackendError, BackendState, Kind, Proc, Reattached, SandboxBackend,
-    SandboxVm, Source, VmStats,
+    end, BackendError, BackendState, Kind, Proc, Reattached, SandboxBackend, SandboxVm, Source,
+    Transport, VmStats,
 };
 use crate::sandbox::TemplateSpec;
 use crate::vm;
@@ -351,10 +351,8 @@ impl SandboxVm for FakeSandbox {
         })
     }
 
-    fn agent(&self) -> AgentEndpoint {
-        AgentEndpoint::Unix {
-            path: self.socket.clone(),
-        }
+    fn agent(&self) -> Transport {
+        Transport::Unix(self.socket.clone())
     }
 
     fn freeze(&self) -> Result<(), BackendError> {

@@ -3,14 +3,14 @@
 //! it for real.
 
 use super::*;
-use guest_agent::client::{ClientError, ExecRequest};
+use agent_client::{Client, ClientError, ExecRequest};
 
 fn backend(_root: &Path) -> Fake {
     Fake::new(shoal_test_support::host_agent())
 }
 
 fn echo(vm: &dyn SandboxVm, word: &str) -> Result<String, ClientError> {
-    let c = vm.agent().connect(Duration::from_secs(5))?;
+    let c = Client::connect_retry(&vm.agent(), Duration::from_secs(5))?;
     c.set_timeout(Some(Duration::from_secs(2)));
     let out = c.exec_simple(&ExecRequest::argv(["echo", word]))?;
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())

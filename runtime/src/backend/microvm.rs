@@ -5,8 +5,8 @@
 
 use super::microvm_template::build_from_layout;
 use super::{
-    end, AgentEndpoint, BackendError, BackendState, Kind, Proc, Reattached, SandboxBackend,
-    SandboxVm, Source, VmStats,
+    end, BackendError, BackendState, Kind, Proc, Reattached, SandboxBackend, SandboxVm, Source,
+    Transport, VmStats,
 };
 use crate::ready::{Readiness, ReadyPipe};
 use crate::sandbox::TemplateSpec;
@@ -300,11 +300,8 @@ impl SandboxVm for MicroVmSandbox {
         })
     }
 
-    fn agent(&self) -> AgentEndpoint {
-        AgentEndpoint::HybridVsock {
-            uds: self.paths.vsock.clone(),
-            port: guest_agent::proto::VSOCK_PORT,
-        }
+    fn agent(&self) -> Transport {
+        Transport::hybrid_vsock(&self.paths.vsock)
     }
 
     fn freeze(&self) -> Result<(), BackendError> {

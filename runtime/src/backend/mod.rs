@@ -3,7 +3,7 @@
 //! template, reattached after a daemon restart, found dead), and a
 //! [`SandboxVm`] is one running sandbox of that kind (frozen and thawed,
 //! paused to disk, snapshotted into a template, killed, watched, and where
-//! its agent is reached). One sandbox is one VM process, whatever its
+//! its agent is reached, a [`Transport`]). One sandbox is one VM process, whatever its
 //! kind, so every kind is watched the same way (a pidfd).
 //!
 //! What a backend needs to find its VM again (after a daemon restart, or
@@ -19,12 +19,12 @@ pub mod microvm;
 pub mod microvm_template;
 
 use crate::sandbox::TemplateSpec;
-use guest_agent::client::{Client, ClientError};
+pub use agent_client::Transport;
 use serde::{Deserialize, Serialize};
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// A kind of sandbox (and of template: a template is restored by the
 /// backend of its kind).
@@ -89,48 +89,6 @@ impl BackendState {
             state: self.0.clone(),
             source,
         })
-    }
-}
-
-/// Where a sandbox's agent listens.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "transport", rename_all = "snake_case")]
-pub enum AgentEndpoint {
-    /// A VMM's hybrid-vsock Unix socket: `CONNECT <port>` first, then the
-    /// guest's vsock port.
-    HybridVsock {
-        /// The VMM's vsock host socket.
-        uds: PathBuf,
-        /// The agent's vsock port in the guest.
-        port: u32,
-    },
-    /// A plain Unix socket the agent listens on.
-    Unix {
-        /// The socket.
-        path: PathBuf,
-    },
-}
-
-impl AgentEndpoint {
-    /// Connects (retrying while the socket is missing or refuses, as it
-    /// does while a VM comes up) for at most `timeout`.
-    pub fn connect(&self, timeout: Duration) -> Result<Client, ClientError> {
-        match self {
-            AgentEndpoint::HybridVsock { uds, port } => {
-                Client::connect_vsock_retry(uds, *port, timeout)
-            }
-            AgentEndpoint::Unix { path } => {
-                let end = Instant::now() + timeout;
-                loop {
-                    match Client::connect_unix(path) {
-                        Err(ClientError::Io(_)) if Instant::now() < end => {
-                            std::thread::sleep(Duration::from_millis(2));
-                        }
-                        r => return r,
-                    }
-                }
-            }
-        }
     }
 }
 
@@ -236,8 +194,9 @@ pub trait SandboxVm: Send + Sync + std::fmt::Debug {
     fn pid(&self) -> i32;
     /// What the backend needs to find this VM again after a restart.
     fn state(&self) -> BackendState;
-    /// Where its agent listens.
-    fn agent(&self) -> AgentEndpoint;
+    /// Where its agent listens: a hybrid-vsock socket and port for a
+    /// microVM, a plain Unix socket for the fake kind.
+    fn agent(&self) -> Transport;
     /// Pauses its vCPUs (the process and memory stay; nothing is written).
     fn freeze(&self) -> Result<(), BackendError>;
     /// Continues its vCPUs.
@@ -328,15 +287,5 @@ mod tests {
             );
         }
         assert_eq!(Kind::parse("micro_vm"), None);
-    }
-
-    #[test]
-    fn unix_endpoints_wait_for_the_socket() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("a.sock");
-        let e = AgentEndpoint::Unix { path: path.clone() };
-        let t0 = Instant::now();
-        assert!(e.connect(Duration::from_millis(50)).is_err());
-        assert!(t0.elapsed() >= Duration::from_millis(50), "it retried");
     }
 }

@@ -189,7 +189,7 @@ impl Drop for Daemon {
     fn drop(&mut self) {
         if let Some(c) = &self.child {
             // SAFETY: SIGTERM to our own child.
-            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+            unsafe { libc::kill(c.id().cast_signed(), libc::SIGTERM) };
         }
         if let Some(mut c) = self.child.take() {
             let _ = c.wait();

@@ -2,7 +2,7 @@
 //! trace, between markers the client leaves ([`mark`]). Used by the
 //! syscall test and `shoal bench exec` (`agent_syscalls_per_exec`).
 
-use crate::client::Client;
+use crate::Client;
 use std::collections::BTreeMap;
 
 /// Syscalls of one traced phase.
