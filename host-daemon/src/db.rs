@@ -130,6 +130,11 @@ const SANDBOX_COLS: &str = "id, template, state, vcpus, memory_mib, pid, backend
 const TEMPLATE_COLS: &str = "name, source, vcpus, memory_mib, dir, state, error, created_at, \
      owned, layers, upper_size_mib, upper_disk_mib, kind";
 
+/// A stored count or duration (never negative; SQLite has only i64).
+fn count(v: i64) -> u64 {
+    u64::try_from(v).unwrap_or(0)
+}
+
 /// A stored kind name.
 fn kind(r: &Row<'_>, i: usize) -> rusqlite::Result<Kind> {
     let s: String = r.get(i)?;
@@ -161,8 +166,8 @@ fn sandbox_row(r: &Row<'_>) -> rusqlite::Result<SandboxRow> {
         dir: PathBuf::from(r.get::<_, String>(7)?),
         created_at: r.get(8)?,
         last_active: r.get(9)?,
-        ttl_s: r.get::<_, i64>(10)? as u64,
-        idle_timeout_s: r.get::<_, i64>(11)? as u64,
+        ttl_s: count(r.get(10)?),
+        idle_timeout_s: count(r.get(11)?),
         metadata: json(12)?,
         env: json(13)?,
         needs_post_restore: r.get(14)?,
@@ -209,8 +214,8 @@ fn put(conn: &Connection, s: &SandboxRow) -> Result<()> {
         s.dir.to_string_lossy(),
         s.created_at,
         s.last_active,
-        s.ttl_s as i64,
-        s.idle_timeout_s as i64,
+        i64::try_from(s.ttl_s).unwrap_or(i64::MAX),
+        i64::try_from(s.idle_timeout_s).unwrap_or(i64::MAX),
         serde_json::to_string(&s.metadata).unwrap_or_default(),
         serde_json::to_string(&s.env).unwrap_or_default(),
         s.needs_post_restore,
@@ -402,11 +407,11 @@ impl Db {
         for r in rows {
             let (state, n, cpus, mem) = r?;
             let state = State::parse(&state).unwrap_or(State::Failed);
-            u.by_state.insert(state.as_str().into(), n as u64);
+            u.by_state.insert(state.as_str().into(), count(n));
             if state.has_vmm() {
-                u.vms += n as u64;
-                u.vcpus += cpus as u64;
-                u.memory_mib += mem as u64;
+                u.vms += count(n);
+                u.vcpus += count(cpus);
+                u.memory_mib += count(mem);
             }
         }
         Ok(u)
@@ -417,7 +422,7 @@ impl Db {
         let mut st = self.conn.prepare_cached(
             "SELECT template, COUNT(*) FROM sandboxes WHERE state = 'pooled' GROUP BY template",
         )?;
-        let rows = st.query_map([], |r| Ok((r.get(0)?, r.get::<_, i64>(1)? as u64)))?;
+        let rows = st.query_map([], |r| Ok((r.get(0)?, count(r.get(1)?))))?;
         Ok(rows.collect::<rusqlite::Result<_>>()?)
     }
 

@@ -136,7 +136,7 @@ fn version_2_migrates_every_row_to_microvm_kinds_and_backend_states() {
     // A pid that has ended: the migrated state must name it, and the
     // backend must find it gone (not take some other process for it).
     let mut c = std::process::Command::new("/bin/true").spawn().unwrap();
-    let dead = c.id() as i32;
+    let dead = i32::try_from(c.id()).unwrap();
     c.wait().unwrap();
     {
         let c = Connection::open(&p).unwrap();

@@ -28,7 +28,7 @@ impl Drop for Busy {
 
 /// Milliseconds on the monotonic clock.
 pub fn now_ms() -> u64 {
-    (shoal_runtime::launch::monotonic_ns() / 1_000_000) as u64
+    u64::try_from(shoal_runtime::launch::monotonic_ns() / 1_000_000).unwrap_or(u64::MAX)
 }
 
 /// Marks an operation in flight and continues the vCPUs if frozen.
@@ -54,7 +54,7 @@ pub async fn busy(live: &Arc<Live>) -> ApiResult<Busy> {
 
 /// Freezes idle sandboxes, forever (every 250 ms).
 pub async fn run(d: Arc<Daemon>, after: Duration) {
-    let after_ms = after.as_millis() as u64;
+    let after_ms = u64::try_from(after.as_millis()).unwrap_or(u64::MAX);
     loop {
         tokio::time::sleep(Duration::from_millis(250)).await;
         let lives: Vec<Arc<Live>> = d

@@ -16,6 +16,13 @@
 //! freezes, pauses, snapshots, watches and kills them only through it (the
 //! microVM backend in production, the fake one in tests without KVM).
 
+#![warn(
+    clippy::cast_possible_truncation,
+    clippy::cast_possible_wrap,
+    clippy::cast_sign_loss,
+    clippy::cast_lossless
+)]
+
 pub mod admission;
 pub mod api;
 pub mod db;
@@ -384,7 +391,7 @@ pub fn random_id() -> String {
     let mut b = [0u8; 6];
     // SAFETY: getrandom writes at most b.len() bytes into b.
     let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
-    if n != b.len() as isize {
+    if usize::try_from(n).ok() != Some(b.len()) {
         let t = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap_or_default()

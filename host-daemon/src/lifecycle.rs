@@ -105,9 +105,12 @@ pub async fn resume(d: &Arc<Daemon>, id: &str) -> ApiResult<SandboxView> {
 
 /// Snapshots a running sandbox into a new template (the sandbox goes on).
 pub async fn snapshot(d: &Arc<Daemon>, id: &str, req: SnapshotRequest) -> ApiResult<TemplateRow> {
-    let name = req
-        .template
-        .unwrap_or_else(|| format!("snap-{id}-{}", db::now() as u64));
+    let name = req.template.unwrap_or_else(|| {
+        let secs = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        format!("snap-{id}-{secs}")
+    });
     check_name("template", &name)?;
     let (r, live, _busy) = ensure_running(d, id).await?;
     // Layers and upper layer as the sandbox's template had them.

@@ -39,7 +39,8 @@ pub async fn run(d: Arc<Daemon>) {
         };
         for (tpl, target) in pools {
             let fl = inflight.entry(tpl.clone()).or_default().clone();
-            let have = counts.get(&tpl).copied().unwrap_or(0) as usize;
+            let have =
+                usize::try_from(counts.get(&tpl).copied().unwrap_or(0)).unwrap_or(usize::MAX);
             let busy = fl.load(Ordering::Acquire);
             let want = (target as usize).saturating_sub(have + busy);
             for _ in 0..want.min(PARALLEL.saturating_sub(busy)) {

@@ -126,9 +126,12 @@ pub fn create_template(d: &Arc<Daemon>, req: CreateTemplate) -> ApiResult<Templa
     }
     d.event(&t.name, "template_building", &t.source);
     let d2 = d.clone();
+    let vcpus8 = u8::try_from(vcpus).map_err(|_| {
+        ApiError::BadRequest(format!("vcpus {vcpus}: expected 1..={}", ops::MAX_VCPUS))
+    })?;
     let spec = TemplateSpec {
         upper,
-        ..TemplateSpec::new(&req.image, vcpus as u8, mem)
+        ..TemplateSpec::new(&req.image, vcpus8, mem)
     };
     let (name, dir, layers) = (t.name.clone(), t.dir.clone(), root.layers);
     tokio::spawn(async move { build(d2, name, dir, spec, layers).await });

@@ -277,7 +277,8 @@ pub fn monotonic_ns() -> u128 {
     };
     // SAFETY: clock_gettime writes one timespec to a valid local.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u128 * 1_000_000_000 + ts.tv_nsec as u128
+    // The monotonic clock is never negative.
+    u128::try_from(ts.tv_sec).unwrap_or(0) * 1_000_000_000 + u128::try_from(ts.tv_nsec).unwrap_or(0)
 }
 
 /// Resident KiB of `pid` that is the monitor's own: its RSS less guest
@@ -408,8 +409,10 @@ pub fn boot(
                 std::thread::sleep(Duration::from_millis(20));
             }
             timed_out.store(true, std::sync::atomic::Ordering::Release);
-            // SAFETY: kill(2) with a pid we spawned and have not reaped.
-            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+            if let Ok(pid) = i32::try_from(pid) {
+                // SAFETY: kill(2) with a pid we spawned and have not reaped.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
         })
     };
     let err_reader = std::thread::spawn(move || {

@@ -315,7 +315,7 @@ fn random_id() -> String {
     let mut b = [0u8; 6];
     // SAFETY: getrandom writes at most b.len() bytes into b.
     let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
-    if n != b.len() as isize {
+    if usize::try_from(n).ok() != Some(b.len()) {
         let t = SystemTime::now()
             .duration_since(SystemTime::UNIX_EPOCH)
             .unwrap_or_default()

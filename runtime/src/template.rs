@@ -168,7 +168,7 @@ pub fn wait_until_idle(pid: u32, window: Duration, max: Duration) -> bool {
         let Some(now) = cpu_ns(pid) else {
             return false;
         };
-        if now.saturating_sub(last) < window.as_nanos() as u64 / 50 {
+        if now.saturating_sub(last) < u64::try_from(window.as_nanos()).unwrap_or(u64::MAX) / 50 {
             return true;
         }
         last = now;

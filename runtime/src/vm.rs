@@ -64,6 +64,14 @@ pub struct Proc {
     pub start: u64,
 }
 
+/// The pid of a process this one started.
+pub fn pid_of(child: &std::process::Child) -> i32 {
+    // Linux pids are at most PID_MAX_LIMIT (2^22): they fit an i32.
+    #[allow(clippy::cast_possible_wrap)]
+    let pid = child.id() as i32;
+    pid
+}
+
 /// Field 22 (starttime) of /proc/PID/stat.
 pub fn pid_start(pid: i32) -> Option<u64> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
@@ -112,7 +120,11 @@ impl Proc {
             return Err(std::io::Error::last_os_error());
         }
         // SAFETY: the syscall returned a new fd that nothing else owns.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+        let fd = unsafe {
+            OwnedFd::from_raw_fd(
+                i32::try_from(fd).map_err(|_| std::io::Error::from_raw_os_error(libc::EBADF))?,
+            )
+        };
         if pid_start(self.pid) != Some(self.start) {
             return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
         }
@@ -168,7 +180,7 @@ mod tests {
 
     #[test]
     fn own_start_time_and_liveness() {
-        let me = std::process::id() as i32;
+        let me = i32::try_from(std::process::id()).unwrap();
         let start = pid_start(me).expect("own start time");
         let p = Proc { pid: me, start };
         assert!(p.alive());
@@ -200,7 +212,7 @@ mod tests {
         let end = Instant::now() + Duration::from_secs(5);
         let found = loop {
             let v = processes_under(dir.path(), "shoal-vmm");
-            if let Some(p) = v.into_iter().find(|p| p.pid == c.id() as i32) {
+            if let Some(p) = v.into_iter().find(|p| p.pid == pid_of(&c)) {
                 break Some(p);
             }
             if Instant::now() > end {

@@ -99,7 +99,11 @@ pub(super) async fn events(AxState(d): D, RawQuery(q): RawQuery) -> Res<Json<Vec
     let (since, limit) = (num("since", 0)?, num("limit", 1000)?.clamp(1, 10_000));
     let subject = q.get("sandbox").cloned();
     Ok(Json(d.db(|db| {
-        db.events(since, subject.as_deref(), limit as u32)
+        db.events(
+            since,
+            subject.as_deref(),
+            u32::try_from(limit).unwrap_or(10_000),
+        )
     })?))
 }
 

@@ -173,7 +173,7 @@ fn a_restarted_daemon_reattaches_live_vms_and_reclaims_dead_ones() {
         .arg(format!("unix:{}/agent.sock", stray_dir.display()))
         .spawn()
         .unwrap();
-    let stray_pid = stray.id() as i32;
+    let stray_pid = i32::try_from(stray.id()).unwrap();
     d.wait_for("the stray agent to listen", T, || {
         stray_dir.join("agent.sock").exists()
     });

@@ -180,7 +180,7 @@ impl Fake {
                 source,
             })
         })?;
-        let pid = child.id() as i32;
+        let pid = vm::pid_of(&child);
         // Reaped by whoever watches its pidfd, as a VMM is.
         drop(child);
         let proc = Proc {
@@ -381,7 +381,9 @@ impl SandboxVm for FakeSandbox {
         let started_ms = self.proc.start.saturating_mul(1000) / hz;
         Ok(VmStats {
             frozen: state == 'T',
-            uptime_ms: ((up_s * 1e3) as u64).saturating_sub(started_ms),
+            uptime_ms: Duration::try_from_secs_f64(up_s)
+                .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+                .saturating_sub(started_ms),
         })
     }
 

@@ -23,7 +23,13 @@ fn readable(fd: &OwnedFd, timeout: Duration) -> bool {
         revents: 0,
     };
     // SAFETY: one valid pollfd.
-    unsafe { libc::poll(&mut p, 1, timeout.as_millis() as i32) == 1 }
+    unsafe {
+        libc::poll(
+            &mut p,
+            1,
+            i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX),
+        ) == 1
+    }
 }
 
 #[test]

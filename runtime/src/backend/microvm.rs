@@ -134,7 +134,7 @@ fn spawn_restore(
         .ready_pipe(true)
         .own_session(true)
         .spawn()?;
-    let pid = s.child.id() as i32;
+    let pid = vm::pid_of(&s.child);
     // The Child handle is dropped without waiting: whoever watches the
     // process reaps it when its pidfd reports the exit.
     drop(s.child);
@@ -432,7 +432,7 @@ mod tests {
         let b = MicroVm::new("/nonexistent/shoal-vmm", Layout::at(dir.path()));
         // A process that has ended.
         let mut c = std::process::Command::new("/bin/true").spawn().unwrap();
-        let pid = c.id() as i32;
+        let pid = vm::pid_of(&c);
         c.wait().unwrap();
         let s = BackendState::encode(&Saved::Running {
             pid,
