@@ -5,10 +5,12 @@
 //! - [`api`]: HTTP/JSON routes (axum), served on a Unix socket and
 //!   optionally on TCP with a bearer token, and the OpenAPI document
 //!   generated from the same route table and the [`shoal_api`] types.
-//! - [`ops`]: the sandbox and template operations behind the routes.
+//! - [`lifecycle`]: create, pause, resume, snapshot; built on [`ops`], the
+//!   operations on one sandbox (row, admission, its VM, its agent);
+//!   [`templates`] and [`template_dirs`]: templates and their directories.
 //! - [`db`]: state in SQLite (WAL).
-//! - [`supervisor`]: VMM exits (pidfd), TTL and idle sweeps, recovery on
-//!   start (reattach or reclaim).
+//! - [`watch`]: VM exits (pidfd) noticed and reclaimed; [`supervisor`]:
+//!   TTL and idle sweeps, recovery on start (reattach or reclaim).
 //! - [`pool`]: warm pools of restored sandboxes per template.
 //! - [`admission`], [`metrics`].
 //!
@@ -35,6 +37,7 @@ pub mod pool;
 pub mod supervisor;
 pub mod template_dirs;
 pub mod templates;
+pub mod watch;
 
 use admission::{Limits, Refusal};
 use agent_client::AsyncClient;

@@ -1,14 +1,13 @@
-//! Sandbox lifecycle operations behind the API: create (from a warm pool
-//! or by restoring the template), kill, pause (state to disk, the VMM
-//! ends), resume (explicit or on the next request), snapshot to a new
-//! template, and the agent connection.
+//! The operations on one sandbox that everything else is made of: its
+//! row, admission, starting its VM through the backend (then watched),
+//! killing it, the ready template it comes from, and its agent
+//! connection. [`crate::lifecycle`] builds create, pause, resume and
+//! snapshot on them.
 
-use super::db::{self, SandboxRow, State, TemplateRow};
-use super::{
-    admission, blocking, random_id, supervisor, within, ApiError, ApiResult, Daemon, Live,
-};
+use super::db::{SandboxRow, State, TemplateRow};
+use super::{admission, blocking, watch, within, ApiError, ApiResult, Daemon, Live};
 use agent_client::{AsyncClient, ClientError, Config};
-use shoal_api::{CreateSandbox, TemplateState};
+use shoal_api::TemplateState;
 use shoal_runtime::backend::Source;
 use shoal_runtime::fresh::{entropy, unix_nanos};
 use std::sync::atomic::Ordering;
@@ -151,7 +150,7 @@ pub async fn start_vmm(
     row.needs_post_restore = true;
     d.db(|db| db.put_sandbox(&row))?;
     d.insert_live(live.clone());
-    supervisor::watch(d.clone(), live, vm);
+    watch::watch(d.clone(), live, vm);
     Ok(row)
 }
 
@@ -168,104 +167,6 @@ pub fn check_name(what: &str, n: &str) -> ApiResult<()> {
         )));
     }
     Ok(())
-}
-
-/// Creates a sandbox.
-pub async fn create(d: &Arc<Daemon>, req: CreateSandbox) -> ApiResult<SandboxView> {
-    let t0 = Instant::now();
-    let root = req.root();
-    let tpl = match (&req.template, &req.image) {
-        (Some(_), Some(_)) => {
-            return Err(ApiError::BadRequest(
-                "give either 'template' or 'image', not both".into(),
-            ))
-        }
-        (None, None) => {
-            return Err(ApiError::BadRequest(
-                "give 'template' (a template name) or 'image' (tiny or base)".into(),
-            ))
-        }
-        (Some(t), None) => {
-            if req.vcpus.is_some() || req.memory_mib.is_some() || !root.is_default() {
-                return Err(ApiError::BadRequest(
-                    "'vcpus', 'memory_mib', 'layers', 'upper_size_mib' and 'upper_disk_mib' \
-                     come from the template; give them with 'image'"
-                        .into(),
-                ));
-            }
-            ready_template(d, t)?
-        }
-        (None, Some(img)) => {
-            let vcpus = req.vcpus.unwrap_or(1);
-            let mem = req.memory_mib.unwrap_or(128);
-            super::templates::image_template(d, img, vcpus, mem, &root).await?
-        }
-    };
-    for k in req.env.keys() {
-        if k.is_empty() || k.contains('=') || k.contains('\0') {
-            return Err(ApiError::BadRequest(format!("bad environment name {k:?}")));
-        }
-    }
-    let now = db::now();
-    let id = random_id();
-    let row = SandboxRow {
-        dir: d.cfg.sandboxes_dir().join(&id),
-        id,
-        template: tpl.name.clone(),
-        kind: tpl.kind,
-        state: State::Starting,
-        vcpus: tpl.vcpus,
-        memory_mib: tpl.memory_mib,
-        pid: None,
-        backend_state: None,
-        created_at: now,
-        last_active: now,
-        ttl_s: req.ttl_s,
-        idle_timeout_s: req.idle_timeout_s,
-        metadata: req.metadata,
-        env: req.env,
-        needs_post_restore: true,
-        keep_running: req.keep_running,
-        error: None,
-    };
-    if let Some(r) = d.db(|db| db.take_pooled(&tpl.name, &row))? {
-        if let Some(live) = d.live(&r.id) {
-            live.keep_running.store(r.keep_running, Ordering::Release);
-            if r.keep_running {
-                drop(super::freeze::busy(&live).await?);
-            }
-        }
-        d.metrics.pool_hits.fetch_add(1, Ordering::Relaxed);
-        d.pool_wake.notify_one();
-        d.metrics.create.observe(t0.elapsed().as_secs_f64());
-        d.event(
-            &r.id,
-            "created",
-            &format!("from the warm pool of '{}'", r.template),
-        );
-        let mut v = SandboxView::from(r);
-        v.from_pool = Some(true);
-        return Ok(v);
-    }
-    d.metrics.pool_misses.fetch_add(1, Ordering::Relaxed);
-    admit_and_insert(d, &row, true)?;
-    let id = row.id.clone();
-    let from = Source::Template(tpl.dir.clone());
-    let r = match start_vmm(d, row, from, State::Running, true).await {
-        Ok(r) => r,
-        Err(e) => {
-            let _ = d.db(|db| db.delete_sandbox(&id));
-            d.remove_live(&id);
-            let dir = d.cfg.sandboxes_dir().join(&id);
-            tokio::task::spawn_blocking(move || std::fs::remove_dir_all(dir));
-            return Err(e);
-        }
-    };
-    d.metrics.create.observe(t0.elapsed().as_secs_f64());
-    d.event(&r.id, "created", &format!("restored from '{}'", r.template));
-    let mut v = SandboxView::from(r);
-    v.from_pool = Some(false);
-    Ok(v)
 }
 
 /// A ready template by name.
@@ -319,45 +220,6 @@ pub async fn kill(d: &Arc<Daemon>, id: &str, reason: &str) -> ApiResult<()> {
     }
     d.event(id, "killed", reason);
     Ok(())
-}
-
-/// The sandbox, running: a paused one is resumed first.
-pub async fn ensure_running(
-    d: &Arc<Daemon>,
-    id: &str,
-) -> ApiResult<(SandboxRow, Arc<Live>, super::freeze::Busy)> {
-    for _ in 0..3 {
-        let r = row(d, id)?;
-        match r.state {
-            State::Running => {
-                let live = d
-                    .live(id)
-                    .ok_or_else(|| ApiError::Internal(format!("sandbox '{id}' has no VMM")))?;
-                let now = db::now();
-                if now - r.last_active > 1.0 {
-                    d.db(|db| db.touch(id, now))?;
-                }
-                let busy = super::freeze::busy(&live).await?;
-                return Ok((r, live, busy));
-            }
-            State::Paused | State::Pausing => {
-                resume(d, id).await?;
-            }
-            State::Starting => {
-                return Err(ApiError::Conflict(format!("sandbox '{id}' is starting")))
-            }
-            State::Failed => {
-                return Err(ApiError::Conflict(format!(
-                    "sandbox '{id}' failed: {}",
-                    r.error.unwrap_or_default()
-                )))
-            }
-            State::Pooled => return Err(ApiError::NotFound(format!("no sandbox '{id}'"))),
-        }
-    }
-    Err(ApiError::Conflict(format!(
-        "sandbox '{id}' keeps changing state; retry"
-    )))
 }
 
 /// How the daemon talks to agents: the connection within the agent
@@ -422,5 +284,3 @@ pub async fn agent(d: &Daemon, live: &Live) -> ApiResult<AsyncClient> {
     *g = Some(c.clone());
     Ok(c)
 }
-
-pub use super::lifecycle::{pause, resume, snapshot};
