@@ -1,4 +1,6 @@
-//! Helpers for Shoal's integration tests, which boot real guests on /dev/kvm.
+//! Helpers for Shoal's tests: the integration tests, which boot real
+//! guests on /dev/kvm, and the tests without KVM that run the agent as a
+//! host process ([`host_agent`]).
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -24,6 +26,51 @@ pub fn tiny_template() -> PathBuf {
         require_kvm();
         let spec = shoal_runtime::sandbox::TemplateSpec::new("tiny", 1, 128);
         shoal_runtime::sandbox::template(&spec, &mut |l| eprintln!("{l}")).expect("template")
+    })
+    .clone()
+}
+
+/// The `shoal-agent` binary for host-mode use (the fake sandbox backend):
+/// `$SHOAL_AGENT` if set, else this workspace's debug build, brought up
+/// to date with `cargo build -p guest-agent --bin shoal-agent` once per
+/// test binary (cargo only builds the binaries of the package under test).
+/// Panics with the reason if it cannot be had: tests that need it fail.
+pub fn host_agent() -> PathBuf {
+    static A: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    A.get_or_init(|| {
+        if let Some(p) = std::env::var_os("SHOAL_AGENT") {
+            let p = PathBuf::from(p);
+            assert!(p.is_file(), "SHOAL_AGENT={} is not a file", p.display());
+            return p;
+        }
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .parent()
+            .expect("the workspace root")
+            .to_path_buf();
+        let target = std::env::var_os("CARGO_TARGET_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| root.join("target"));
+        let out = std::process::Command::new(env!("CARGO"))
+            .args([
+                "build",
+                "--quiet",
+                "-p",
+                "guest-agent",
+                "--bin",
+                "shoal-agent",
+            ])
+            .current_dir(&root)
+            .env("CARGO_TARGET_DIR", &target)
+            .output()
+            .expect("running cargo to build shoal-agent");
+        assert!(
+            out.status.success(),
+            "cargo build -p guest-agent --bin shoal-agent failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let p = target.join("debug/shoal-agent");
+        assert!(p.is_file(), "{} was not built", p.display());
+        p
     })
     .clone()
 }
