@@ -1,9 +1,36 @@
 #!/usr/bin/env bash
-# Builds whatever is missing (guest kernel, guest images) and runs every test.
-# Integration tests boot real guests on /dev/kvm and fail (never skip)
-# without it.
+# scripts/test.sh [unit]
+#
+# With no argument: builds whatever is missing (guest kernel, guest images)
+# and runs every test. Integration tests boot real guests on /dev/kvm and
+# fail (never skip) without it.
+#
+# `unit`: format, lints, the structure check (scripts/check-structure.py:
+# no file over 800 lines, no import circle) and every test that needs no
+# KVM and no guest artifacts: the unit tests of every crate, guest-agent's
+# tests (the agent as a host process), and shoald's logic against the fake
+# backend (host-daemon/tests/fake_daemon.rs). Not the KVM targets: tests/tests/*.rs
+# (shoal-tests) and vmm/tests/*.rs (they boot guests or open /dev/kvm).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+if [[ "${1:-}" == "unit" ]]; then
+    t0=$SECONDS
+    echo "== format, lints and structure" >&2
+    cargo fmt --all -- --check
+    cargo clippy --workspace --all-targets -- -D warnings
+    cargo clippy -p guest-agent --target x86_64-unknown-linux-musl -- -D warnings
+    python3 scripts/check-structure.py
+    echo "== unit tests (no KVM)" >&2
+    cargo test --workspace --lib --bins
+    cargo test -p guest-agent --tests
+    cargo test -p shoald --test fake_daemon
+    echo "== unit tier passed in $((SECONDS - t0)) s" >&2
+    exit 0
+elif [[ $# -gt 0 ]]; then
+    echo "usage: scripts/test.sh [unit]" >&2
+    exit 2
+fi
 
 echo "== guest kernel" >&2
 scripts/build-kernel.sh >/dev/null

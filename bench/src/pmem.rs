@@ -43,6 +43,7 @@ use agent_client::{Client, ClientError, ExecRequest, ExitStatus};
 use shoal_images::image::{build_image_with, AgentSource, BuildOptions, ImageError};
 use shoal_runtime::launch::{BootSpec, RootKind, INIT_MARKER};
 use shoal_runtime::template::{self, Restored, TemplateError};
+use shoal_runtime::vmm_process::{Io, Serial, VmmProcess};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -157,13 +158,12 @@ impl Vm {
     fn start(vmm: &Path, tpl: &Path, dir: &Path, name: &str) -> Result<Vm, PmemBenchError> {
         let sock = dir.join(format!("{name}.api"));
         let vsock = dir.join(format!("{name}.vsock"));
-        let vs = vsock.to_string_lossy().into_owned();
         let restored = template::spawn_restore(
-            vmm,
-            tpl,
-            &sock,
-            Stdio::null(),
-            &["--vsock-uds", &vs, "--serial", "null"],
+            VmmProcess::restore(vmm, tpl)
+                .api_sock(&sock)
+                .vsock_uds(&vsock)
+                .serial(Serial::Null)
+                .stdout(Io::Null),
         )?;
         Ok(Vm { restored, vsock })
     }

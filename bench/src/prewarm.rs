@@ -6,8 +6,9 @@
 
 use crate::stats::{summarize, Summary};
 use serde::Serialize;
+use shoal_runtime::vmm_process::{Io, Serial, VmmProcess};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -37,22 +38,17 @@ struct Warm {
 fn spawn(vmm: &Path, dir: &Path, i: usize, memory_mib: u32) -> std::io::Result<Warm> {
     let sock = dir.join(format!("warm-{i}.sock"));
     let _ = std::fs::remove_file(&sock);
-    let child = Command::new(vmm)
-        .args([
-            "--prewarm",
-            "--memory",
-            &memory_mib.to_string(),
-            "--serial",
-            "null",
-        ])
-        .arg("--api-sock")
-        .arg(&sock)
-        .arg("--vsock-uds")
-        .arg(dir.join(format!("warm-{i}.vsock")))
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()?;
+    let child = VmmProcess::prewarm(vmm)
+        .memory_mib(memory_mib)
+        .serial(Serial::Null)
+        .api_sock(&sock)
+        .vsock_uds(dir.join(format!("warm-{i}.vsock")))
+        .stdin(Io::Null)
+        .stdout(Io::Null)
+        .stderr(Io::Null)
+        .spawn()
+        .map_err(std::io::Error::other)?
+        .child;
     let end = Instant::now() + Duration::from_secs(30);
     while Client::new(&sock, Duration::from_secs(5)).stats().is_err() {
         if Instant::now() > end {

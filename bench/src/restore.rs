@@ -8,9 +8,9 @@ use crate::stats::summarize;
 use serde::Serialize;
 use shoal_runtime::launch::{monotonic_ns, BootSpec};
 use shoal_runtime::template::{self, first_run_ns, TemplateError};
+use shoal_runtime::vmm_process::{Io, VmmProcess};
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -90,7 +90,12 @@ fn pss_kib(pid: u32) -> Option<f64> {
 
 fn one_restore_latency(vmm: &Path, tpl: &Path, sock: &Path) -> Result<(f64, f64), TemplateError> {
     let t0 = monotonic_ns();
-    let mut r = template::spawn_restore(vmm, tpl, sock, Stdio::piped(), &["--timings"])?;
+    let mut r = template::spawn_restore(
+        VmmProcess::restore(vmm, tpl)
+            .api_sock(sock)
+            .stdout(Io::Piped)
+            .timings(true),
+    )?;
     let mut out = r.child.stdout.take();
     let mut b = [0u8; 1];
     let got = out.as_mut().map(|o| o.read(&mut b)).transpose();
@@ -123,11 +128,14 @@ pub fn rate(vmm: &Path, tpl: &Path, dir: &Path, k: usize, total: usize) -> Rate 
             );
             let vsock = dir.join(format!("rate-{w}.vsock"));
             std::thread::spawn(move || {
-                let vsock = vsock.to_string_lossy();
-                // Ignored by the VMM for a template without vsock.
-                let extra = ["--vsock-uds", vsock.as_ref()];
+                // The vsock socket is ignored by the VMM for a template
+                // without vsock.
+                let p = VmmProcess::restore(&vmm, &tpl)
+                    .api_sock(&sock)
+                    .vsock_uds(&vsock)
+                    .stdout(Io::Null);
                 while next.fetch_add(1, Ordering::Relaxed) < total {
-                    let ok = template::spawn_restore(&vmm, &tpl, &sock, Stdio::null(), &extra)
+                    let ok = template::spawn_restore(p.clone())
                         .and_then(|mut r| {
                             let res = r.wait_ready(Duration::from_secs(30));
                             r.shutdown();
@@ -229,11 +237,9 @@ pub fn run(
     let mut vms = vec![];
     for i in 0..o.pss_vms {
         let mut r = template::spawn_restore(
-            &o.vmm,
-            &idle_dir,
-            &o.workdir.join(format!("pss-{i}.sock")),
-            Stdio::null(),
-            &[],
+            VmmProcess::restore(&o.vmm, &idle_dir)
+                .api_sock(o.workdir.join(format!("pss-{i}.sock")))
+                .stdout(Io::Null),
         )?;
         r.wait_ready(Duration::from_secs(30))?;
         vms.push(r);

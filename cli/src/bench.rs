@@ -190,7 +190,7 @@ struct PrivateDaemon {
 impl Drop for PrivateDaemon {
     fn drop(&mut self) {
         // SAFETY: SIGTERM to our own child.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        unsafe { libc::kill(self.child.id().cast_signed(), libc::SIGTERM) };
         let _ = self.child.wait();
         for p in shoal_runtime::vm::vmms_under(&self.dir) {
             p.kill();

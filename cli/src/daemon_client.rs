@@ -123,6 +123,8 @@ pub fn table(head: &[&str], rows: &[Vec<String>]) {
 }
 
 /// "3m 20s"-style age.
+// `as` from f64 saturates (NaN gives 0): whole seconds are what is shown.
+#[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
 pub fn age(secs: f64) -> String {
     let s = secs.max(0.0) as u64;
     match s {

@@ -539,26 +539,29 @@ fn doctor(json: bool) -> Result<i32> {
 
 fn restore_fg(dir: PathBuf, sock: Option<PathBuf>, vsock: Option<PathBuf>) -> Result<i32> {
     use shoal_images::layers;
-    let mut c = std::process::Command::new(artifacts::vmm_binary()?);
+    use shoal_runtime::vmm_process::{Disk, VmmProcess};
+    let mut p = VmmProcess::restore(&artifacts::vmm_binary()?, &dir);
     // A snapshot with a scratch disk runs on a copy of it (removed when the
     // VM ends), so the snapshot can be restored again.
     let disk = match layers::scratch_disk(&dir) {
         Some(src) => {
             let own = dir.join(format!("scratch-run-{}.ext4", std::process::id()));
             layers::clone_file(&src, &own)?;
-            c.arg("--restore-disk").arg(&own);
+            p = p.disk(Disk::rw(&own));
             Some(own)
         }
         None => None,
     };
-    c.arg("--restore").arg(&dir);
     if let Some(s) = sock {
-        c.arg("--api-sock").arg(s);
+        p = p.api_sock(s);
     }
     if let Some(v) = vsock {
-        c.arg("--vsock-uds").arg(v);
+        p = p.vsock_uds(v);
     }
-    let st = c.status().context("cannot start shoal-vmm");
+    let st = p
+        .spawn()
+        .context("cannot start shoal-vmm")
+        .and_then(|mut s| Ok(s.child.wait()?));
     if let Some(d) = disk {
         let _ = std::fs::remove_file(d);
     }

@@ -16,24 +16,28 @@ use utoipa::ToSchema;
 /// A daemon on a temporary state directory: no VMM is ever started (the
 /// requests below stop at validation or at a missing sandbox).
 fn daemon(dir: &std::path::Path) -> Arc<Daemon> {
-    Daemon::open(Config {
-        state_dir: dir.into(),
-        vmm: "/nonexistent/shoal-vmm".into(),
-        artifacts: shoal_images::artifacts::Layout::at(dir.join("artifacts")),
-        limits: Limits {
-            host_memory_mib: 1024,
-            host_cpus: 1,
-            memory_overcommit: 1.0,
-            cpu_overcommit: 1.0,
-            min_available_mib: 0,
-            max_vms: 1,
+    Daemon::open(
+        Config {
+            state_dir: dir.into(),
+            limits: Limits {
+                host_memory_mib: 1024,
+                host_cpus: 1,
+                memory_overcommit: 1.0,
+                cpu_overcommit: 1.0,
+                min_available_mib: 0,
+                max_vms: 1,
+            },
+            agent_timeout: Duration::from_secs(1),
+            sweep_interval: Duration::from_secs(1),
+            pools: false,
+            freeze_after: None,
+            max_restores: 1,
         },
-        agent_timeout: Duration::from_secs(1),
-        sweep_interval: Duration::from_secs(1),
-        pools: false,
-        freeze_after: None,
-        max_restores: 1,
-    })
+        Arc::new(shoal_runtime::backend::microvm::MicroVm::new(
+            "/nonexistent/shoal-vmm",
+            shoal_images::artifacts::Layout::at(dir.join("artifacts")),
+        )),
+    )
     .unwrap()
 }
 

@@ -1,14 +1,15 @@
 //! The daemon's state in SQLite (WAL): sandboxes, templates, pools and an
 //! event log. Schema changes bump [`SCHEMA_VERSION`] and add a migration
-//! step in [`Db::migrate`].
+//! step (`db_migrate.rs`).
 
 use rusqlite::{params, Connection, OptionalExtension, Row};
 use serde::{Deserialize, Serialize};
+use shoal_runtime::backend::{BackendState, Kind};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 /// Current schema version (stored in `PRAGMA user_version`).
-pub const SCHEMA_VERSION: i64 = 2;
+pub const SCHEMA_VERSION: i64 = 3;
 
 /// Errors of the state database.
 #[derive(Debug, thiserror::Error)]
@@ -35,17 +36,20 @@ pub struct SandboxRow {
     pub id: String,
     /// Template name.
     pub template: String,
+    /// Its kind (the backend that runs it).
+    pub kind: Kind,
     /// State.
     pub state: State,
     /// vCPUs.
     pub vcpus: u32,
     /// Guest memory (MiB).
     pub memory_mib: u32,
-    /// VMM process id (while one runs).
+    /// VM process id (while one runs; shown, never acted on: the backend
+    /// state identifies the process).
     pub pid: Option<i32>,
-    /// The VMM's start time (clock ticks since boot, /proc/PID/stat field
-    /// 22), so a recycled pid is never mistaken for it.
-    pub pid_start: Option<u64>,
+    /// What its backend needs to find its VM again: the running process
+    /// (pid, start time, sockets) or the paused state on disk. Opaque here.
+    pub backend_state: Option<BackendState>,
     /// Directory (sockets, logs, pause snapshot).
     pub dir: PathBuf,
     /// Seconds since the epoch.
@@ -75,6 +79,8 @@ pub struct TemplateRow {
     pub name: String,
     /// Image it was booted from (or the sandbox it was snapshotted from).
     pub source: String,
+    /// Its kind (the backend that restores it).
+    pub kind: Kind,
     /// vCPUs.
     pub vcpus: u32,
     /// Guest memory (MiB).
@@ -117,8 +123,29 @@ pub struct Db {
     conn: Connection,
 }
 
-const SANDBOX_COLS: &str = "id, template, state, vcpus, memory_mib, pid, pid_start, dir, \
-     created_at, last_active, ttl_s, idle_timeout_s, metadata, env, needs_post_restore, error, keep_running";
+const SANDBOX_COLS: &str = "id, template, state, vcpus, memory_mib, pid, backend_state, dir, \
+     created_at, last_active, ttl_s, idle_timeout_s, metadata, env, needs_post_restore, error, \
+     keep_running, kind";
+
+const TEMPLATE_COLS: &str = "name, source, vcpus, memory_mib, dir, state, error, created_at, \
+     owned, layers, upper_size_mib, upper_disk_mib, kind";
+
+/// A stored count or duration (never negative; SQLite has only i64).
+fn count(v: i64) -> u64 {
+    u64::try_from(v).unwrap_or(0)
+}
+
+/// A stored kind name.
+fn kind(r: &Row<'_>, i: usize) -> rusqlite::Result<Kind> {
+    let s: String = r.get(i)?;
+    Kind::parse(&s).ok_or_else(|| {
+        rusqlite::Error::FromSqlConversionFailure(
+            i,
+            rusqlite::types::Type::Text,
+            format!("unknown sandbox kind {s:?}").into(),
+        )
+    })
+}
 
 fn sandbox_row(r: &Row<'_>) -> rusqlite::Result<SandboxRow> {
     let state: String = r.get(2)?;
@@ -133,17 +160,20 @@ fn sandbox_row(r: &Row<'_>) -> rusqlite::Result<SandboxRow> {
         vcpus: r.get(3)?,
         memory_mib: r.get(4)?,
         pid: r.get(5)?,
-        pid_start: r.get::<_, Option<i64>>(6)?.map(|v| v as u64),
+        backend_state: r
+            .get::<_, Option<String>>(6)?
+            .map(BackendState::from_stored),
         dir: PathBuf::from(r.get::<_, String>(7)?),
         created_at: r.get(8)?,
         last_active: r.get(9)?,
-        ttl_s: r.get::<_, i64>(10)? as u64,
-        idle_timeout_s: r.get::<_, i64>(11)? as u64,
+        ttl_s: count(r.get(10)?),
+        idle_timeout_s: count(r.get(11)?),
         metadata: json(12)?,
         env: json(13)?,
         needs_post_restore: r.get(14)?,
         error: r.get(15)?,
         keep_running: r.get(16)?,
+        kind: kind(r, 17)?,
     })
 }
 
@@ -164,13 +194,14 @@ fn template_row(r: &Row<'_>) -> rusqlite::Result<TemplateRow> {
         })?,
         upper_size_mib: r.get(10)?,
         upper_disk_mib: r.get(11)?,
+        kind: kind(r, 12)?,
     })
 }
 
 fn put(conn: &Connection, s: &SandboxRow) -> Result<()> {
     conn.prepare_cached(&format!(
         "INSERT OR REPLACE INTO sandboxes ({SANDBOX_COLS}) \
-         VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17)"
+         VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,?18)"
     ))?
     .execute(params![
         s.id,
@@ -179,17 +210,18 @@ fn put(conn: &Connection, s: &SandboxRow) -> Result<()> {
         s.vcpus,
         s.memory_mib,
         s.pid,
-        s.pid_start.map(|v| v as i64),
+        s.backend_state.as_ref().map(BackendState::as_str),
         s.dir.to_string_lossy(),
         s.created_at,
         s.last_active,
-        s.ttl_s as i64,
-        s.idle_timeout_s as i64,
+        i64::try_from(s.ttl_s).unwrap_or(i64::MAX),
+        i64::try_from(s.idle_timeout_s).unwrap_or(i64::MAX),
         serde_json::to_string(&s.metadata).unwrap_or_default(),
         serde_json::to_string(&s.env).unwrap_or_default(),
         s.needs_post_restore,
         s.error,
         s.keep_running,
+        s.kind.as_str(),
     ])?;
     Ok(())
 }
@@ -241,36 +273,7 @@ impl Db {
             return Err(DbError::TooNew(v));
         }
         let tx = self.conn.transaction()?;
-        if v < 1 {
-            tx.execute_batch(
-                "CREATE TABLE sandboxes (
-                    id TEXT PRIMARY KEY, template TEXT NOT NULL, state TEXT NOT NULL,
-                    vcpus INTEGER NOT NULL, memory_mib INTEGER NOT NULL,
-                    pid INTEGER, pid_start INTEGER, dir TEXT NOT NULL,
-                    created_at REAL NOT NULL, last_active REAL NOT NULL,
-                    ttl_s INTEGER NOT NULL, idle_timeout_s INTEGER NOT NULL,
-                    metadata TEXT NOT NULL, env TEXT NOT NULL,
-                    needs_post_restore INTEGER NOT NULL, error TEXT,
-                    keep_running INTEGER NOT NULL DEFAULT 0);
-                 CREATE INDEX sandboxes_state ON sandboxes(state, template);
-                 CREATE TABLE templates (
-                    name TEXT PRIMARY KEY, source TEXT NOT NULL, vcpus INTEGER NOT NULL,
-                    memory_mib INTEGER NOT NULL, dir TEXT NOT NULL, state TEXT NOT NULL,
-                    error TEXT, created_at REAL NOT NULL, owned INTEGER NOT NULL);
-                 CREATE TABLE pools (template TEXT PRIMARY KEY, target INTEGER NOT NULL);
-                 CREATE TABLE events (
-                    seq INTEGER PRIMARY KEY AUTOINCREMENT, ts REAL NOT NULL,
-                    subject TEXT NOT NULL, kind TEXT NOT NULL, detail TEXT NOT NULL);",
-            )?;
-        }
-        if v < 2 {
-            // Templates' layers and upper layer.
-            tx.execute_batch(
-                "ALTER TABLE templates ADD COLUMN layers TEXT NOT NULL DEFAULT '[]';
-                 ALTER TABLE templates ADD COLUMN upper_size_mib INTEGER;
-                 ALTER TABLE templates ADD COLUMN upper_disk_mib INTEGER;",
-            )?;
-        }
+        migrate::run(&tx, v)?;
         tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;
         tx.commit()?;
         Ok(())
@@ -322,15 +325,24 @@ impl Db {
             > 0)
     }
 
-    /// Sets a sandbox's state (and clears or keeps its pid).
+    /// Sets a sandbox's state (and clears or keeps its pid; the backend
+    /// state is kept: a paused sandbox's names its state on disk).
     pub fn set_state(&self, id: &str, state: State, error: Option<&str>) -> Result<()> {
         let clear_pid = !state.has_vmm();
         self.conn.execute(
             "UPDATE sandboxes SET state = ?2, error = COALESCE(?3, error),
-                pid = CASE WHEN ?4 THEN NULL ELSE pid END,
-                pid_start = CASE WHEN ?4 THEN NULL ELSE pid_start END
+                pid = CASE WHEN ?4 THEN NULL ELSE pid END
              WHERE id = ?1",
             params![id, state.as_str(), error, clear_pid],
+        )?;
+        Ok(())
+    }
+
+    /// Records a sandbox paused to disk: no process, `state` to resume it.
+    pub fn set_paused(&self, id: &str, state: &BackendState) -> Result<()> {
+        self.conn.execute(
+            "UPDATE sandboxes SET state = 'paused', pid = NULL, backend_state = ?2 WHERE id = ?1",
+            params![id, state.as_str()],
         )?;
         Ok(())
     }
@@ -365,8 +377,9 @@ impl Db {
         let row = SandboxRow {
             id: p.id,
             state: State::Running,
+            kind: p.kind,
             pid: p.pid,
-            pid_start: p.pid_start,
+            backend_state: p.backend_state,
             dir: p.dir,
             needs_post_restore: p.needs_post_restore,
             ..s.clone()
@@ -394,11 +407,11 @@ impl Db {
         for r in rows {
             let (state, n, cpus, mem) = r?;
             let state = State::parse(&state).unwrap_or(State::Failed);
-            u.by_state.insert(state.as_str().into(), n as u64);
+            u.by_state.insert(state.as_str().into(), count(n));
             if state.has_vmm() {
-                u.vms += n as u64;
-                u.vcpus += cpus as u64;
-                u.memory_mib += mem as u64;
+                u.vms += count(n);
+                u.vcpus += count(cpus);
+                u.memory_mib += count(mem);
             }
         }
         Ok(u)
@@ -409,17 +422,17 @@ impl Db {
         let mut st = self.conn.prepare_cached(
             "SELECT template, COUNT(*) FROM sandboxes WHERE state = 'pooled' GROUP BY template",
         )?;
-        let rows = st.query_map([], |r| Ok((r.get(0)?, r.get::<_, i64>(1)? as u64)))?;
+        let rows = st.query_map([], |r| Ok((r.get(0)?, count(r.get(1)?))))?;
         Ok(rows.collect::<rusqlite::Result<_>>()?)
     }
 
     /// Inserts or replaces a template.
     pub fn put_template(&self, t: &TemplateRow) -> Result<()> {
         self.conn.execute(
-            "INSERT OR REPLACE INTO templates
-               (name, source, vcpus, memory_mib, dir, state, error, created_at, owned,
-                layers, upper_size_mib, upper_disk_mib)
-             VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12)",
+            &format!(
+                "INSERT OR REPLACE INTO templates ({TEMPLATE_COLS})
+                 VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13)"
+            ),
             params![
                 t.name,
                 t.source,
@@ -432,7 +445,8 @@ impl Db {
                 t.owned,
                 serde_json::to_string(&t.layers).unwrap_or_else(|_| "[]".into()),
                 t.upper_size_mib,
-                t.upper_disk_mib
+                t.upper_disk_mib,
+                t.kind.as_str(),
             ],
         )?;
         Ok(())
@@ -443,9 +457,7 @@ impl Db {
         Ok(self
             .conn
             .query_row(
-                "SELECT name, source, vcpus, memory_mib, dir, state, error, created_at, owned,
-                        layers, upper_size_mib, upper_disk_mib
-                 FROM templates WHERE name = ?1",
+                &format!("SELECT {TEMPLATE_COLS} FROM templates WHERE name = ?1"),
                 [name],
                 template_row,
             )
@@ -454,11 +466,9 @@ impl Db {
 
     /// All templates.
     pub fn templates(&self) -> Result<Vec<TemplateRow>> {
-        let mut st = self.conn.prepare_cached(
-            "SELECT name, source, vcpus, memory_mib, dir, state, error, created_at, owned,
-                    layers, upper_size_mib, upper_disk_mib
-             FROM templates ORDER BY name",
-        )?;
+        let mut st = self.conn.prepare_cached(&format!(
+            "SELECT {TEMPLATE_COLS} FROM templates ORDER BY name"
+        ))?;
         let rows = st.query_map([], template_row)?;
         Ok(rows.collect::<rusqlite::Result<_>>()?)
     }
@@ -527,6 +537,9 @@ impl Db {
         Ok(rows.collect::<rusqlite::Result<_>>()?)
     }
 }
+
+#[path = "db_migrate.rs"]
+mod migrate;
 
 #[cfg(test)]
 #[path = "db_tests.rs"]

@@ -1,16 +1,18 @@
 //! Tests of the state database.
 
 use super::*;
+use shoal_runtime::backend::{BackendState, Kind};
 
 fn row(id: &str, state: State) -> SandboxRow {
     SandboxRow {
         id: id.into(),
         template: "tiny".into(),
+        kind: Kind::MicroVm,
         state,
         vcpus: 1,
         memory_mib: 128,
         pid: Some(42),
-        pid_start: Some(7),
+        backend_state: Some(BackendState::from_stored(r#"{"state":"running","pid":42}"#)),
         dir: format!("/tmp/{id}").into(),
         created_at: now(),
         last_active: now(),
@@ -98,6 +100,183 @@ fn version_1_templates_migrate() {
     );
 }
 
+/// The schema as version 2 of the daemon wrote it (db.rs on main before
+/// kinds), with rows in every state.
+const V2: &str = "
+    CREATE TABLE sandboxes (
+        id TEXT PRIMARY KEY, template TEXT NOT NULL, state TEXT NOT NULL,
+        vcpus INTEGER NOT NULL, memory_mib INTEGER NOT NULL,
+        pid INTEGER, pid_start INTEGER, dir TEXT NOT NULL,
+        created_at REAL NOT NULL, last_active REAL NOT NULL,
+        ttl_s INTEGER NOT NULL, idle_timeout_s INTEGER NOT NULL,
+        metadata TEXT NOT NULL, env TEXT NOT NULL,
+        needs_post_restore INTEGER NOT NULL, error TEXT,
+        keep_running INTEGER NOT NULL DEFAULT 0);
+    CREATE INDEX sandboxes_state ON sandboxes(state, template);
+    CREATE TABLE templates (
+        name TEXT PRIMARY KEY, source TEXT NOT NULL, vcpus INTEGER NOT NULL,
+        memory_mib INTEGER NOT NULL, dir TEXT NOT NULL, state TEXT NOT NULL,
+        error TEXT, created_at REAL NOT NULL, owned INTEGER NOT NULL);
+    CREATE TABLE pools (template TEXT PRIMARY KEY, target INTEGER NOT NULL);
+    CREATE TABLE events (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT, ts REAL NOT NULL,
+        subject TEXT NOT NULL, kind TEXT NOT NULL, detail TEXT NOT NULL);
+    ALTER TABLE templates ADD COLUMN layers TEXT NOT NULL DEFAULT '[]';
+    ALTER TABLE templates ADD COLUMN upper_size_mib INTEGER;
+    ALTER TABLE templates ADD COLUMN upper_disk_mib INTEGER;
+    PRAGMA user_version = 2;";
+
+#[test]
+fn version_2_migrates_every_row_to_microvm_kinds_and_backend_states() {
+    use shoal_runtime::backend::microvm::MicroVm;
+    use shoal_runtime::backend::{BackendError, SandboxBackend};
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("state.db");
+    let sb = |id: &str| dir.path().join("sandboxes").join(id);
+    // A pid that has ended: the migrated state must name it, and the
+    // backend must find it gone (not take some other process for it).
+    let mut c = std::process::Command::new("/bin/true").spawn().unwrap();
+    let dead = i32::try_from(c.id()).unwrap();
+    c.wait().unwrap();
+    {
+        let c = Connection::open(&p).unwrap();
+        c.execute_batch(V2).unwrap();
+        type V2Row<'a> = (&'a str, &'a str, Option<i32>, Option<i64>, Option<&'a str>);
+        let rows: [V2Row; 6] = [
+            ("run", "running", Some(dead), Some(123), None),
+            ("pool", "pooled", Some(dead), Some(124), None),
+            ("start", "starting", None, None, None),
+            ("pausing", "pausing", Some(dead), Some(125), None),
+            ("paused", "paused", None, None, None),
+            ("fail", "failed", None, None, Some("boom")),
+        ];
+        for (i, (id, state, pid, start, err)) in rows.iter().enumerate() {
+            c.execute(
+                "INSERT INTO sandboxes VALUES (?1, 'tpl', ?2, 2, 256, ?3, ?4, ?5, ?6, ?7, 60, 5,
+                 '{\"run\":\"a\"}', '{\"K\":\"v\"}', 1, ?8, ?9)",
+                params![
+                    id,
+                    state,
+                    pid,
+                    start,
+                    sb(id).to_string_lossy(),
+                    1000.0 + i as f64,
+                    2000.0 + i as f64,
+                    err,
+                    i % 2 == 0
+                ],
+            )
+            .unwrap();
+        }
+        c.execute_batch(
+            "INSERT INTO templates VALUES ('tpl', 'image:tiny', 2, 256, '/t', 'ready', NULL,
+                 1.0, 0, '[\"/l/kit.img\"]', NULL, 64);
+             INSERT INTO templates VALUES ('bad', 'image:base', 1, 128, '', 'failed', 'no',
+                 2.0, 1, '[]', 64, NULL);
+             INSERT INTO pools VALUES ('tpl', 3);
+             INSERT INTO events (ts, subject, kind, detail) VALUES (5.0, 'run', 'created', 'x');",
+        )
+        .unwrap();
+    }
+    let db = Db::open(&p).unwrap();
+    assert_eq!(db.version().unwrap(), 3);
+    let all = db
+        .list_sandboxes(&Filter {
+            include_pooled: true,
+            ..Default::default()
+        })
+        .unwrap();
+    let ids: Vec<&str> = all.iter().map(|r| r.id.as_str()).collect();
+    assert_eq!(ids, ["run", "pool", "start", "pausing", "paused", "fail"]);
+    for (i, r) in all.iter().enumerate() {
+        assert_eq!(r.kind, Kind::MicroVm, "{}", r.id);
+        assert_eq!(
+            (
+                r.template.as_str(),
+                r.vcpus,
+                r.memory_mib,
+                r.ttl_s,
+                r.idle_timeout_s
+            ),
+            ("tpl", 2, 256, 60, 5),
+            "{}",
+            r.id
+        );
+        assert_eq!(
+            (r.created_at, r.last_active),
+            (1000.0 + i as f64, 2000.0 + i as f64)
+        );
+        assert_eq!(r.dir, sb(&r.id));
+        assert_eq!(r.metadata.get("run").map(String::as_str), Some("a"));
+        assert_eq!(r.env.get("K").map(String::as_str), Some("v"));
+        assert!(r.needs_post_restore);
+        assert_eq!(r.keep_running, i % 2 == 0);
+    }
+    let by = |id: &str| all.iter().find(|r| r.id == id).unwrap();
+    assert_eq!(by("run").state, State::Running);
+    assert_eq!(by("run").pid, Some(dead));
+    assert_eq!(by("fail").error.as_deref(), Some("boom"));
+    assert_eq!(by("fail").backend_state, None);
+    assert_eq!(by("start").backend_state, None, "no pid: nothing to find");
+    // The states are the microVM backend's: it decodes them, finds the
+    // (ended) VMMs gone, and resumes the paused one from its snapshot.
+    let b = MicroVm::new(
+        "/nonexistent/shoal-vmm",
+        shoal_images::artifacts::Layout::at(dir.path().join("artifacts")),
+    );
+    for id in ["run", "pool", "pausing"] {
+        let s = by(id).backend_state.clone().expect(id);
+        assert!(
+            s.as_str()
+                .contains(&format!("{}/api.sock", sb(id).display())),
+            "{s:?}"
+        );
+        assert!(
+            matches!(b.reattach(&sb(id), &s), Err(BackendError::Gone(p)) if p == dead),
+            "{id}"
+        );
+    }
+    let paused = by("paused").backend_state.clone().expect("paused state");
+    assert!(!b.can_resume(&sb("paused"), &paused), "no snapshot yet");
+    let snap = sb("paused").join("snap-0000000000000001");
+    std::fs::create_dir_all(&snap).unwrap();
+    std::fs::write(snap.join("state"), b"s").unwrap();
+    assert!(b.can_resume(&sb("paused"), &paused));
+    // Templates, pools and events survive, templates as microVM ones.
+    let t = db.templates().unwrap();
+    assert_eq!(t.len(), 2);
+    assert!(t.iter().all(|t| t.kind == Kind::MicroVm));
+    let tpl = db.template("tpl").unwrap().unwrap();
+    assert_eq!(
+        (tpl.state, tpl.layers, tpl.upper_disk_mib, tpl.vcpus),
+        (
+            TemplateState::Ready,
+            vec!["/l/kit.img".to_string()],
+            Some(64),
+            2
+        )
+    );
+    let bad = db.template("bad").unwrap().unwrap();
+    assert_eq!(
+        (bad.state, bad.error.as_deref(), bad.owned),
+        (TemplateState::Failed, Some("no"), true)
+    );
+    assert_eq!(db.pools().unwrap(), vec![("tpl".to_string(), 3)]);
+    assert_eq!(db.events(0, Some("run"), 10).unwrap().len(), 1);
+    // The old pid column is gone; writing a row works in the new schema.
+    let cols: Vec<String> = db
+        .conn
+        .prepare("SELECT name FROM pragma_table_info('sandboxes')")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .collect::<rusqlite::Result<_>>()
+        .unwrap();
+    assert!(!cols.iter().any(|c| c == "pid_start"), "{cols:?}");
+    db.put_sandbox(&row("new", State::Running)).unwrap();
+    assert_eq!(db.sandbox("new").unwrap().unwrap().kind, Kind::MicroVm);
+}
+
 #[test]
 fn newer_schema_is_refused() {
     let dir = tempfile::tempdir().unwrap();
@@ -134,6 +313,9 @@ fn filters_usage_and_pool_take() {
     let got = db.take_pooled("tiny", &row("new", State::Running)).unwrap();
     let got = got.unwrap();
     assert_eq!((got.id.as_str(), got.dir.to_str()), ("p", Some("/tmp/p")));
+    // The pooled VM's identity goes with it, not the request's.
+    assert_eq!(got.backend_state, row("p", State::Pooled).backend_state);
+    assert_eq!(got.kind, Kind::MicroVm);
     assert_eq!(got.state, State::Running);
     assert_eq!(db.sandbox("p").unwrap().unwrap().state, State::Running);
     assert!(db
@@ -154,6 +336,7 @@ fn templates_pools_events() {
     let t = TemplateRow {
         name: "t".into(),
         source: "image:tiny".into(),
+        kind: Kind::Fake,
         vcpus: 1,
         memory_mib: 128,
         dir: "/x".into(),

@@ -3,7 +3,8 @@
 //! sandbox's agent, over its one tokio connection (no thread per request
 //! or per stream), always under a deadline.
 
-use super::ops::{agent, ensure_running};
+use super::lifecycle::ensure_running;
+use super::ops::agent;
 use super::{within, ApiError, ApiResult, Daemon};
 use agent_client::{
     AsyncClient, AsyncDownload, AsyncExecHandle, ClientError, ExecEvent, ExecRequest, ExitStatus,

@@ -15,7 +15,6 @@ use super::{blocking, ApiError, ApiResult, Daemon, Live};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
-use vmm_api::Client;
 
 /// Marks an operation in flight on a sandbox (it is not frozen meanwhile).
 pub struct Busy(Arc<Live>);
@@ -29,7 +28,7 @@ impl Drop for Busy {
 
 /// Milliseconds on the monotonic clock.
 pub fn now_ms() -> u64 {
-    (shoal_runtime::launch::monotonic_ns() / 1_000_000) as u64
+    u64::try_from(shoal_runtime::launch::monotonic_ns() / 1_000_000).unwrap_or(u64::MAX)
 }
 
 /// Marks an operation in flight and continues the vCPUs if frozen.
@@ -39,16 +38,15 @@ pub async fn busy(live: &Arc<Live>) -> ApiResult<Busy> {
     let guard = Busy(live.clone());
     let mut frozen = live.frozen.lock().await;
     if *frozen {
-        let sock = live.paths.api_sock.clone();
-        blocking("thaw", Duration::from_secs(10), move || {
-            Client::new(&sock, Duration::from_secs(5))
-                .resume()
-                .map_err(|source| ApiError::Vmm {
+        if let Some(vm) = live.vm() {
+            blocking("thaw", Duration::from_secs(10), move || {
+                vm.thaw().map_err(|source| ApiError::Backend {
                     context: "continuing a frozen sandbox",
                     source,
                 })
-        })
-        .await?;
+            })
+            .await?;
+        }
         *frozen = false;
     }
     Ok(guard)
@@ -56,7 +54,7 @@ pub async fn busy(live: &Arc<Live>) -> ApiResult<Busy> {
 
 /// Freezes idle sandboxes, forever (every 250 ms).
 pub async fn run(d: Arc<Daemon>, after: Duration) {
-    let after_ms = after.as_millis() as u64;
+    let after_ms = u64::try_from(after.as_millis()).unwrap_or(u64::MAX);
     loop {
         tokio::time::sleep(Duration::from_millis(250)).await;
         let lives: Vec<Arc<Live>> = d
@@ -68,8 +66,10 @@ pub async fn run(d: Arc<Daemon>, after: Duration) {
             .collect();
         let now = now_ms();
         for l in lives {
-            if l.proc().is_none()
-                || l.keep_running.load(Ordering::Acquire)
+            let Some(vm) = l.vm() else {
+                continue;
+            };
+            if l.keep_running.load(Ordering::Acquire)
                 || l.busy.load(Ordering::Acquire) > 0
                 || now.saturating_sub(l.last_active_ms.load(Ordering::Acquire)) < after_ms
             {
@@ -84,11 +84,7 @@ pub async fn run(d: Arc<Daemon>, after: Duration) {
             {
                 continue;
             }
-            let sock = l.paths.api_sock.clone();
-            let res = tokio::task::spawn_blocking(move || {
-                Client::new(&sock, Duration::from_secs(5)).pause()
-            })
-            .await;
+            let res = tokio::task::spawn_blocking(move || vm.freeze()).await;
             match res {
                 Ok(Ok(_)) => *frozen = true,
                 Ok(Err(e)) => tracing::debug!(sandbox = %l.id, "freeze: {e}"),

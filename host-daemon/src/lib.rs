@@ -5,12 +5,25 @@
 //! - [`api`]: HTTP/JSON routes (axum), served on a Unix socket and
 //!   optionally on TCP with a bearer token, and the OpenAPI document
 //!   generated from the same route table and the [`shoal_api`] types.
-//! - [`ops`]: the sandbox and template operations behind the routes.
+//! - [`lifecycle`]: create, pause, resume, snapshot; built on [`ops`], the
+//!   operations on one sandbox (row, admission, its VM, its agent);
+//!   [`templates`] and [`template_dirs`]: templates and their directories.
 //! - [`db`]: state in SQLite (WAL).
-//! - [`supervisor`]: VMM exits (pidfd), TTL and idle sweeps, recovery on
-//!   start (reattach or reclaim).
+//! - [`watch`]: VM exits (pidfd) noticed and reclaimed; [`supervisor`]:
+//!   TTL and idle sweeps, recovery on start (reattach or reclaim).
 //! - [`pool`]: warm pools of restored sandboxes per template.
-//! - [`admission`], [`metrics`], [`vm`] (VMM processes).
+//! - [`admission`], [`metrics`].
+//!
+//! The VMs themselves are the [`SandboxBackend`]'s: the daemon restores,
+//! freezes, pauses, snapshots, watches and kills them only through it (the
+//! microVM backend in production, the fake one in tests without KVM).
+
+#![warn(
+    clippy::cast_possible_truncation,
+    clippy::cast_possible_wrap,
+    clippy::cast_sign_loss,
+    clippy::cast_lossless
+)]
 
 pub mod admission;
 pub mod api;
@@ -24,16 +37,17 @@ pub mod pool;
 pub mod supervisor;
 pub mod template_dirs;
 pub mod templates;
+pub mod watch;
 
 use admission::{Limits, Refusal};
 use agent_client::AsyncClient;
 use db::Db;
 use shoal_api::{ErrorBody, ErrorCode};
 use shoal_images::layers::LayerError;
-use shoal_runtime::vm;
+use shoal_runtime::backend::{BackendError, SandboxBackend, SandboxVm};
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -42,11 +56,6 @@ use std::time::Duration;
 pub struct Config {
     /// State directory (database, sockets, sandboxes).
     pub state_dir: PathBuf,
-    /// The `shoal-vmm` binary.
-    pub vmm: PathBuf,
-    /// The installed guest kernel and images templates boot from (the
-    /// daemon only reads them; see [`shoal_images::artifacts`]).
-    pub artifacts: shoal_images::artifacts::Layout,
     /// Admission limits.
     pub limits: Limits,
     /// Deadline for connecting to a sandbox's agent.
@@ -135,33 +144,17 @@ pub enum ApiError {
         id: String,
         /// Why.
         #[source]
-        source: shoal_runtime::sandbox::SandboxError,
+        source: agent_client::ClientError,
     },
-    /// 502: a control call to the sandbox's VMM failed.
+    /// The sandbox's VM failed (502), or could not even be started on
+    /// this host (500), as its backend says.
     #[error("{context}: {source}")]
-    Vmm {
+    Backend {
         /// What the daemon was doing.
         context: &'static str,
-        /// The control-socket error.
+        /// The backend's error.
         #[source]
-        source: vmm_api::ApiError,
-    },
-    /// 500: the VMM process could not be started.
-    #[error("cannot start {}: {source}", .vmm.display())]
-    SpawnVmm {
-        /// The VMM binary.
-        vmm: PathBuf,
-        /// The OS error.
-        #[source]
-        source: std::io::Error,
-    },
-    /// 502: a VMM restoring a snapshot did not come up.
-    #[error("restore failed: {reason}: {log_tail}")]
-    RestoreFailed {
-        /// What the readiness wait saw.
-        reason: String,
-        /// The end of the VMM's log.
-        log_tail: String,
+        source: BackendError,
     },
     /// 502: the sandbox failed otherwise.
     #[error("{0}")]
@@ -187,9 +180,6 @@ pub enum ApiError {
     /// 500: the queue of VMM restores was closed.
     #[error("{0}")]
     RestoreQueue(#[from] tokio::sync::AcquireError),
-    /// 500: copying a sandbox's scratch disk into a template failed.
-    #[error("copying the scratch disk: {0}")]
-    ScratchDisk(#[source] LayerError),
     /// 500: the daemon failed otherwise.
     #[error("{0}")]
     Internal(String),
@@ -224,17 +214,15 @@ impl ApiError {
             }
             ApiError::Agent(C::Remote { .. }) => ErrorCode::BadRequest,
             ApiError::Agent(C::Timeout) | ApiError::Timeout(_) => ErrorCode::DeadlineExceeded,
+            ApiError::Backend { source, .. } if source.is_host_fault() => ErrorCode::Internal,
             ApiError::Agent(_)
             | ApiError::AgentUnreachable { .. }
-            | ApiError::Vmm { .. }
-            | ApiError::RestoreFailed { .. }
+            | ApiError::Backend { .. }
             | ApiError::Sandbox(_) => ErrorCode::SandboxError,
-            ApiError::SpawnVmm { .. }
-            | ApiError::Db(_)
+            ApiError::Db(_)
             | ApiError::Task { .. }
             | ApiError::Thread(_)
             | ApiError::RestoreQueue(_)
-            | ApiError::ScratchDisk(_)
             | ApiError::Internal(_) => ErrorCode::Internal,
         }
     }
@@ -253,16 +241,14 @@ impl ApiError {
 /// Result of API operations.
 pub type ApiResult<T> = Result<T, ApiError>;
 
-/// A sandbox's live (in-memory) side: its VMM and agent connection.
+/// A sandbox's live (in-memory) side: its VM and agent connection.
 pub struct Live {
     /// Sandbox id.
     pub id: String,
-    /// Its files.
-    pub paths: vm::Paths,
-    /// The VMM's pid (0: none).
-    pub pid: AtomicI32,
-    /// The VMM's start time.
-    pub pid_start: AtomicU64,
+    /// Its directory.
+    pub dir: PathBuf,
+    /// Its running VM, if one runs.
+    vm: Mutex<Option<Arc<dyn SandboxVm>>>,
     /// An exit now is the daemon's doing (kill, pause).
     pub expect_exit: AtomicBool,
     /// The next agent connection must send fresh entropy and time.
@@ -283,12 +269,16 @@ pub struct Live {
 
 impl Live {
     /// A live record for the sandbox `id` in `dir`.
-    pub fn new(id: &str, dir: &std::path::Path, p: Option<vm::Proc>, post_restore: bool) -> Live {
+    pub fn new(
+        id: &str,
+        dir: &std::path::Path,
+        vm: Option<Arc<dyn SandboxVm>>,
+        post_restore: bool,
+    ) -> Live {
         Live {
             id: id.into(),
-            paths: vm::Paths::new(dir),
-            pid: AtomicI32::new(p.map_or(0, |p| p.pid)),
-            pid_start: AtomicU64::new(p.map_or(0, |p| p.start)),
+            dir: dir.into(),
+            vm: Mutex::new(vm),
             expect_exit: AtomicBool::new(false),
             needs_post_restore: AtomicBool::new(post_restore),
             client: tokio::sync::Mutex::new(None),
@@ -300,20 +290,19 @@ impl Live {
         }
     }
 
-    /// The VMM process, if one runs.
-    pub fn proc(&self) -> Option<vm::Proc> {
-        let pid = self.pid.load(Ordering::Acquire);
-        (pid > 0).then(|| vm::Proc {
-            pid,
-            start: self.pid_start.load(Ordering::Acquire),
-        })
+    /// Its VM, if one runs.
+    pub fn vm(&self) -> Option<Arc<dyn SandboxVm>> {
+        self.vm.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
-    /// Records a new VMM process (or none).
-    pub fn set_proc(&self, p: Option<vm::Proc>) {
-        self.pid_start
-            .store(p.map_or(0, |p| p.start), Ordering::Release);
-        self.pid.store(p.map_or(0, |p| p.pid), Ordering::Release);
+    /// Records a new VM (or none).
+    pub fn set_vm(&self, vm: Option<Arc<dyn SandboxVm>>) {
+        *self.vm.lock().unwrap_or_else(|e| e.into_inner()) = vm;
+    }
+
+    /// Whether `vm` is this sandbox's current VM.
+    pub fn is_current(&self, vm: &Arc<dyn SandboxVm>) -> bool {
+        self.vm().is_some_and(|v| Arc::ptr_eq(&v, vm))
     }
 }
 
@@ -321,6 +310,8 @@ impl Live {
 pub struct Daemon {
     /// Settings.
     pub cfg: Config,
+    /// The kind of sandbox this daemon runs.
+    pub backend: Arc<dyn SandboxBackend>,
     /// The database (short critical sections only).
     pub db: Mutex<Db>,
     /// Live sandboxes by id.
@@ -338,8 +329,9 @@ pub struct Daemon {
 }
 
 impl Daemon {
-    /// Opens the state and prepares the daemon (no tasks started yet).
-    pub fn open(cfg: Config) -> Result<Arc<Daemon>, String> {
+    /// Opens the state and prepares the daemon, whose sandboxes `backend`
+    /// runs (no tasks started yet).
+    pub fn open(cfg: Config, backend: Arc<dyn SandboxBackend>) -> Result<Arc<Daemon>, String> {
         for d in [&cfg.state_dir, &cfg.sandboxes_dir(), &cfg.templates_dir()] {
             std::fs::create_dir_all(d).map_err(|e| format!("{}: {e}", d.display()))?;
         }
@@ -347,6 +339,7 @@ impl Daemon {
         let permits = cfg.max_restores.max(1);
         Ok(Arc::new(Daemon {
             cfg,
+            backend,
             db: Mutex::new(db),
             live: Mutex::new(HashMap::new()),
             metrics: metrics::Metrics::default(),
@@ -401,7 +394,7 @@ pub fn random_id() -> String {
     let mut b = [0u8; 6];
     // SAFETY: getrandom writes at most b.len() bytes into b.
     let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
-    if n != b.len() as isize {
+    if usize::try_from(n).ok() != Some(b.len()) {
         let t = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap_or_default()
@@ -451,6 +444,24 @@ pub async fn serve(
     d: Arc<Daemon>,
     tcp: Option<(std::net::SocketAddr, String)>,
 ) -> Result<(), String> {
+    let stop = async {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("SIGTERM handler");
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+    };
+    serve_until(d, tcp, stop).await
+}
+
+/// [`serve`], until `stop` completes instead of a signal (tests stop a
+/// daemon this way and start another over the same state directory).
+pub async fn serve_until(
+    d: Arc<Daemon>,
+    tcp: Option<(std::net::SocketAddr, String)>,
+    stop: impl std::future::Future<Output = ()>,
+) -> Result<(), String> {
     let sock = d.cfg.socket();
     // Refuse to start twice on one state directory.
     if std::os::unix::net::UnixStream::connect(&sock).is_ok() {
@@ -472,14 +483,6 @@ pub async fn serve(
     if let Some(after) = d.cfg.freeze_after {
         tokio::spawn(freeze::run(d.clone(), after));
     }
-    let stop = async {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .expect("SIGTERM handler");
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = tokio::signal::ctrl_c() => {}
-        }
-    };
     let (tx, rx) = tokio::sync::watch::channel(false);
     let mut tasks = tokio::task::JoinSet::new();
     {

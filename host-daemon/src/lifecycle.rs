@@ -1,22 +1,154 @@
-//! Pause (state to disk, the VMM process ends), resume (explicit, or on
-//! the next request) and snapshot of a running sandbox into a template.
+//! A sandbox's lifecycle, over the operations of [`crate::ops`]: create
+//! (from a warm pool or by restoring the template), made running for a
+//! request (resumed if paused, thawed if frozen), pause (state to disk,
+//! the VM process ends), resume (explicit, or on the next request) and
+//! snapshot of a running sandbox into a template, through the daemon's
+//! backend.
 
-use super::db::{self, State, TemplateRow};
-use super::ops::{admit_and_insert, check_name, ensure_running, row, start_vmm, SandboxView};
-use super::{blocking, ApiError, ApiResult, Daemon};
-use shoal_api::{SnapshotRequest, TemplateState};
-use shoal_images::layers;
+use super::db::{self, SandboxRow, State, TemplateRow};
+use super::ops::{admit_and_insert, check_name, ready_template, row, start_vmm, SandboxView};
+use super::{blocking, random_id, ApiError, ApiResult, Daemon, Live};
+use shoal_api::{CreateSandbox, SnapshotRequest, TemplateState};
+use shoal_runtime::backend::Source;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use vmm_api::Client;
 
-/// A VMM control-socket failure as the daemon reports it.
-fn vmm_err(source: vmm_api::ApiError) -> ApiError {
-    ApiError::Vmm {
-        context: "VMM",
-        source,
+/// Creates a sandbox.
+pub async fn create(d: &Arc<Daemon>, req: CreateSandbox) -> ApiResult<SandboxView> {
+    let t0 = Instant::now();
+    let root = req.root();
+    let tpl = match (&req.template, &req.image) {
+        (Some(_), Some(_)) => {
+            return Err(ApiError::BadRequest(
+                "give either 'template' or 'image', not both".into(),
+            ))
+        }
+        (None, None) => {
+            return Err(ApiError::BadRequest(
+                "give 'template' (a template name) or 'image' (tiny or base)".into(),
+            ))
+        }
+        (Some(t), None) => {
+            if req.vcpus.is_some() || req.memory_mib.is_some() || !root.is_default() {
+                return Err(ApiError::BadRequest(
+                    "'vcpus', 'memory_mib', 'layers', 'upper_size_mib' and 'upper_disk_mib' \
+                     come from the template; give them with 'image'"
+                        .into(),
+                ));
+            }
+            ready_template(d, t)?
+        }
+        (None, Some(img)) => {
+            let vcpus = req.vcpus.unwrap_or(1);
+            let mem = req.memory_mib.unwrap_or(128);
+            super::templates::image_template(d, img, vcpus, mem, &root).await?
+        }
+    };
+    for k in req.env.keys() {
+        if k.is_empty() || k.contains('=') || k.contains('\0') {
+            return Err(ApiError::BadRequest(format!("bad environment name {k:?}")));
+        }
     }
+    let now = db::now();
+    let id = random_id();
+    let row = SandboxRow {
+        dir: d.cfg.sandboxes_dir().join(&id),
+        id,
+        template: tpl.name.clone(),
+        kind: tpl.kind,
+        state: State::Starting,
+        vcpus: tpl.vcpus,
+        memory_mib: tpl.memory_mib,
+        pid: None,
+        backend_state: None,
+        created_at: now,
+        last_active: now,
+        ttl_s: req.ttl_s,
+        idle_timeout_s: req.idle_timeout_s,
+        metadata: req.metadata,
+        env: req.env,
+        needs_post_restore: true,
+        keep_running: req.keep_running,
+        error: None,
+    };
+    if let Some(r) = d.db(|db| db.take_pooled(&tpl.name, &row))? {
+        if let Some(live) = d.live(&r.id) {
+            live.keep_running.store(r.keep_running, Ordering::Release);
+            if r.keep_running {
+                drop(super::freeze::busy(&live).await?);
+            }
+        }
+        d.metrics.pool_hits.fetch_add(1, Ordering::Relaxed);
+        d.pool_wake.notify_one();
+        d.metrics.create.observe(t0.elapsed().as_secs_f64());
+        d.event(
+            &r.id,
+            "created",
+            &format!("from the warm pool of '{}'", r.template),
+        );
+        let mut v = SandboxView::from(r);
+        v.from_pool = Some(true);
+        return Ok(v);
+    }
+    d.metrics.pool_misses.fetch_add(1, Ordering::Relaxed);
+    admit_and_insert(d, &row, true)?;
+    let id = row.id.clone();
+    let from = Source::Template(tpl.dir.clone());
+    let r = match start_vmm(d, row, from, State::Running, true).await {
+        Ok(r) => r,
+        Err(e) => {
+            let _ = d.db(|db| db.delete_sandbox(&id));
+            d.remove_live(&id);
+            let dir = d.cfg.sandboxes_dir().join(&id);
+            tokio::task::spawn_blocking(move || std::fs::remove_dir_all(dir));
+            return Err(e);
+        }
+    };
+    d.metrics.create.observe(t0.elapsed().as_secs_f64());
+    d.event(&r.id, "created", &format!("restored from '{}'", r.template));
+    let mut v = SandboxView::from(r);
+    v.from_pool = Some(false);
+    Ok(v)
+}
+
+/// The sandbox, running: a paused one is resumed first.
+pub async fn ensure_running(
+    d: &Arc<Daemon>,
+    id: &str,
+) -> ApiResult<(SandboxRow, Arc<Live>, super::freeze::Busy)> {
+    for _ in 0..3 {
+        let r = row(d, id)?;
+        match r.state {
+            State::Running => {
+                let live = d
+                    .live(id)
+                    .ok_or_else(|| ApiError::Internal(format!("sandbox '{id}' has no VMM")))?;
+                let now = db::now();
+                if now - r.last_active > 1.0 {
+                    d.db(|db| db.touch(id, now))?;
+                }
+                let busy = super::freeze::busy(&live).await?;
+                return Ok((r, live, busy));
+            }
+            State::Paused | State::Pausing => {
+                resume(d, id).await?;
+            }
+            State::Starting => {
+                return Err(ApiError::Conflict(format!("sandbox '{id}' is starting")))
+            }
+            State::Failed => {
+                return Err(ApiError::Conflict(format!(
+                    "sandbox '{id}' failed: {}",
+                    r.error.unwrap_or_default()
+                )))
+            }
+            State::Pooled => return Err(ApiError::NotFound(format!("no sandbox '{id}'"))),
+        }
+    }
+    Err(ApiError::Conflict(format!(
+        "sandbox '{id}' keeps changing state; retry"
+    )))
 }
 
 /// Pauses: snapshot into the sandbox's directory, then the VMM ends.
@@ -36,53 +168,39 @@ pub async fn pause(d: &Arc<Daemon>, id: &str) -> ApiResult<SandboxView> {
             )))
         }
     }
+    let vm = live
+        .vm()
+        .ok_or_else(|| ApiError::Internal(format!("sandbox '{id}' has no VM")))?;
     d.db(|db| db.set_state(id, State::Pausing, None))?;
     // No agent connection may be open in the snapshot.
     *live.client.lock().await = None;
     live.expect_exit.store(true, Ordering::Release);
-    let p = live.proc();
-    let paths = live.paths.clone();
+    let vm2 = vm.clone();
     let res = blocking("pause", Duration::from_secs(180), move || {
-        let snap = paths.new_snapshot();
-        let t = Duration::from_secs(120);
-        Client::new(&paths.api_sock, t)
-            .snapshot(&snap, false)
-            .map_err(vmm_err)?;
-        let _ = Client::new(&paths.api_sock, Duration::from_secs(5)).shutdown();
-        if let Some(p) = p {
-            p.wait_gone(Duration::from_secs(5));
-        }
-        for e in std::fs::read_dir(&paths.dir)
-            .into_iter()
-            .flatten()
-            .flatten()
-        {
-            let n = e.file_name();
-            let n = n.to_string_lossy();
-            if n.starts_with("snap-") && e.path() != snap {
-                let _ = std::fs::remove_dir_all(e.path());
-            }
-        }
-        let _ = std::fs::remove_file(&paths.api_sock);
-        let _ = std::fs::remove_file(&paths.vsock);
-        Ok(())
+        vm2.pause_to_disk().map_err(|source| ApiError::Backend {
+            context: "pause",
+            source,
+        })
     })
     .await;
-    if let Err(e) = res {
-        // The VM may still run: continue it, or call it failed.
-        live.expect_exit.store(false, Ordering::Release);
-        let resumed = Client::new(&live.paths.api_sock, Duration::from_secs(5)).resume();
-        let st = if resumed.is_ok() {
-            State::Running
-        } else {
-            State::Failed
-        };
-        d.db(|db| db.set_state(id, st, Some(&format!("pause failed: {e}"))))?;
-        return Err(e);
-    }
-    live.set_proc(None);
-    d.db(|db| db.set_state(id, State::Paused, None))?;
-    d.event(id, "paused", "state saved to disk; VMM ended");
+    let paused = match res {
+        Ok(s) => s,
+        Err(e) => {
+            // The VM may still run: continue it, or call it failed.
+            live.expect_exit.store(false, Ordering::Release);
+            let thawed = tokio::task::spawn_blocking(move || vm.thaw()).await;
+            let st = if matches!(thawed, Ok(Ok(()))) {
+                State::Running
+            } else {
+                State::Failed
+            };
+            d.db(|db| db.set_state(id, st, Some(&format!("pause failed: {e}"))))?;
+            return Err(e);
+        }
+    };
+    live.set_vm(None);
+    d.db(|db| db.set_paused(id, &paused))?;
+    d.event(id, "paused", "state saved to disk; VM process ended");
     Ok(row(d, id)?.into())
 }
 
@@ -103,13 +221,13 @@ pub async fn resume(d: &Arc<Daemon>, id: &str) -> ApiResult<SandboxView> {
             )))
         }
     }
-    let snap = live.paths.latest_snapshot().ok_or_else(|| {
-        ApiError::Internal(format!("sandbox '{id}' is paused but has no snapshot"))
+    let paused = r.backend_state.clone().ok_or_else(|| {
+        ApiError::Internal(format!("sandbox '{id}' is paused but has no saved state"))
     })?;
     r.state = State::Starting;
     admit_and_insert(d, &r, true)?;
     let t0 = Instant::now();
-    match start_vmm(d, r, snap, State::Running, true).await {
+    match start_vmm(d, r, Source::Paused(paused), State::Running, true).await {
         Ok(r) => {
             d.event(
                 id,
@@ -127,9 +245,12 @@ pub async fn resume(d: &Arc<Daemon>, id: &str) -> ApiResult<SandboxView> {
 
 /// Snapshots a running sandbox into a new template (the sandbox goes on).
 pub async fn snapshot(d: &Arc<Daemon>, id: &str, req: SnapshotRequest) -> ApiResult<TemplateRow> {
-    let name = req
-        .template
-        .unwrap_or_else(|| format!("snap-{id}-{}", db::now() as u64));
+    let name = req.template.unwrap_or_else(|| {
+        let secs = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        format!("snap-{id}-{secs}")
+    });
     check_name("template", &name)?;
     let (r, live, _busy) = ensure_running(d, id).await?;
     // Layers and upper layer as the sandbox's template had them.
@@ -139,6 +260,7 @@ pub async fn snapshot(d: &Arc<Daemon>, id: &str, req: SnapshotRequest) -> ApiRes
     let mut t = TemplateRow {
         name: name.clone(),
         source: format!("sandbox:{id}"),
+        kind: r.kind,
         vcpus: r.vcpus,
         memory_mib: r.memory_mib,
         dir: d.cfg.new_template_dir(&name),
@@ -163,30 +285,22 @@ pub async fn snapshot(d: &Arc<Daemon>, id: &str, req: SnapshotRequest) -> ApiRes
     let _g = live.op.lock().await;
     *live.client.lock().await = None;
     let dir = t.dir.clone();
-    let sock = live.paths.api_sock.clone();
-    let sandbox_dir = live.paths.dir.clone();
+    let vm = live
+        .vm()
+        .ok_or_else(|| ApiError::Internal(format!("sandbox '{id}' has no VM")));
     let dir2 = dir.clone();
-    let res = blocking("snapshot", Duration::from_secs(180), move || {
-        let t = Duration::from_secs(120);
-        let vmm = Client::new(&sock, t);
-        let res = vmm.snapshot(&dir2, false).map_err(vmm_err).and_then(|_| {
-            // The scratch disk as it is at the snapshot (the VM stays
-            // paused until the copy is made): the template's own, which
-            // each sandbox restored from it copies in turn.
-            match layers::scratch_disk(&sandbox_dir) {
-                Some(disk) => layers::clone_file(&disk, &dir2.join(layers::SCRATCH_DISK))
-                    .map(drop)
-                    .map_err(ApiError::ScratchDisk),
-                None => Ok(()),
-            }
-        });
-        let resumed = vmm.resume().map_err(vmm_err);
-        if res.is_err() {
-            let _ = std::fs::remove_dir_all(&dir2);
+    let res = match vm {
+        Ok(vm) => {
+            blocking("snapshot", Duration::from_secs(180), move || {
+                vm.snapshot(&dir2).map_err(|source| ApiError::Backend {
+                    context: "snapshot",
+                    source,
+                })
+            })
+            .await
         }
-        res.and(resumed).map(|_| ())
-    })
-    .await;
+        Err(e) => Err(e),
+    };
     if let Err(e) = res {
         let _ = d.db(|db| db.delete_template(&name));
         let _ = std::fs::remove_dir_all(&dir);

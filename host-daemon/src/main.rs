@@ -2,8 +2,10 @@
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
+use shoal_runtime::backend::microvm::MicroVm;
 use shoald::{self as daemon, admission::Limits, Config, Daemon};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 #[derive(Parser)]
@@ -97,13 +99,14 @@ fn main() -> Result<()> {
     };
     // Each VMM costs the daemon a pidfd and a few short-lived sockets.
     raise_nofile();
+    // The installed guest kernel and images templates boot from (the
+    // daemon only reads them; see shoal_images::artifacts).
+    let artifacts = a
+        .artifacts
+        .map(shoal_images::artifacts::Layout::at)
+        .unwrap_or_else(shoal_images::artifacts::Layout::default_location);
     let cfg = Config {
         state_dir: a.state_dir.unwrap_or_else(daemon::default_state_dir),
-        vmm: shoal_images::artifacts::vmm_binary()?,
-        artifacts: a
-            .artifacts
-            .map(shoal_images::artifacts::Layout::at)
-            .unwrap_or_else(shoal_images::artifacts::Layout::default_location),
         limits: Limits {
             host_memory_mib: a
                 .host_memory_mib
@@ -122,16 +125,15 @@ fn main() -> Result<()> {
             .unwrap_or_else(|| 2 * std::thread::available_parallelism().map_or(1, |n| n.get())),
         freeze_after: (a.freeze_idle_ms > 0).then(|| Duration::from_millis(a.freeze_idle_ms)),
     };
-    let missing: Vec<String> = cfg
-        .artifacts
+    let missing: Vec<String> = artifacts
         .status()
         .into_iter()
         .filter(|(_, _, present)| !present)
         .map(|(_, p, _)| p.display().to_string())
         .collect();
     tracing::info!(
-        dir = %cfg.artifacts.dir.display(),
-        from = cfg.artifacts.origin.describe(),
+        dir = %artifacts.dir.display(),
+        from = artifacts.origin.describe(),
         "guest kernel and images"
     );
     if !missing.is_empty() {
@@ -141,7 +143,11 @@ fn main() -> Result<()> {
             missing.join(", ")
         );
     }
-    let d = Daemon::open(cfg).map_err(anyhow::Error::msg)?;
+    let backend = Arc::new(MicroVm::new(
+        shoal_images::artifacts::vmm_binary()?,
+        artifacts,
+    ));
+    let d = Daemon::open(cfg, backend).map_err(anyhow::Error::msg)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .max_blocking_threads(2048)

@@ -28,8 +28,7 @@ impl Histogram {
             }
         }
         self.count.fetch_add(1, Ordering::Relaxed);
-        self.sum_us
-            .fetch_add((secs * 1e6) as u64, Ordering::Relaxed);
+        self.sum_us.fetch_add(micros(secs), Ordering::Relaxed);
     }
 
     fn write(&self, out: &mut String, name: &str, help: &str) {
@@ -240,6 +239,12 @@ impl Metrics {
         );
         o
     }
+}
+
+/// Seconds as whole microseconds (0 for a negative or NaN time).
+fn micros(secs: f64) -> u64 {
+    std::time::Duration::try_from_secs_f64(secs)
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
 }
 
 #[cfg(test)]

@@ -1,18 +1,15 @@
-//! Sandbox lifecycle operations behind the API: create (from a warm pool
-//! or by restoring the template), kill, pause (state to disk, the VMM
-//! ends), resume (explicit or on the next request), snapshot to a new
-//! template, and the agent connection.
+//! The operations on one sandbox that everything else is made of: its
+//! row, admission, starting its VM through the backend (then watched),
+//! killing it, the ready template it comes from, and its agent
+//! connection. [`crate::lifecycle`] builds create, pause, resume and
+//! snapshot on them.
 
-use super::db::{self, SandboxRow, State, TemplateRow};
-use super::{
-    admission, blocking, random_id, supervisor, within, ApiError, ApiResult, Daemon, Live,
-};
-use agent_client::{AsyncClient, ClientError, Config, Transport};
-use shoal_api::{CreateSandbox, TemplateState};
+use super::db::{SandboxRow, State, TemplateRow};
+use super::{admission, blocking, watch, within, ApiError, ApiResult, Daemon, Live};
+use agent_client::{AsyncClient, ClientError, Config};
+use shoal_api::TemplateState;
+use shoal_runtime::backend::Source;
 use shoal_runtime::fresh::{entropy, unix_nanos};
-use shoal_runtime::sandbox::SandboxError;
-use shoal_runtime::vm;
-use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -82,24 +79,22 @@ pub fn admit_and_insert(d: &Daemon, r: &SandboxRow, count: bool) -> ApiResult<()
     })
 }
 
-/// Restores `snapshot` into a new VMM for `row` (already inserted), waits
-/// until it answers, records it as `state` and starts watching it. With
-/// `freeze` (and unless the sandbox is `keep_running`) its vCPUs are
-/// paused at once, before the guest has done anything: on PVM hosts a
-/// freshly restored guest's first moments cost the host far more than its
-/// restore, and nothing needs to run until the first request.
+/// Starts the VM of `row` (already inserted) from `from` through the
+/// daemon's backend, waits until it runs, records it as `state` and starts
+/// watching it. With `freeze` (and unless the sandbox is `keep_running`)
+/// its vCPUs are paused at once, before the guest has done anything: on
+/// PVM hosts a freshly restored guest's first moments cost the host far
+/// more than its restore, and nothing needs to run until the first
+/// request.
 pub async fn start_vmm(
     d: &Arc<Daemon>,
     mut row: SandboxRow,
-    snapshot: PathBuf,
+    from: Source,
     state: State,
     freeze: bool,
 ) -> ApiResult<SandboxRow> {
     let freeze = freeze && !row.keep_running && d.cfg.freeze_after.is_some();
-    let paths = vm::Paths::new(&row.dir);
-    let vmm = d.cfg.vmm.clone();
     let t0 = Instant::now();
-    let p2 = paths.clone();
     let permit = tokio::time::timeout(Duration::from_secs(60), d.restores.acquire())
         .await
         .map_err(|_| {
@@ -107,29 +102,20 @@ pub async fn start_vmm(
                 "too many restores queued for 60 s; retry later".into(),
             ))
         })??;
+    let (backend, dir) = (d.backend.clone(), row.dir.clone());
     let res = blocking("restore", Duration::from_secs(90), move || {
-        let (p, mut ready) =
-            vm::spawn_restore(&vmm, &snapshot, &p2).map_err(|source| ApiError::SpawnVmm {
-                vmm: vmm.clone(),
+        let vm = backend
+            .restore(&dir, &from)
+            .map_err(|source| ApiError::Backend {
+                context: "restore failed",
                 source,
             })?;
-        vm::wait_ready(&p, &mut ready, Duration::from_secs(60)).map_err(|reason| {
-            p.kill();
-            p.wait_gone(Duration::from_secs(2));
-            ApiError::RestoreFailed {
-                reason,
-                log_tail: vm::log_tail(&p2),
-            }
-        })?;
-        let frozen = freeze
-            && vmm_api::Client::new(&p2.api_sock, Duration::from_secs(5))
-                .pause()
-                .is_ok();
-        Ok((p, frozen))
+        let frozen = freeze && vm.freeze().is_ok();
+        Ok((vm, frozen))
     })
     .await;
     drop(permit);
-    let (p, frozen) = match res {
+    let (vm, frozen) = match res {
         Ok(p) => p,
         Err(e) => {
             d.event(&row.id, "restore_failed", &e.to_string());
@@ -140,7 +126,7 @@ pub async fn start_vmm(
     let live = d
         .live(&row.id)
         .unwrap_or_else(|| Arc::new(Live::new(&row.id, &row.dir, None, true)));
-    live.set_proc(Some(p));
+    live.set_vm(Some(vm.clone()));
     *live.frozen.lock().await = frozen;
     // Nothing runs in a fresh guest until it is asked to: it may be frozen
     // at once (the next request continues it in ~1 ms).
@@ -151,19 +137,20 @@ pub async fn start_vmm(
     // Killed while it was starting: do not resurrect it.
     let still = d.db(|db| db.sandbox(&row.id))?;
     if still.is_none_or(|r| r.state == State::Failed) {
-        p.kill();
+        vm.kill();
         return Err(ApiError::Conflict(format!(
             "sandbox '{}' was removed while starting",
             row.id
         )));
     }
-    row.pid = Some(p.pid);
-    row.pid_start = Some(p.start);
+    row.kind = vm.kind();
+    row.pid = Some(vm.pid());
+    row.backend_state = Some(vm.state());
     row.state = state;
     row.needs_post_restore = true;
     d.db(|db| db.put_sandbox(&row))?;
     d.insert_live(live.clone());
-    supervisor::watch(d.clone(), live, p);
+    watch::watch(d.clone(), live, vm);
     Ok(row)
 }
 
@@ -182,107 +169,16 @@ pub fn check_name(what: &str, n: &str) -> ApiResult<()> {
     Ok(())
 }
 
-/// Creates a sandbox.
-pub async fn create(d: &Arc<Daemon>, req: CreateSandbox) -> ApiResult<SandboxView> {
-    let t0 = Instant::now();
-    let root = req.root();
-    let tpl = match (&req.template, &req.image) {
-        (Some(_), Some(_)) => {
-            return Err(ApiError::BadRequest(
-                "give either 'template' or 'image', not both".into(),
-            ))
-        }
-        (None, None) => {
-            return Err(ApiError::BadRequest(
-                "give 'template' (a template name) or 'image' (tiny or base)".into(),
-            ))
-        }
-        (Some(t), None) => {
-            if req.vcpus.is_some() || req.memory_mib.is_some() || !root.is_default() {
-                return Err(ApiError::BadRequest(
-                    "'vcpus', 'memory_mib', 'layers', 'upper_size_mib' and 'upper_disk_mib' \
-                     come from the template; give them with 'image'"
-                        .into(),
-                ));
-            }
-            ready_template(d, t)?
-        }
-        (None, Some(img)) => {
-            let vcpus = req.vcpus.unwrap_or(1);
-            let mem = req.memory_mib.unwrap_or(128);
-            super::templates::image_template(d, img, vcpus, mem, &root).await?
-        }
-    };
-    for k in req.env.keys() {
-        if k.is_empty() || k.contains('=') || k.contains('\0') {
-            return Err(ApiError::BadRequest(format!("bad environment name {k:?}")));
-        }
-    }
-    let now = db::now();
-    let id = random_id();
-    let row = SandboxRow {
-        dir: d.cfg.sandboxes_dir().join(&id),
-        id,
-        template: tpl.name.clone(),
-        state: State::Starting,
-        vcpus: tpl.vcpus,
-        memory_mib: tpl.memory_mib,
-        pid: None,
-        pid_start: None,
-        created_at: now,
-        last_active: now,
-        ttl_s: req.ttl_s,
-        idle_timeout_s: req.idle_timeout_s,
-        metadata: req.metadata,
-        env: req.env,
-        needs_post_restore: true,
-        keep_running: req.keep_running,
-        error: None,
-    };
-    if let Some(r) = d.db(|db| db.take_pooled(&tpl.name, &row))? {
-        if let Some(live) = d.live(&r.id) {
-            live.keep_running.store(r.keep_running, Ordering::Release);
-            if r.keep_running {
-                drop(super::freeze::busy(&live).await?);
-            }
-        }
-        d.metrics.pool_hits.fetch_add(1, Ordering::Relaxed);
-        d.pool_wake.notify_one();
-        d.metrics.create.observe(t0.elapsed().as_secs_f64());
-        d.event(
-            &r.id,
-            "created",
-            &format!("from the warm pool of '{}'", r.template),
-        );
-        let mut v = SandboxView::from(r);
-        v.from_pool = Some(true);
-        return Ok(v);
-    }
-    d.metrics.pool_misses.fetch_add(1, Ordering::Relaxed);
-    admit_and_insert(d, &row, true)?;
-    let id = row.id.clone();
-    let r = match start_vmm(d, row, tpl.dir.clone(), State::Running, true).await {
-        Ok(r) => r,
-        Err(e) => {
-            let _ = d.db(|db| db.delete_sandbox(&id));
-            d.remove_live(&id);
-            let dir = d.cfg.sandboxes_dir().join(&id);
-            tokio::task::spawn_blocking(move || std::fs::remove_dir_all(dir));
-            return Err(e);
-        }
-    };
-    d.metrics.create.observe(t0.elapsed().as_secs_f64());
-    d.event(&r.id, "created", &format!("restored from '{}'", r.template));
-    let mut v = SandboxView::from(r);
-    v.from_pool = Some(false);
-    Ok(v)
-}
-
 /// A ready template by name.
 pub fn ready_template(d: &Daemon, name: &str) -> ApiResult<TemplateRow> {
     match d.db(|db| db.template(name))? {
         None => Err(ApiError::NotFound(format!(
             "no template '{name}' (see GET /v1/templates)"
+        ))),
+        Some(t) if t.kind != d.backend.kind() => Err(ApiError::Conflict(format!(
+            "template '{name}' is of kind {}; this daemon runs {} sandboxes",
+            t.kind,
+            d.backend.kind()
         ))),
         Some(t) if t.state == TemplateState::Ready => Ok(t),
         Some(t) if t.state == TemplateState::Building => Err(ApiError::Conflict(format!(
@@ -295,13 +191,13 @@ pub fn ready_template(d: &Daemon, name: &str) -> ApiResult<TemplateRow> {
     }
 }
 
-/// Stops a VMM now (SIGKILL: the guest has nothing to save) and forgets
+/// Stops a VM now (SIGKILL: the guest has nothing to save) and forgets
 /// the live side; the supervisor reaps the process.
 async fn stop_live(live: &Live) {
     live.expect_exit.store(true, Ordering::Release);
     *live.client.lock().await = None;
-    if let Some(p) = live.proc() {
-        p.kill();
+    if let Some(vm) = live.vm() {
+        vm.kill();
     }
 }
 
@@ -324,45 +220,6 @@ pub async fn kill(d: &Arc<Daemon>, id: &str, reason: &str) -> ApiResult<()> {
     }
     d.event(id, "killed", reason);
     Ok(())
-}
-
-/// The sandbox, running: a paused one is resumed first.
-pub async fn ensure_running(
-    d: &Arc<Daemon>,
-    id: &str,
-) -> ApiResult<(SandboxRow, Arc<Live>, super::freeze::Busy)> {
-    for _ in 0..3 {
-        let r = row(d, id)?;
-        match r.state {
-            State::Running => {
-                let live = d
-                    .live(id)
-                    .ok_or_else(|| ApiError::Internal(format!("sandbox '{id}' has no VMM")))?;
-                let now = db::now();
-                if now - r.last_active > 1.0 {
-                    d.db(|db| db.touch(id, now))?;
-                }
-                let busy = super::freeze::busy(&live).await?;
-                return Ok((r, live, busy));
-            }
-            State::Paused | State::Pausing => {
-                resume(d, id).await?;
-            }
-            State::Starting => {
-                return Err(ApiError::Conflict(format!("sandbox '{id}' is starting")))
-            }
-            State::Failed => {
-                return Err(ApiError::Conflict(format!(
-                    "sandbox '{id}' failed: {}",
-                    r.error.unwrap_or_default()
-                )))
-            }
-            State::Pooled => return Err(ApiError::NotFound(format!("no sandbox '{id}'"))),
-        }
-    }
-    Err(ApiError::Conflict(format!(
-        "sandbox '{id}' keeps changing state; retry"
-    )))
 }
 
 /// How the daemon talks to agents: the connection within the agent
@@ -390,10 +247,15 @@ pub async fn agent(d: &Daemon, live: &Live) -> ApiResult<AsyncClient> {
     }
     let post = live.needs_post_restore.load(Ordering::Acquire);
     let t = d.cfg.agent_timeout;
-    let transport = Transport::hybrid_vsock(&live.paths.vsock);
+    let transport = live
+        .vm()
+        .ok_or_else(|| ApiError::Internal(format!("sandbox '{}' has no VM", live.id)))?
+        .agent();
     let connect = async {
         let c = AsyncClient::connect_retry(&transport, agent_config(t), t).await?;
         if post {
+            // The first connection after a restore: clones never share
+            // randomness or a stale clock.
             c.post_restore(entropy(), unix_nanos()).await?;
         }
         Ok::<_, ClientError>(c)
@@ -402,9 +264,9 @@ pub async fn agent(d: &Daemon, live: &Live) -> ApiResult<AsyncClient> {
         "connecting to the sandbox agent",
         t + Duration::from_secs(5),
         async {
-            connect.await.map_err(|e| ApiError::AgentUnreachable {
+            connect.await.map_err(|source| ApiError::AgentUnreachable {
                 id: live.id.clone(),
-                source: SandboxError::Agent(e),
+                source,
             })
         },
     )
@@ -422,5 +284,3 @@ pub async fn agent(d: &Daemon, live: &Live) -> ApiResult<AsyncClient> {
     *g = Some(c.clone());
     Ok(c)
 }
-
-pub use super::lifecycle::{pause, resume, snapshot};

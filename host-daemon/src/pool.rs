@@ -13,6 +13,7 @@
 
 use super::db::{self, SandboxRow, State};
 use super::{ops, random_id, ApiError, Daemon};
+use shoal_runtime::backend::Source;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -38,7 +39,8 @@ pub async fn run(d: Arc<Daemon>) {
         };
         for (tpl, target) in pools {
             let fl = inflight.entry(tpl.clone()).or_default().clone();
-            let have = counts.get(&tpl).copied().unwrap_or(0) as usize;
+            let have =
+                usize::try_from(counts.get(&tpl).copied().unwrap_or(0)).unwrap_or(usize::MAX);
             let busy = fl.load(Ordering::Acquire);
             let want = (target as usize).saturating_sub(have + busy);
             for _ in 0..want.min(PARALLEL.saturating_sub(busy)) {
@@ -85,11 +87,12 @@ async fn fill_one(d: &Arc<Daemon>, tpl: &str) -> bool {
         dir: d.cfg.sandboxes_dir().join(&id),
         id: id.clone(),
         template: t.name.clone(),
+        kind: t.kind,
         state: State::Starting,
         vcpus: t.vcpus,
         memory_mib: t.memory_mib,
         pid: None,
-        pid_start: None,
+        backend_state: None,
         created_at: now,
         last_active: now,
         ttl_s: 0,
@@ -112,7 +115,8 @@ async fn fill_one(d: &Arc<Daemon>, tpl: &str) -> bool {
         }
     }
     let res = async {
-        let r = ops::start_vmm(d, row, t.dir.clone(), State::Starting, false).await?;
+        let from = Source::Template(t.dir.clone());
+        let r = ops::start_vmm(d, row, from, State::Starting, false).await?;
         let live = d
             .live(&r.id)
             .ok_or_else(|| ApiError::Internal("pooled sandbox vanished".into()))?;

@@ -1,84 +1,14 @@
-//! Supervision: every VMM is watched through a pidfd, so a death is
-//! noticed at once (marked failed, reclaimed); TTLs and idle timeouts are
-//! swept periodically; and on start the daemon reattaches to the VMMs that
-//! outlived it or reclaims what is left of the others.
+//! Supervision: TTLs and idle timeouts are swept periodically, and on
+//! start the daemon reattaches to the VMs that outlived it or reclaims
+//! what is left of the others, through its backend (each VM it keeps is
+//! then watched: [`crate::watch`]).
 
 use super::db::{self, State};
-use super::{ops, Daemon, Live};
-use shoal_runtime::vm;
+use super::watch::{reclaim, watch};
+use super::{lifecycle, ops, Daemon, Live};
 use std::collections::HashSet;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
-use tokio::io::unix::AsyncFd;
-use tokio::io::Interest;
-use vmm_api::{Client, VmState};
-
-/// Watches `p` (the VMM of `live`) until it exits.
-pub fn watch(d: Arc<Daemon>, live: Arc<Live>, p: vm::Proc) {
-    tokio::spawn(async move {
-        let afd = p.pidfd().and_then(|fd| {
-            // SAFETY: the AsyncFd owns the OwnedFd, which stays open and
-            // unchanged until the AsyncFd is dropped.
-            unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE) }
-                .map_err(|e| e.into_parts().1)
-        });
-        match afd {
-            Ok(afd) => {
-                let _ = afd.readable().await;
-            }
-            Err(_) => {
-                // No pidfd (old kernel, or already gone): poll.
-                while p.alive() {
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-            }
-        }
-        exited(&d, &live, p).await;
-    });
-}
-
-async fn exited(d: &Arc<Daemon>, live: &Arc<Live>, p: vm::Proc) {
-    p.reap();
-    if live.proc() != Some(p) || live.expect_exit.load(Ordering::Acquire) {
-        return; // the daemon's doing (kill, pause), or an older VMM
-    }
-    d.metrics.vmm_deaths.fetch_add(1, Ordering::Relaxed);
-    live.set_proc(None);
-    *live.client.lock().await = None;
-    let why = format!(
-        "VMM (pid {}) exited unexpectedly: {}",
-        p.pid,
-        vm::log_tail(&live.paths)
-    );
-    reclaim(d, &live.id, &why).await;
-}
-
-/// Marks a sandbox failed (a pooled one is just dropped) and removes its
-/// files and live side.
-pub async fn reclaim(d: &Arc<Daemon>, id: &str, why: &str) {
-    let row = d.db(|db| db.sandbox(id)).ok().flatten();
-    d.remove_live(id);
-    let Some(r) = row else { return };
-    let res = d.db(|db| {
-        if r.state == State::Pooled {
-            db.delete_sandbox(id)?;
-        } else {
-            db.set_state(id, State::Failed, Some(why))?;
-            db.touch(id, db::now())?;
-        }
-        Ok(())
-    });
-    if let Err(e) = res {
-        tracing::error!(sandbox = id, "recording a failure: {e}");
-    }
-    let dir = r.dir.clone();
-    let _ = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(dir)).await;
-    d.event(id, "failed", why);
-    if r.state == State::Pooled {
-        d.pool_wake.notify_one();
-    }
-}
 
 /// Failed sandboxes are listed this long, then forgotten.
 const FAILED_KEPT_S: f64 = 3600.0;
@@ -116,7 +46,7 @@ pub async fn sweep_loop(d: Arc<Daemon>) {
                         "idle",
                         &format!("idle for {} s: pausing", r.idle_timeout_s),
                     );
-                    if let Err(e) = ops::pause(&d, &r.id).await {
+                    if let Err(e) = lifecycle::pause(&d, &r.id).await {
                         tracing::warn!(sandbox = %r.id, "idle pause: {e}");
                     }
                 });
@@ -153,12 +83,35 @@ pub async fn recover(d: &Arc<Daemon>) -> Recovery {
     let mut keep_dirs = HashSet::new();
     let mut tracked = HashSet::new();
     for r in rows {
+        let lost = |what: &str| {
+            format!(
+                "VMM lost while the daemon was down (state was {}): {what}",
+                r.state.as_str()
+            )
+        };
+        if r.kind != d.backend.kind() && r.state != State::Failed {
+            // Another kind's VM: this daemon cannot run or reattach it.
+            let why = format!(
+                "a {} sandbox, and this daemon runs {} sandboxes",
+                r.kind,
+                d.backend.kind()
+            );
+            let _ = d.db(|db| db.set_state(&r.id, State::Failed, Some(&why)));
+            keep_dirs.insert(r.dir.clone());
+            rec.reclaimed += 1;
+            continue;
+        }
+        let (backend, dir, state) = (d.backend.clone(), r.dir.clone(), r.backend_state.clone());
         match r.state {
             State::Paused => {
-                let live = Arc::new(Live::new(&r.id, &r.dir, None, true));
-                if live.paths.latest_snapshot().is_some() {
+                let ok = tokio::task::spawn_blocking(move || {
+                    state.is_some_and(|s| backend.can_resume(&dir, &s))
+                })
+                .await
+                .unwrap_or(false);
+                if ok {
                     keep_dirs.insert(r.dir.clone());
-                    d.insert_live(live);
+                    d.insert_live(Arc::new(Live::new(&r.id, &r.dir, None, true)));
                     rec.paused += 1;
                 } else {
                     let _ =
@@ -166,51 +119,44 @@ pub async fn recover(d: &Arc<Daemon>) -> Recovery {
                 }
             }
             State::Failed => {}
-            State::Running | State::Pooled | State::Starting | State::Pausing => {
-                let p = r
-                    .pid
-                    .zip(r.pid_start)
-                    .map(|(pid, start)| vm::Proc { pid, start });
-                let sock = r.dir.join("api.sock");
-                let usable: Option<bool> = match p {
-                    Some(p) if p.alive() && matches!(r.state, State::Running | State::Pooled) => {
-                        tokio::task::spawn_blocking(move || {
-                            // Running, or frozen (vCPUs paused by the freezer).
-                            let st = Client::new(&sock, Duration::from_secs(3)).stats();
-                            match st.map(|s| s.state) {
-                                Ok(VmState::Running) => Some(false),
-                                Ok(VmState::Paused) => Some(true),
-                                Ok(VmState::Empty) | Err(_) => None,
-                            }
-                        })
-                        .await
-                        .unwrap_or(None)
+            State::Starting | State::Pausing => {
+                // Half started or half paused: whatever runs is unusable.
+                let _ = tokio::task::spawn_blocking(move || {
+                    if let Some(s) = state {
+                        backend.discard(&dir, &s);
                     }
-                    _ => None,
-                };
-                match (p, usable) {
-                    (Some(p), Some(frozen)) => {
-                        let live =
-                            Arc::new(Live::new(&r.id, &r.dir, Some(p), r.needs_post_restore));
-                        *live.frozen.lock().await = frozen;
+                })
+                .await;
+                reclaim(d, &r.id, &lost("it was not running")).await;
+                rec.reclaimed += 1;
+            }
+            State::Running | State::Pooled => {
+                let found = tokio::task::spawn_blocking(move || match state {
+                    Some(s) => backend.reattach(&dir, &s).map_err(|e| e.to_string()),
+                    None => Err("no backend state recorded".into()),
+                })
+                .await
+                .unwrap_or_else(|e| Err(e.to_string()));
+                match found {
+                    Ok(found) => {
+                        let vm = found.vm;
+                        let live = Arc::new(Live::new(
+                            &r.id,
+                            &r.dir,
+                            Some(vm.clone()),
+                            r.needs_post_restore,
+                        ));
+                        *live.frozen.lock().await = found.frozen;
                         live.keep_running.store(r.keep_running, Ordering::Release);
                         d.insert_live(live.clone());
-                        watch(d.clone(), live, p);
                         keep_dirs.insert(r.dir.clone());
-                        tracked.insert(p.pid);
-                        d.event(&r.id, "reattached", &format!("VMM pid {}", p.pid));
+                        tracked.insert(vm.pid());
+                        d.event(&r.id, "reattached", &format!("VMM pid {}", vm.pid()));
+                        watch(d.clone(), live, vm);
                         rec.reattached += 1;
                     }
-                    _ => {
-                        if let Some(p) = p {
-                            p.kill();
-                            p.wait_gone(Duration::from_secs(2));
-                        }
-                        let why = format!(
-                            "VMM lost while the daemon was down (state was {})",
-                            r.state.as_str()
-                        );
-                        reclaim(d, &r.id, &why).await;
+                    Err(e) => {
+                        reclaim(d, &r.id, &lost(&e)).await;
                         rec.reclaimed += 1;
                     }
                 }
@@ -227,13 +173,12 @@ pub async fn recover(d: &Arc<Daemon>) -> Recovery {
             rec.stray_dirs += 1;
         }
     }
-    for p in vm::vmms_under(&d.cfg.sandboxes_dir()) {
-        if !tracked.contains(&p.pid) {
-            p.kill();
-            p.wait_gone(Duration::from_secs(2));
-            rec.stray_vmms += 1;
-        }
-    }
+    let (backend, root) = (d.backend.clone(), d.cfg.sandboxes_dir());
+    rec.stray_vmms = tokio::task::spawn_blocking(move || {
+        backend.reclaim_strays(&root, &|pid| tracked.contains(&pid))
+    })
+    .await
+    .unwrap_or(0);
     tracing::info!(
         reattached = rec.reattached,
         reclaimed = rec.reclaimed,

@@ -6,30 +6,35 @@ use super::*;
 use crate::admission::Limits;
 use crate::db::{SandboxRow, State, TemplateRow};
 use crate::{Config, Daemon};
+use shoal_images::artifacts::Layout;
+use shoal_runtime::backend::microvm::MicroVm;
+use shoal_runtime::backend::Kind;
 use std::sync::Arc;
 use std::time::Duration;
 
 /// A daemon on `state` reading artifacts from `artifacts` (no KVM: its
 /// VMM does not exist).
 pub(crate) fn daemon(state: &Path, artifacts: &Path) -> Arc<Daemon> {
-    Daemon::open(Config {
-        state_dir: state.into(),
-        vmm: "/nonexistent/shoal-vmm".into(),
-        artifacts: Layout::at(artifacts),
-        limits: Limits {
-            host_memory_mib: 1 << 20,
-            host_cpus: 64,
-            memory_overcommit: 1.0,
-            cpu_overcommit: 1.0,
-            min_available_mib: 0,
-            max_vms: 100,
+    let backend = MicroVm::new("/nonexistent/shoal-vmm", Layout::at(artifacts));
+    Daemon::open(
+        Config {
+            state_dir: state.into(),
+            limits: Limits {
+                host_memory_mib: 1 << 20,
+                host_cpus: 64,
+                memory_overcommit: 1.0,
+                cpu_overcommit: 1.0,
+                min_available_mib: 0,
+                max_vms: 100,
+            },
+            agent_timeout: Duration::from_secs(1),
+            sweep_interval: Duration::from_secs(1),
+            pools: false,
+            freeze_after: None,
+            max_restores: 1,
         },
-        agent_timeout: Duration::from_secs(1),
-        sweep_interval: Duration::from_secs(1),
-        pools: false,
-        freeze_after: None,
-        max_restores: 1,
-    })
+        Arc::new(backend),
+    )
     .unwrap()
 }
 
@@ -38,6 +43,7 @@ fn template(name: &str, dir: PathBuf, state: &str) -> TemplateRow {
     TemplateRow {
         name: name.into(),
         source: "image:tiny".into(),
+        kind: Kind::MicroVm,
         vcpus: 1,
         memory_mib: 128,
         dir,
@@ -55,11 +61,12 @@ fn sandbox(id: &str, template: &str) -> SandboxRow {
     SandboxRow {
         id: id.into(),
         template: template.into(),
+        kind: Kind::MicroVm,
         state: State::Paused,
         vcpus: 1,
         memory_mib: 128,
         pid: None,
-        pid_start: None,
+        backend_state: None,
         dir: format!("/nonexistent/{id}").into(),
         created_at: db::now(),
         last_active: db::now(),
@@ -133,35 +140,6 @@ fn template_dirs_are_in_the_state_dir_and_go_only_when_unused() {
         .contains("stopped while it was being built"));
     assert!(!building.exists());
     assert!(ready.exists());
-}
-
-#[test]
-fn without_installed_artifacts_a_build_fails_at_once_naming_what_is_missing() {
-    let tmp = tempfile::tempdir().unwrap();
-    let inst = tmp.path().join("artifacts");
-    let dir = tmp.path().join("t.0123456789ab");
-    let spec = TemplateSpec::new("tiny", 1, 128);
-    let e = build_from_layout(&Layout::at(&inst), Path::new("/x"), &dir, spec.clone(), &[])
-        .unwrap_err()
-        .to_string();
-    assert!(e.contains("the guest kernel is not installed"), "{e}");
-    assert!(e.contains("shoal artifacts build"), "{e}");
-    assert!(!dir.exists(), "nothing is written before the checks pass");
-    // The kernel is there, the image is not.
-    std::fs::create_dir_all(&inst).unwrap();
-    std::fs::write(inst.join("vmlinux"), "k").unwrap();
-    std::fs::write(inst.join("cmdline"), "console=ttyS0").unwrap();
-    let e = build_from_layout(
-        &Layout::at(&inst),
-        Path::new("/x"),
-        &dir,
-        spec,
-        &["base".into()],
-    )
-    .unwrap_err()
-    .to_string();
-    assert!(e.contains("the 'tiny' image is not installed"), "{e}");
-    assert!(!dir.exists());
 }
 
 #[test]

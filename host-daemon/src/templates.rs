@@ -4,7 +4,6 @@
 
 use super::db::{self, State, TemplateRow};
 use super::ops::{self, check_name};
-use super::template_dirs::build_from_layout;
 use super::{ApiError, ApiResult, Daemon};
 use shoal_api::{CreateTemplate, Pool, RootRequest, SetPool, Template, TemplateState};
 use shoal_images::layers::{self, Upper};
@@ -103,6 +102,7 @@ pub fn create_template(d: &Arc<Daemon>, req: CreateTemplate) -> ApiResult<Templa
     let t = TemplateRow {
         name: req.name.clone(),
         source: format!("image:{}", req.image),
+        kind: d.backend.kind(),
         vcpus,
         memory_mib: mem,
         dir: d.cfg.new_template_dir(&req.name),
@@ -126,9 +126,12 @@ pub fn create_template(d: &Arc<Daemon>, req: CreateTemplate) -> ApiResult<Templa
     }
     d.event(&t.name, "template_building", &t.source);
     let d2 = d.clone();
+    let vcpus8 = u8::try_from(vcpus).map_err(|_| {
+        ApiError::BadRequest(format!("vcpus {vcpus}: expected 1..={}", ops::MAX_VCPUS))
+    })?;
     let spec = TemplateSpec {
         upper,
-        ..TemplateSpec::new(&req.image, vcpus as u8, mem)
+        ..TemplateSpec::new(&req.image, vcpus8, mem)
     };
     let (name, dir, layers) = (t.name.clone(), t.dir.clone(), root.layers);
     tokio::spawn(async move { build(d2, name, dir, spec, layers).await });
@@ -145,11 +148,9 @@ async fn build(
     let _g = d.building.lock().await;
     let t0 = Instant::now();
     tracing::info!(template = %name, dir = %dir.display(), "booting the template");
-    let (artifacts, vmm, dir2) = (d.cfg.artifacts.clone(), d.cfg.vmm.clone(), dir.clone());
-    let res = tokio::task::spawn_blocking(move || {
-        build_from_layout(&artifacts, &vmm, &dir2, spec, &layers)
-    })
-    .await;
+    let (backend, dir2) = (d.backend.clone(), dir.clone());
+    let res =
+        tokio::task::spawn_blocking(move || backend.build_template(spec, &layers, &dir2)).await;
     let res = match res {
         Ok(Ok(())) => Ok(()),
         Ok(Err(e)) => Err(e.to_string()),

@@ -2,6 +2,7 @@
 //! a kernel with a read-only root image (virtio-pmem with DAX by default,
 //! or virtio-blk), and timing what it prints.
 
+use crate::vmm_process::{Disk, VmmProcess, VmmProcessError};
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -29,6 +30,9 @@ pub enum LaunchError {
     /// It did not finish in time (it was killed).
     #[error("VM did not finish within {0:?}; killed")]
     Timeout(Duration),
+    /// The VMM's command line.
+    #[error(transparent)]
+    Vmm(#[from] VmmProcessError),
 }
 
 /// Which monitor runs the VM.
@@ -171,41 +175,38 @@ impl BootSpec {
         c
     }
 
-    /// The monitor command line that boots this spec.
-    pub fn command(&self, monitor: &Monitor) -> Command {
-        match monitor {
-            Monitor::Shoal(vmm) => {
-                let mut c = Command::new(vmm);
-                c.arg("--kernel").arg(&self.kernel);
-                match self.root_kind {
-                    RootKind::Pmem => {
-                        c.arg("--pmem").arg(&self.root);
-                        for p in &self.extra_pmem {
-                            c.arg("--pmem").arg(p);
-                        }
-                        if let Some(d) = &self.upper_disk {
-                            c.arg("--disk").arg(d);
-                        }
-                    }
-                    RootKind::Blk => {
-                        c.arg("--disk").arg(format!("{},ro", self.root.display()));
-                    }
-                    RootKind::BlkExt4Rw => {
-                        c.arg("--disk").arg(&self.root);
-                    }
-                };
-                c.arg("--memory")
-                    .arg(self.memory_mib.to_string())
-                    .arg("--vcpus")
-                    .arg(self.vcpus.to_string())
-                    .arg("--cmdline")
-                    .arg(self.full_cmdline(self.root_kind))
-                    .arg("--timings");
-                if let Some(v) = &self.vsock_uds {
-                    c.arg("--vsock-uds").arg(v);
+    /// Our VMM booting this spec (with `--timings`; the caller adds its
+    /// sockets and standard streams).
+    pub fn vmm_process(&self, vmm: &Path) -> VmmProcess {
+        let mut p = VmmProcess::boot(vmm, &self.kernel);
+        match self.root_kind {
+            RootKind::Pmem => {
+                p = p.pmem(&self.root);
+                for l in &self.extra_pmem {
+                    p = p.pmem(l);
                 }
-                c
+                if let Some(d) = &self.upper_disk {
+                    p = p.disk(Disk::rw(d));
+                }
             }
+            RootKind::Blk => p = p.disk(Disk::ro(&self.root)),
+            RootKind::BlkExt4Rw => p = p.disk(Disk::rw(&self.root)),
+        }
+        p = p
+            .memory_mib(self.memory_mib)
+            .vcpus(self.vcpus)
+            .cmdline(self.full_cmdline(self.root_kind))
+            .timings(true);
+        if let Some(v) = &self.vsock_uds {
+            p = p.vsock_uds(v);
+        }
+        p
+    }
+
+    /// The monitor command line that boots this spec.
+    pub fn command(&self, monitor: &Monitor) -> Result<Command, LaunchError> {
+        match monitor {
+            Monitor::Shoal(vmm) => Ok(self.vmm_process(vmm).command()?),
             Monitor::QemuMicrovm { kernel_args } => {
                 let mut c = Command::new("qemu-system-x86_64");
                 // QEMU appends its own virtio_mmio.device= words after the
@@ -243,7 +244,7 @@ impl BootSpec {
                 .args(["-device", "virtio-blk-device,drive=root"])
                 .arg("-append")
                 .arg(cmdline);
-                c
+                Ok(c)
             }
         }
     }
@@ -276,7 +277,8 @@ pub fn monotonic_ns() -> u128 {
     };
     // SAFETY: clock_gettime writes one timespec to a valid local.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u128 * 1_000_000_000 + ts.tv_nsec as u128
+    // The monotonic clock is never negative.
+    u128::try_from(ts.tv_sec).unwrap_or(0) * 1_000_000_000 + u128::try_from(ts.tv_nsec).unwrap_or(0)
 }
 
 /// Resident KiB of `pid` that is the monitor's own: its RSS less guest
@@ -380,7 +382,7 @@ pub fn boot(
     timeout: Duration,
     on_line: &mut dyn FnMut(&str),
 ) -> Result<BootRun, LaunchError> {
-    let mut cmd = spec.command(monitor);
+    let mut cmd = spec.command(monitor)?;
     cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
@@ -407,8 +409,10 @@ pub fn boot(
                 std::thread::sleep(Duration::from_millis(20));
             }
             timed_out.store(true, std::sync::atomic::Ordering::Release);
-            // SAFETY: kill(2) with a pid we spawned and have not reaped.
-            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+            if let Ok(pid) = i32::try_from(pid) {
+                // SAFETY: kill(2) with a pid we spawned and have not reaped.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
         })
     };
     let err_reader = std::thread::spawn(move || {
@@ -530,7 +534,7 @@ mod tests {
     }
 
     fn cmdline_of(s: &BootSpec) -> String {
-        let a = args(&s.command(&Monitor::Shoal("/vmm".into())));
+        let a = args(&s.command(&Monitor::Shoal("/vmm".into())).unwrap());
         let i = a.iter().position(|x| x == "--cmdline").unwrap();
         a[i + 1].clone()
     }
@@ -563,7 +567,7 @@ mod tests {
             upper_disk: Some("/t/scratch.ext4".into()),
             ..spec()
         };
-        let a = args(&s.command(&Monitor::Shoal("/vmm".into())));
+        let a = args(&s.command(&Monitor::Shoal("/vmm".into())).unwrap());
         let pmem: Vec<&str> = a
             .windows(2)
             .filter(|w| w[0] == "--pmem")

@@ -1,13 +1,24 @@
-//! How a Shoal sandbox runs: launching VMM processes that boot a kernel
-//! ([`launch`]), booting a template and snapshotting it ([`template`]),
-//! restoring VMM processes in their own session and watching them ([`vm`]),
-//! their readiness pipe ([`ready`]), fresh entropy and clock for restored
-//! guests ([`fresh`]), and daemon-less sandboxes for the CLI and tests
-//! ([`sandbox`]).
+//! How a Shoal sandbox runs: the seam the daemon goes through for every
+//! sandbox VM, one kind per backend ([`backend`]: the microVM kind and the
+//! fake one for tests without KVM); the one builder of `shoal-vmm` command
+//! lines ([`vmm_process`]); launching VMM processes that boot a kernel
+//! ([`launch`]); booting a template and snapshotting it ([`template`]);
+//! VM processes by pid and start time ([`vm`]); the VMM's readiness pipe
+//! ([`ready`]); fresh entropy and clock for restored guests ([`fresh`]);
+//! and daemon-less sandboxes for the CLI and tests ([`sandbox`]).
 
+#![warn(
+    clippy::cast_possible_truncation,
+    clippy::cast_possible_wrap,
+    clippy::cast_sign_loss,
+    clippy::cast_lossless
+)]
+
+pub mod backend;
 pub mod fresh;
 pub mod launch;
 pub mod ready;
 pub mod sandbox;
 pub mod template;
 pub mod vm;
+pub mod vmm_process;

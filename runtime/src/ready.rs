@@ -29,10 +29,12 @@ pub struct ReadyPipe {
 }
 
 impl ReadyPipe {
-    /// Spawns `cmd` (the VMM) with `--ready-fd 3` and the write end of a
-    /// new pipe as descriptor [`READY_FD`]; `also` runs in the child before
-    /// exec too (it must be async-signal-safe, e.g. `setsid`). This process
-    /// keeps only the read side, so EOF comes when the child closes its end.
+    /// Spawns `cmd` (the VMM) with the write end of a new pipe as
+    /// descriptor [`READY_FD`]; the command must already tell the VMM to
+    /// use it (`--ready-fd 3`: [`crate::vmm_process::VmmProcess::ready_pipe`]).
+    /// `also` runs in the child before exec too (it must be
+    /// async-signal-safe, e.g. `setsid`). This process keeps only the read
+    /// side, so EOF comes when the child closes its end.
     pub fn spawn(
         cmd: &mut Command,
         also: Option<fn() -> std::io::Result<()>>,
@@ -46,7 +48,6 @@ impl ReadyPipe {
         // SAFETY: two new descriptors that nothing else owns.
         let (read, write) = unsafe { (File::from_raw_fd(fds[0]), File::from_raw_fd(fds[1])) };
         let w = write.as_raw_fd();
-        cmd.arg("--ready-fd").arg(READY_FD.to_string());
         // SAFETY: between fork and exec the closure only calls dup2/fcntl
         // (async-signal-safe) on a descriptor this process owns, then
         // `also`, which callers keep to async-signal-safe calls; the child
@@ -115,7 +116,6 @@ mod tests {
 
     #[test]
     fn reports_ready_ended_and_timeout() {
-        // sh -c SCRIPT --ready-fd 3: the script ignores its arguments.
         let t = Duration::from_secs(5);
         assert_eq!(run("echo ready >&3; sleep 2", t), Readiness::Ready);
         assert_eq!(run("exit 1", t), Readiness::Ended);

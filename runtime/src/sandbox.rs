@@ -7,11 +7,11 @@
 use crate::fresh::{entropy, unix_nanos};
 use crate::launch::{BootSpec, RootKind, INIT_MARKER};
 use crate::template::{self, TemplateError};
+use crate::vmm_process::{Disk, Io, Serial, VmmProcess};
 use agent_client::Client;
 use shoal_images::artifacts;
 use shoal_images::layers::{self, LayerError, Upper};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime};
 
 /// Errors managing sandboxes.
@@ -315,7 +315,7 @@ fn random_id() -> String {
     let mut b = [0u8; 6];
     // SAFETY: getrandom writes at most b.len() bytes into b.
     let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
-    if n != b.len() as isize {
+    if usize::try_from(n).ok() != Some(b.len()) {
         let t = SystemTime::now()
             .duration_since(SystemTime::UNIX_EPOCH)
             .unwrap_or_default()
@@ -366,38 +366,21 @@ impl Sandbox {
                 return Err(e.into());
             }
         };
-        let mut cmd = Command::new(vmm);
-        if let Some(d) = &disk {
-            cmd.arg("--restore-disk").arg(d);
+        let mut p = VmmProcess::restore(&vmm, tpl);
+        if let Some(d) = disk {
+            p = p.disk(Disk::rw(d));
         }
-        cmd.arg("--restore")
-            .arg(tpl)
-            .arg("--api-sock")
-            .arg(&sb.api_sock)
-            .arg("--vsock-uds")
-            .arg(&sb.vsock)
-            .arg("--serial")
-            .arg(format!("file:{}", sb.dir.join("console.log").display()))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(
-                std::fs::File::create(sb.dir.join("vmm.log"))
-                    .map(Stdio::from)
-                    .unwrap_or_else(|_| Stdio::null()),
-            );
-        if detach {
-            use std::os::unix::process::CommandExt;
-            // SAFETY: setsid in the child between fork and exec touches no
-            // memory shared with the parent.
-            unsafe {
-                cmd.pre_exec(|| {
-                    libc::setsid();
-                    Ok(())
-                })
-            };
-        }
-        let child = match cmd.spawn() {
-            Ok(c) => c,
+        let spawned = p
+            .api_sock(&sb.api_sock)
+            .vsock_uds(&sb.vsock)
+            .serial(Serial::File(sb.dir.join("console.log")))
+            .stdin(Io::Null)
+            .stdout(Io::Null)
+            .stderr(Io::Truncate(sb.dir.join("vmm.log")))
+            .own_session(detach)
+            .spawn();
+        let child = match spawned {
+            Ok(s) => s.child,
             Err(e) => {
                 let _ = std::fs::remove_dir_all(&sb.dir);
                 return Err(SandboxError::Vmm(format!("cannot start: {e}")));
@@ -525,6 +508,7 @@ fn reap_stale_in(root: &Path) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::process::Command;
 
     #[test]
     fn prune_templates_removes_only_old_unmapped_ones() {

@@ -1,10 +1,11 @@
 //! Templates: boot a guest once, snapshot it when it is ready, and restore
 //! copies from the snapshot.
 
-use crate::launch::{BootSpec, Monitor};
+use crate::launch::BootSpec;
+use crate::vmm_process::{Io, VmmProcess, VmmProcessError};
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::time::{Duration, Instant};
 use vmm_api::{Client, SnapshotInfo};
 
@@ -12,8 +13,11 @@ use vmm_api::{Client, SnapshotInfo};
 #[derive(Debug, thiserror::Error)]
 pub enum TemplateError {
     /// The VMM could not be started.
-    #[error("cannot start shoal-vmm: {0}")]
-    Spawn(std::io::Error),
+    #[error(transparent)]
+    Spawn(#[from] VmmProcessError),
+    /// Waiting for the VMM failed.
+    #[error("waiting for shoal-vmm: {0}")]
+    Wait(std::io::Error),
     /// The guest never printed the ready line.
     #[error("the template guest did not print {0:?} before it stopped or timed out")]
     NotReady(String),
@@ -59,15 +63,15 @@ pub fn make_with(
 ) -> Result<SnapshotInfo, TemplateError> {
     std::fs::create_dir_all(dir).map_err(|e| TemplateError::Io(dir.into(), e))?;
     let sock = dir.join("template-boot.sock");
-    let mut cmd = spec.command(&Monitor::Shoal(vmm.into()));
-    cmd.arg("--api-sock")
-        .arg(&sock)
-        .arg("--timeout")
-        .arg(timeout.as_secs().to_string())
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null());
-    let mut child = cmd.spawn().map_err(TemplateError::Spawn)?;
+    let mut child = spec
+        .vmm_process(vmm)
+        .api_sock(&sock)
+        .timeout(Duration::from_secs(timeout.as_secs()))
+        .stdin(Io::Null)
+        .stdout(Io::Piped)
+        .stderr(Io::Null)
+        .spawn()?
+        .child;
     let mut seen = false;
     if let Some(out) = child.stdout.take() {
         let mut lines = BufReader::new(out).split(b'\n');
@@ -164,7 +168,7 @@ pub fn wait_until_idle(pid: u32, window: Duration, max: Duration) -> bool {
         let Some(now) = cpu_ns(pid) else {
             return false;
         };
-        if now.saturating_sub(last) < window.as_nanos() as u64 / 50 {
+        if now.saturating_sub(last) < u64::try_from(window.as_nanos()).unwrap_or(u64::MAX) / 50 {
             return true;
         }
         last = now;
@@ -184,32 +188,27 @@ pub struct Restored {
     ready: Option<crate::ready::ReadyPipe>,
 }
 
-/// Starts `shoal-vmm --restore dir` with its control socket at `sock`.
-/// `stdout` receives the guest console.
-pub fn spawn_restore(
-    vmm: &Path,
-    dir: &Path,
-    sock: &Path,
-    stdout: Stdio,
-    extra: &[&str],
-) -> Result<Restored, TemplateError> {
+/// Starts `vmm` (a [`VmmProcess::restore`] with a control socket; its
+/// stdout, e.g. the guest console, as the caller set it) with a readiness
+/// pipe, its stderr piped back here and no stdin.
+pub fn spawn_restore(vmm: VmmProcess) -> Result<Restored, TemplateError> {
     let spawned = Instant::now();
-    let mut cmd = Command::new(vmm);
-    cmd.arg("--restore")
-        .arg(dir)
-        .arg("--api-sock")
-        .arg(sock)
-        .args(extra)
-        .stdin(Stdio::null())
-        .stdout(stdout)
-        .stderr(Stdio::piped());
-    let (child, ready) =
-        crate::ready::ReadyPipe::spawn(&mut cmd, None).map_err(TemplateError::Spawn)?;
+    let sock = vmm
+        .control_socket()
+        .ok_or(TemplateError::Spawn(VmmProcessError::Invalid(
+            "a restored template VM needs a control socket",
+        )))?
+        .to_path_buf();
+    let s = vmm
+        .stdin(Io::Null)
+        .stderr(Io::Piped)
+        .ready_pipe(true)
+        .spawn()?;
     Ok(Restored {
-        child,
-        sock: sock.into(),
+        child: s.child,
+        sock,
         spawned,
-        ready: Some(ready),
+        ready: s.ready,
     })
 }
 
@@ -225,7 +224,7 @@ impl Restored {
             crate::ready::Readiness::Ready => Ok(()),
             // The VMM ended (or closed the pipe) without running.
             crate::ready::Readiness::Ended => {
-                let status = self.child.wait().map_err(TemplateError::Spawn)?;
+                let status = self.child.wait().map_err(TemplateError::Wait)?;
                 Err(TemplateError::Exited(status))
             }
             crate::ready::Readiness::TimedOut => Err(TemplateError::NoSocket(self.sock.clone())),

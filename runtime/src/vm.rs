@@ -1,13 +1,10 @@
-//! VMM processes as the daemon runs them: restored from a snapshot in
-//! their own session (so they outlive a daemon restart), identified by pid
-//! and start time (so a recycled pid is never taken for them), watched
-//! through a pidfd, and killed by pid only while the start time matches.
+//! Sandbox VM processes as the daemon runs them: identified by pid and
+//! start time (so a recycled pid is never taken for them), watched through
+//! a pidfd, killed by pid only while the start time matches, and found by
+//! the paths on their command lines; and the files of a sandbox directory.
 
-use crate::ready::{Readiness, ReadyPipe};
-use shoal_images::layers;
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// A sandbox directory's files.
@@ -67,6 +64,14 @@ pub struct Proc {
     pub start: u64,
 }
 
+/// The pid of a process this one started.
+pub fn pid_of(child: &std::process::Child) -> i32 {
+    // Linux pids are at most PID_MAX_LIMIT (2^22): they fit an i32.
+    #[allow(clippy::cast_possible_wrap)]
+    let pid = child.id() as i32;
+    pid
+}
+
 /// Field 22 (starttime) of /proc/PID/stat.
 pub fn pid_start(pid: i32) -> Option<u64> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
@@ -115,7 +120,11 @@ impl Proc {
             return Err(std::io::Error::last_os_error());
         }
         // SAFETY: the syscall returned a new fd that nothing else owns.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+        let fd = unsafe {
+            OwnedFd::from_raw_fd(
+                i32::try_from(fd).map_err(|_| std::io::Error::from_raw_os_error(libc::EBADF))?,
+            )
+        };
         if pid_start(self.pid) != Some(self.start) {
             return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
         }
@@ -136,84 +145,14 @@ impl Proc {
     }
 }
 
-/// Starts `vmm --restore snapshot` for the sandbox in `paths` (its own
-/// session; console and VMM messages go to files there). A template with a
-/// scratch disk (`snapshot/scratch.ext4`) gives the sandbox its own copy of
-/// it in its directory, which the VMM then uses; a sandbox's own pause
-/// snapshot names that copy already.
-pub fn spawn_restore(
-    vmm: &Path,
-    snapshot: &Path,
-    paths: &Paths,
-) -> std::io::Result<(Proc, ReadyPipe)> {
-    std::fs::create_dir_all(&paths.dir)?;
-    let _ = std::fs::remove_file(&paths.api_sock);
-    let _ = std::fs::remove_file(&paths.vsock);
-    let mut cmd = Command::new(vmm);
-    if let Some(src) = layers::scratch_disk(snapshot) {
-        let own = paths.dir.join(layers::SCRATCH_DISK);
-        // A leftover of an earlier attempt is stale.
-        let _ = std::fs::remove_file(&own);
-        layers::clone_file(&src, &own).map_err(std::io::Error::other)?;
-        cmd.arg("--restore-disk").arg(&own);
-    }
-    cmd.arg("--restore")
-        .arg(snapshot)
-        .arg("--api-sock")
-        .arg(&paths.api_sock)
-        .arg("--vsock-uds")
-        .arg(&paths.vsock)
-        .arg("--serial")
-        .arg(format!("file:{}", paths.dir.join("console.log").display()))
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(
-            std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(paths.dir.join("vmm.log"))
-                .map(Stdio::from)
-                .unwrap_or_else(|_| Stdio::null()),
-        );
-    // The VMM gets its own session (setsid, async-signal-safe).
-    fn own_session() -> std::io::Result<()> {
-        // SAFETY: setsid in the child between fork and exec touches no
-        // memory shared with the parent.
-        unsafe { libc::setsid() };
-        Ok(())
-    }
-    let (child, ready) = ReadyPipe::spawn(&mut cmd, Some(own_session))?;
-    let pid = child.id() as i32;
-    // The Child handle is dropped without waiting: the supervisor reaps
-    // the process when its pidfd reports the exit.
-    drop(child);
-    let start = pid_start(pid).unwrap_or(0);
-    Ok((Proc { pid, start }, ready))
-}
-
-/// Waits until the VMM reports its vCPUs running (its control socket is up
-/// by then) on its ready pipe, or ends, or `timeout` passes.
-pub fn wait_ready(p: &Proc, ready: &mut ReadyPipe, timeout: Duration) -> Result<(), String> {
-    match ready.wait(timeout) {
-        Readiness::Ready => Ok(()),
-        Readiness::Ended => {
-            p.reap();
-            Err("the VMM exited during restore".into())
-        }
-        Readiness::TimedOut => Err(format!("the VMM did not report ready within {timeout:?}")),
-    }
-}
-
-/// The VMM's last messages (for error reports).
-pub fn log_tail(paths: &Paths) -> String {
-    let s = std::fs::read_to_string(paths.dir.join("vmm.log")).unwrap_or_default();
-    let lines: Vec<&str> = s.lines().rev().take(3).collect();
-    lines.into_iter().rev().collect::<Vec<_>>().join(" | ")
-}
-
-/// `shoal-vmm` processes whose command line names a path under `root`:
-/// (pid, start time).
+/// `shoal-vmm` processes whose command line names a path under `root`.
 pub fn vmms_under(root: &Path) -> Vec<Proc> {
+    processes_under(root, "shoal-vmm")
+}
+
+/// Processes whose program name (argv[0]) ends in `program` and whose
+/// command line names a path under `root`: (pid, start time).
+pub fn processes_under(root: &Path, program: &str) -> Vec<Proc> {
     let needle = root.as_os_str().as_encoded_bytes();
     let mut out = Vec::new();
     for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
@@ -224,8 +163,8 @@ pub fn vmms_under(root: &Path) -> Vec<Proc> {
             continue;
         };
         let mut args = cmd.split(|b| *b == 0);
-        let is_vmm = args.next().is_some_and(|a| a.ends_with(b"shoal-vmm"));
-        if is_vmm && args.any(|a| a.windows(needle.len()).any(|w| w == needle)) {
+        let is_it = args.next().is_some_and(|a| a.ends_with(program.as_bytes()));
+        if is_it && args.any(|a| a.windows(needle.len()).any(|w| w == needle)) {
             if let Some(start) = pid_start(pid) {
                 out.push(Proc { pid, start });
             }
@@ -237,10 +176,11 @@ pub fn vmms_under(root: &Path) -> Vec<Proc> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::process::Command;
 
     #[test]
     fn own_start_time_and_liveness() {
-        let me = std::process::id() as i32;
+        let me = i32::try_from(std::process::id()).unwrap();
         let start = pid_start(me).expect("own start time");
         let p = Proc { pid: me, start };
         assert!(p.alive());
@@ -271,8 +211,8 @@ mod tests {
             .unwrap();
         let end = Instant::now() + Duration::from_secs(5);
         let found = loop {
-            let v = vmms_under(dir.path());
-            if let Some(p) = v.into_iter().find(|p| p.pid == c.id() as i32) {
+            let v = processes_under(dir.path(), "shoal-vmm");
+            if let Some(p) = v.into_iter().find(|p| p.pid == pid_of(&c)) {
                 break Some(p);
             }
             if Instant::now() > end {

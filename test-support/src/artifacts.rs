@@ -17,6 +17,51 @@ pub fn tiny_template() -> PathBuf {
     .clone()
 }
 
+/// The `shoal-agent` binary for host-mode use (the fake sandbox backend):
+/// `$SHOAL_AGENT` if set, else this workspace's debug build, brought up
+/// to date with `cargo build -p guest-agent --bin shoal-agent` once per
+/// test binary (cargo only builds the binaries of the package under test).
+/// Panics with the reason if it cannot be had: tests that need it fail.
+pub fn host_agent() -> PathBuf {
+    static A: OnceLock<PathBuf> = OnceLock::new();
+    A.get_or_init(|| {
+        if let Some(p) = std::env::var_os("SHOAL_AGENT") {
+            let p = PathBuf::from(p);
+            assert!(p.is_file(), "SHOAL_AGENT={} is not a file", p.display());
+            return p;
+        }
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .parent()
+            .expect("the workspace root")
+            .to_path_buf();
+        let target = std::env::var_os("CARGO_TARGET_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| root.join("target"));
+        let out = std::process::Command::new(env!("CARGO"))
+            .args([
+                "build",
+                "--quiet",
+                "-p",
+                "guest-agent",
+                "--bin",
+                "shoal-agent",
+            ])
+            .current_dir(&root)
+            .env("CARGO_TARGET_DIR", &target)
+            .output()
+            .expect("running cargo to build shoal-agent");
+        assert!(
+            out.status.success(),
+            "cargo build -p guest-agent --bin shoal-agent failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let p = target.join("debug/shoal-agent");
+        assert!(p.is_file(), "{} was not built", p.display());
+        p
+    })
+    .clone()
+}
+
 /// The guest kernel and the `tiny` image, built from this checkout
 /// (cached) and installed into `${SHOAL_CACHE:-~/.cache/shoal}/artifacts`
 /// once per test binary: the layout test daemons read (`--artifacts`).

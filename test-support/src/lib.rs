@@ -1,8 +1,10 @@
 //! What Shoal's tests repeat, in one place: checks that a test's
 //! prerequisites are there (each fails the test with a clear message, never
 //! skips it), console capture, the guest artifacts and the cached test
-//! template, restored sandboxes driven through the agent, and read-only
-//! layers and ext4 images inspected on the host.
+//! template, the agent binary for host-mode tests without KVM
+//! ([`host_agent`], the fake sandbox backend's), restored sandboxes driven
+//! through the agent, and read-only layers and ext4 images inspected on the
+//! host.
 //!
 //! It must not depend on `vmm` (the VMM's integration tests use it);
 //! helpers that need the VMM's types live in `vmm/tests/common`.
@@ -20,7 +22,7 @@ mod layers;
 mod prereq;
 mod sandbox;
 
-pub use artifacts::{artifacts, cmdline, image, kernel, tiny_template};
+pub use artifacts::{artifacts, cmdline, host_agent, image, kernel, tiny_template};
 pub use console::Console;
 pub use layers::{debugfs, layer};
 pub use prereq::{kvm, kvm_serial, require_kvm, require_root};

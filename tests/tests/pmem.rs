@@ -16,7 +16,7 @@
 use agent_client::{Client, ExitStatus};
 use shoal_images::artifacts;
 use shoal_images::image::{build_image_with, AgentSource, BuildOptions, ImageSource};
-use shoal_runtime::launch::{BootSpec, Monitor, RootKind, INIT_MARKER};
+use shoal_runtime::launch::{BootSpec, RootKind, INIT_MARKER};
 use shoal_runtime::template;
 use shoal_test_support::{cmdline, image, kernel, require_kvm, require_root, RunningSandbox};
 use std::path::{Path, PathBuf};
@@ -279,9 +279,10 @@ fn refused(image: &Path) -> String {
     let mut s = spec(f, RootKind::Pmem, &f.dir.join("never.vsock"));
     s.root = image.to_path_buf();
     let out = s
-        .command(&Monitor::Shoal(vmm))
-        .arg("--timeout")
-        .arg("60")
+        .vmm_process(&vmm)
+        .timeout(Duration::from_secs(60))
+        .command()
+        .unwrap()
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr).into_owned();

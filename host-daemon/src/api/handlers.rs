@@ -6,7 +6,7 @@
 
 use super::wire::{body, flag, path_arg, query, AdmissionErrors, Errors, Res, D};
 use crate::db::{Filter, State};
-use crate::{admission, exec, metrics, ops, templates, ApiError, Daemon};
+use crate::{admission, exec, lifecycle, metrics, ops, templates, ApiError, Daemon};
 use agent_client::UploadOptions;
 use axum::body::{Body, Bytes};
 use axum::extract::State as AxState;
@@ -99,7 +99,11 @@ pub(super) async fn events(AxState(d): D, RawQuery(q): RawQuery) -> Res<Json<Vec
     let (since, limit) = (num("since", 0)?, num("limit", 1000)?.clamp(1, 10_000));
     let subject = q.get("sandbox").cloned();
     Ok(Json(d.db(|db| {
-        db.events(since, subject.as_deref(), limit as u32)
+        db.events(
+            since,
+            subject.as_deref(),
+            u32::try_from(limit).unwrap_or(10_000),
+        )
     })?))
 }
 
@@ -111,7 +115,7 @@ pub(super) async fn events(AxState(d): D, RawQuery(q): RawQuery) -> Res<Json<Vec
     responses((status = 201, description = "Created (running)", body = Sandbox), AdmissionErrors))]
 pub(super) async fn create(AxState(d): D, b: Bytes) -> Res<impl IntoResponse> {
     let req: CreateSandbox = body(&b)?;
-    Ok((StatusCode::CREATED, Json(ops::create(&d, req).await?)))
+    Ok((StatusCode::CREATED, Json(lifecycle::create(&d, req).await?)))
 }
 
 /// List sandboxes.
@@ -302,7 +306,7 @@ pub(super) async fn snapshot(
     b: Bytes,
 ) -> Res<impl IntoResponse> {
     let req: SnapshotRequest = body(&b)?;
-    let t = ops::snapshot(&d, &id, req).await?;
+    let t = lifecycle::snapshot(&d, &id, req).await?;
     Ok((StatusCode::CREATED, Json(Template::from(t))))
 }
 
@@ -312,7 +316,7 @@ pub(super) async fn snapshot(
     responses((status = 200, description = "Paused", body = Sandbox), Errors))]
 pub(super) async fn pause(AxState(d): D, Path(id): Path<String>) -> Res<Json<Sandbox>> {
     ops::row(&d, &id)?;
-    Ok(Json(ops::pause(&d, &id).await?))
+    Ok(Json(lifecycle::pause(&d, &id).await?))
 }
 
 /// Resume a paused sandbox (any exec or file request also does).
@@ -321,7 +325,7 @@ pub(super) async fn pause(AxState(d): D, Path(id): Path<String>) -> Res<Json<San
     responses((status = 200, description = "Running", body = Sandbox), AdmissionErrors))]
 pub(super) async fn resume(AxState(d): D, Path(id): Path<String>) -> Res<Json<Sandbox>> {
     ops::row(&d, &id)?;
-    Ok(Json(ops::resume(&d, &id).await?))
+    Ok(Json(lifecycle::resume(&d, &id).await?))
 }
 
 /// Register a template.

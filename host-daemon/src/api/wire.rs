@@ -136,6 +136,8 @@ pub(crate) fn path_arg(q: &HashMap<String, String>) -> Res<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use shoal_runtime::backend::BackendError;
+    use shoal_runtime::vmm_process::VmmProcessError;
 
     #[test]
     fn query_parsing() {
@@ -218,25 +220,28 @@ mod tests {
                 "sandbox agent: agent connection closed",
             ),
             (
-                ApiError::Vmm {
-                    context: "VMM",
-                    source: vmm_api::ApiError::Refused {
+                ApiError::Backend {
+                    context: "pause",
+                    source: BackendError::Control(vmm_api::ApiError::Refused {
                         request: "pause",
                         message: "no".into(),
-                    },
+                    }),
                 },
                 502,
                 "sandbox_error",
-                "VMM: no",
+                "pause: VMM: no",
             ),
             (
-                ApiError::SpawnVmm {
-                    vmm: "/x/vmm".into(),
-                    source: std::io::Error::from_raw_os_error(libc::ENOENT),
+                ApiError::Backend {
+                    context: "restore failed",
+                    source: BackendError::Spawn(VmmProcessError::Spawn {
+                        program: "/x/vmm".into(),
+                        source: std::io::Error::from_raw_os_error(libc::ENOENT),
+                    }),
                 },
                 500,
                 "internal",
-                "cannot start /x/vmm: ",
+                "restore failed: cannot start /x/vmm: ",
             ),
             (
                 ApiError::Db(crate::db::DbError::TooNew(9)),

@@ -1,0 +1,19 @@
+//! shoald's logic without KVM: a daemon in this process whose sandboxes
+//! are the fake backend's (real `shoal-agent` processes on the host, which
+//! freeze, pause to disk, die and get killed as VMs do), driven through
+//! its HTTP API. What it checks: operations and lifecycle, pools,
+//! supervision, admission, TTL and idle timeouts, recovery on restart.
+
+#![warn(
+    clippy::cast_possible_truncation,
+    clippy::cast_possible_wrap,
+    clippy::cast_sign_loss,
+    clippy::cast_lossless
+)]
+
+#[path = "fake_daemon/harness.rs"]
+mod harness;
+#[path = "fake_daemon/lifecycle.rs"]
+mod lifecycle;
+#[path = "fake_daemon/supervision.rs"]
+mod supervision;

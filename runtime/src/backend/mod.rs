@@ -1,0 +1,291 @@
+//! The seam between the daemon and the VMs its sandboxes run in: a
+//! [`SandboxBackend`] is one kind of sandbox (how one is restored from a
+//! template, reattached after a daemon restart, found dead), and a
+//! [`SandboxVm`] is one running sandbox of that kind (frozen and thawed,
+//! paused to disk, snapshotted into a template, killed, watched, and where
+//! its agent is reached, a [`Transport`]). One sandbox is one VM process, whatever its
+//! kind, so every kind is watched the same way (a pidfd).
+//!
+//! What a backend needs to find its VM again (after a daemon restart, or
+//! to resume a paused one) is its [`BackendState`]: text the backend
+//! writes and reads back, which the daemon stores without looking inside.
+//!
+//! Kinds: [`microvm::MicroVm`] (our `shoal-vmm`, restored from snapshots,
+//! controlled through its control socket) and [`fake::Fake`] (for tests
+//! without KVM: a real `shoal-agent` process serving on a Unix socket).
+
+pub mod fake;
+pub mod microvm;
+pub mod microvm_template;
+
+use crate::sandbox::TemplateSpec;
+pub use agent_client::Transport;
+use serde::{Deserialize, Serialize};
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A kind of sandbox (and of template: a template is restored by the
+/// backend of its kind).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Kind {
+    /// A `shoal-vmm` microVM restored from a snapshot.
+    #[serde(rename = "microvm")]
+    MicroVm,
+    /// A host process serving the agent protocol (tests without KVM).
+    #[serde(rename = "fake")]
+    Fake,
+}
+
+impl Kind {
+    /// Every kind.
+    pub const ALL: [Kind; 2] = [Kind::MicroVm, Kind::Fake];
+
+    /// Name as stored and shown.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::MicroVm => "microvm",
+            Kind::Fake => "fake",
+        }
+    }
+
+    /// Parses a stored name.
+    pub fn parse(s: &str) -> Option<Kind> {
+        Kind::ALL.into_iter().find(|k| k.as_str() == s)
+    }
+}
+
+impl std::fmt::Display for Kind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What a backend keeps about one sandbox's VM (JSON it writes and reads
+/// back; opaque to everyone else).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct BackendState(String);
+
+impl BackendState {
+    /// State as stored.
+    pub fn from_stored(s: impl Into<String>) -> BackendState {
+        BackendState(s.into())
+    }
+
+    /// The text to store.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    fn encode<T: Serialize>(v: &T) -> BackendState {
+        // Plain structs of paths and integers always serialize.
+        BackendState(serde_json::to_string(v).unwrap_or_default())
+    }
+
+    fn decode<T: serde::de::DeserializeOwned>(&self) -> Result<T, BackendError> {
+        serde_json::from_str(&self.0).map_err(|source| BackendError::State {
+            state: self.0.clone(),
+            source,
+        })
+    }
+}
+
+/// A VM's counters, as far as its kind knows them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VmStats {
+    /// Its vCPUs are paused (frozen); it holds its memory but runs nothing.
+    pub frozen: bool,
+    /// Milliseconds since it started (or was restored).
+    pub uptime_ms: u64,
+}
+
+/// What a sandbox's VM starts from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    /// A template of the backend's kind (its directory).
+    Template(PathBuf),
+    /// The sandbox's own state from [`SandboxVm::pause_to_disk`].
+    Paused(BackendState),
+}
+
+/// Errors of a backend; each says what failed, with its cause.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    /// The VM process could not be started.
+    #[error(transparent)]
+    Spawn(#[from] crate::vmm_process::VmmProcessError),
+    /// File system.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The VM process ended while starting.
+    #[error("the VM process exited while starting: {detail}")]
+    Exited {
+        /// Its last messages.
+        detail: String,
+    },
+    /// The VM did not come up in time (it was killed).
+    #[error("the VM did not report ready within {timeout:?}: {detail}")]
+    NotReady {
+        /// The time allowed.
+        timeout: Duration,
+        /// Its last messages.
+        detail: String,
+    },
+    /// A request on the VMM's control socket failed.
+    #[error("VMM: {0}")]
+    Control(#[from] vmm_api::ApiError),
+    /// The VMM answered, but not with what was asked for.
+    #[error("VMM: unexpected reply: {0}")]
+    Reply(String),
+    /// The template or paused state to start from is missing or not of
+    /// this kind.
+    #[error("nothing to restore from in {0}")]
+    NoSource(PathBuf),
+    /// The stored state is not this backend's.
+    #[error("backend state {state:?} is unreadable: {source}")]
+    State {
+        /// The text.
+        state: String,
+        /// Why.
+        source: serde_json::Error,
+    },
+    /// The VM process is gone (or is not the one the state names).
+    #[error("the VM process (pid {0}) is gone")]
+    Gone(i32),
+    /// The VM process runs but does not answer as it should (it was ended).
+    #[error("the VM process (pid {pid}) does not answer: {detail}")]
+    Unusable {
+        /// Its pid.
+        pid: i32,
+        /// What went wrong.
+        detail: String,
+    },
+    /// Building a template failed.
+    #[error(transparent)]
+    Build(#[from] Box<microvm_template::BuildError>),
+    /// Copying the scratch disk failed.
+    #[error(transparent)]
+    Layer(#[from] shoal_images::layers::LayerError),
+    /// A failure a test asked the fake backend for.
+    #[error("injected failure: {0}")]
+    Injected(&'static str),
+}
+
+impl BackendError {
+    /// Whether the fault is this host's (the VM could not even be started),
+    /// not the sandbox's.
+    pub fn is_host_fault(&self) -> bool {
+        matches!(self, BackendError::Spawn(_) | BackendError::Io { .. })
+    }
+}
+
+/// One running sandbox VM.
+pub trait SandboxVm: Send + Sync + std::fmt::Debug {
+    /// Its kind.
+    fn kind(&self) -> Kind;
+    /// The VM process's id.
+    fn pid(&self) -> i32;
+    /// What the backend needs to find this VM again after a restart.
+    fn state(&self) -> BackendState;
+    /// Where its agent listens: a hybrid-vsock socket and port for a
+    /// microVM, a plain Unix socket for the fake kind.
+    fn agent(&self) -> Transport;
+    /// Pauses its vCPUs (the process and memory stay; nothing is written).
+    fn freeze(&self) -> Result<(), BackendError>;
+    /// Continues its vCPUs.
+    fn thaw(&self) -> Result<(), BackendError>;
+    /// Its counters.
+    fn stats(&self) -> Result<VmStats, BackendError>;
+    /// Saves its state into the sandbox's directory and ends the process;
+    /// the returned state resumes it ([`Source::Paused`]). On failure the
+    /// VM may still run, paused: [`Self::thaw`] continues it.
+    fn pause_to_disk(&self) -> Result<BackendState, BackendError>;
+    /// Writes a template of its kind into `dir` (created); the VM goes on
+    /// running. On failure `dir` is removed and the VM is continued.
+    fn snapshot(&self, dir: &Path) -> Result<(), BackendError>;
+    /// SIGKILL, now (the guest has nothing to save); its exit is reported
+    /// through [`Self::exit_fd`] as any other.
+    fn kill(&self);
+    /// Kills it and waits (at most `timeout`) until it is gone.
+    fn destroy(&self, timeout: Duration);
+    /// A descriptor that becomes readable when the process ends (a pidfd).
+    fn exit_fd(&self) -> std::io::Result<OwnedFd>;
+    /// Whether the process still exists.
+    fn alive(&self) -> bool;
+    /// Collects the ended process's exit status if this process started it.
+    fn reap(&self);
+    /// Its last messages (why it ended, for error reports).
+    fn last_words(&self) -> String;
+}
+
+/// A VM found again after a daemon restart.
+#[derive(Debug)]
+pub struct Reattached {
+    /// The VM.
+    pub vm: Arc<dyn SandboxVm>,
+    /// Its vCPUs were paused (frozen) when found.
+    pub frozen: bool,
+}
+
+/// One kind of sandbox.
+pub trait SandboxBackend: Send + Sync {
+    /// The kind.
+    fn kind(&self) -> Kind;
+    /// Makes the image template of `spec` in `dir` (booted once and
+    /// snapshotted): `layers` as the API names them (image names or erofs
+    /// files) become `spec`'s layers. On failure nothing is left in `dir`.
+    fn build_template(
+        &self,
+        spec: TemplateSpec,
+        layers: &[String],
+        dir: &Path,
+    ) -> Result<(), BackendError>;
+    /// Starts the VM of the sandbox whose directory is `dir` from `from`,
+    /// and waits until it runs.
+    fn restore(&self, dir: &Path, from: &Source) -> Result<Arc<dyn SandboxVm>, BackendError>;
+    /// The VM `state` names, if its process is still there and answers
+    /// (one that runs but does not answer is ended).
+    fn reattach(&self, dir: &Path, state: &BackendState) -> Result<Reattached, BackendError>;
+    /// Ends the VM `state` names, if it is still there (a sandbox that was
+    /// half started or half paused when the daemon stopped).
+    fn discard(&self, dir: &Path, state: &BackendState);
+    /// Whether a paused sandbox's saved state is still on disk.
+    fn can_resume(&self, dir: &Path, state: &BackendState) -> bool;
+    /// Ends the VM processes of this kind that belong under `root` (the
+    /// sandboxes' directories) but not to `keep`; returns how many.
+    fn reclaim_strays(&self, root: &Path, keep: &dyn Fn(i32) -> bool) -> usize;
+}
+
+/// A process identified by pid and start time, so a recycled pid is never
+/// taken for it (shared by the kinds: each is one process).
+pub(crate) use crate::vm::Proc;
+
+/// Waits until `p` is gone, killing it if it outlives `timeout`.
+pub(crate) fn end(p: &Proc, timeout: Duration) {
+    p.kill();
+    p.wait_gone(timeout);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kinds_round_trip_through_their_names() {
+        for k in Kind::ALL {
+            assert_eq!(Kind::parse(k.as_str()), Some(k));
+            assert_eq!(
+                serde_json::to_string(&k).unwrap(),
+                format!("\"{}\"", k.as_str())
+            );
+        }
+        assert_eq!(Kind::parse("micro_vm"), None);
+    }
+}

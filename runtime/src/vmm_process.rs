@@ -1,0 +1,540 @@
+//! The one place that turns "run a `shoal-vmm`" into a process: typed
+//! options ([`VmmProcess`]) in, a [`Command`] (or a spawned child with its
+//! readiness pipe) out. Every VMM Shoal starts (daemon sandboxes,
+//! daemon-less sandboxes, template boots, benchmarks, `shoal restore`) is
+//! built here, so the flags the VMM accepts are spelled once, and
+//! confinement (jailer, network namespace, cgroups, seccomp) has one place
+//! to plug in: [`VmmProcess::command`] hands the finished command to
+//! `confine` last.
+
+use crate::ready::{ReadyPipe, READY_FD};
+use std::ffi::{OsStr, OsString};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+/// Errors building or starting a VMM process.
+#[derive(Debug, thiserror::Error)]
+pub enum VmmProcessError {
+    /// The options contradict what `shoal-vmm` accepts.
+    #[error("invalid shoal-vmm options: {0}")]
+    Invalid(&'static str),
+    /// A file for the process's standard streams could not be opened.
+    #[error("{path}: {source}")]
+    Stdio {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The process could not be started.
+    #[error("cannot start {program}: {source}")]
+    Spawn {
+        /// The VMM binary.
+        program: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+}
+
+/// One virtio-blk disk of a booted VM (`/dev/vda`, `/dev/vdb`, ...).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Disk {
+    /// Backing file.
+    pub path: PathBuf,
+    /// Refuse guest writes.
+    pub read_only: bool,
+}
+
+impl Disk {
+    /// A writable disk.
+    pub fn rw(path: impl Into<PathBuf>) -> Disk {
+        Disk {
+            path: path.into(),
+            read_only: false,
+        }
+    }
+
+    /// A read-only disk.
+    pub fn ro(path: impl Into<PathBuf>) -> Disk {
+        Disk {
+            path: path.into(),
+            read_only: true,
+        }
+    }
+
+    /// The `--disk` value: `PATH` or `PATH,ro` (`PATH,rw` when the path
+    /// itself has a comma, which the VMM would otherwise read as an option).
+    fn arg(&self) -> OsString {
+        let mut s = self.path.as_os_str().to_os_string();
+        if self.read_only {
+            s.push(",ro");
+        } else if self.path.as_os_str().as_bytes().contains(&b',') {
+            s.push(",rw");
+        }
+        s
+    }
+}
+
+/// What the VM starts from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Start {
+    /// Boot a kernel.
+    Boot {
+        /// Uncompressed ELF kernel (vmlinux).
+        kernel: PathBuf,
+        /// Kernel command line (`None`: the VMM's default).
+        cmdline: Option<String>,
+        /// initrd / initramfs.
+        initrd: Option<PathBuf>,
+        /// virtio-blk disks, in order.
+        disks: Vec<Disk>,
+        /// virtio-pmem images, in order (`/dev/pmem0`, ...).
+        pmem: Vec<PathBuf>,
+    },
+    /// Restore the snapshot in `dir`.
+    Restore {
+        /// Snapshot directory.
+        dir: PathBuf,
+        /// Files for the snapshot's virtio-blk disks, in order, in place of
+        /// the saved paths (a writable disk: this VM's own copy).
+        disks: Vec<PathBuf>,
+    },
+    /// An empty VM waiting on its control socket for a `restore` request.
+    Prewarm,
+}
+
+/// The serial console.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Serial {
+    /// The VMM's stdout.
+    Stdout,
+    /// Discarded.
+    Null,
+    /// A file (created or truncated by the VMM).
+    File(PathBuf),
+}
+
+impl Serial {
+    fn arg(&self) -> OsString {
+        match self {
+            Serial::Stdout => "stdout".into(),
+            Serial::Null => "null".into(),
+            Serial::File(p) => {
+                let mut s = OsString::from("file:");
+                s.push(p);
+                s
+            }
+        }
+    }
+}
+
+/// Where one of the process's standard streams goes.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Io {
+    /// This process's own (the default, as with [`Command`]).
+    #[default]
+    Inherit,
+    /// `/dev/null`.
+    Null,
+    /// A pipe to this process.
+    Piped,
+    /// A file, created if missing and appended to.
+    Append(PathBuf),
+    /// A file, created or truncated.
+    Truncate(PathBuf),
+}
+
+impl Io {
+    fn stdio(&self) -> Result<Stdio, VmmProcessError> {
+        let open = |p: &Path, append: bool| {
+            std::fs::OpenOptions::new()
+                .create(true)
+                .write(true)
+                .append(append)
+                .truncate(!append)
+                .open(p)
+                .map(Stdio::from)
+                .map_err(|source| VmmProcessError::Stdio {
+                    path: p.into(),
+                    source,
+                })
+        };
+        Ok(match self {
+            Io::Inherit => Stdio::inherit(),
+            Io::Null => Stdio::null(),
+            Io::Piped => Stdio::piped(),
+            Io::Append(p) => open(p, true)?,
+            Io::Truncate(p) => open(p, false)?,
+        })
+    }
+}
+
+/// A started VMM process.
+#[derive(Debug)]
+pub struct Spawned {
+    /// The process (its piped streams, if any, are on it).
+    pub child: Child,
+    /// The read side of its readiness pipe, if [`VmmProcess::ready_pipe`]
+    /// asked for one.
+    pub ready: Option<ReadyPipe>,
+}
+
+/// A `shoal-vmm` process to start: what it runs, its devices and sockets,
+/// its standard streams and session.
+#[derive(Debug, Clone, PartialEq)]
+pub struct VmmProcess {
+    program: PathBuf,
+    start: Start,
+    memory_mib: Option<u32>,
+    vcpus: Option<u8>,
+    vsock_uds: Option<PathBuf>,
+    vsock_cid: Option<u32>,
+    api_sock: Option<PathBuf>,
+    serial: Option<Serial>,
+    serial_limit: Option<u64>,
+    timeout: Option<Duration>,
+    timings: bool,
+    ready_pipe: bool,
+    own_session: bool,
+    stdin: Io,
+    stdout: Io,
+    stderr: Io,
+}
+
+impl VmmProcess {
+    fn new(program: &Path, start: Start) -> VmmProcess {
+        VmmProcess {
+            program: program.into(),
+            start,
+            memory_mib: None,
+            vcpus: None,
+            vsock_uds: None,
+            vsock_cid: None,
+            api_sock: None,
+            serial: None,
+            serial_limit: None,
+            timeout: None,
+            timings: false,
+            ready_pipe: false,
+            own_session: false,
+            stdin: Io::Inherit,
+            stdout: Io::Inherit,
+            stderr: Io::Inherit,
+        }
+    }
+
+    /// Boots `kernel` with the VMM at `program`.
+    pub fn boot(program: &Path, kernel: &Path) -> VmmProcess {
+        Self::new(
+            program,
+            Start::Boot {
+                kernel: kernel.into(),
+                cmdline: None,
+                initrd: None,
+                disks: vec![],
+                pmem: vec![],
+            },
+        )
+    }
+
+    /// Restores the snapshot in `dir`.
+    pub fn restore(program: &Path, dir: &Path) -> VmmProcess {
+        Self::new(
+            program,
+            Start::Restore {
+                dir: dir.into(),
+                disks: vec![],
+            },
+        )
+    }
+
+    /// A pre-warmed empty VM (needs [`Self::api_sock`]).
+    pub fn prewarm(program: &Path) -> VmmProcess {
+        Self::new(program, Start::Prewarm)
+    }
+
+    /// What it starts from.
+    pub fn start(&self) -> &Start {
+        &self.start
+    }
+
+    /// Its control socket, if it gets one.
+    pub fn control_socket(&self) -> Option<&Path> {
+        self.api_sock.as_deref()
+    }
+
+    /// The kernel command line (booting only; ignored otherwise).
+    pub fn cmdline(mut self, c: impl Into<String>) -> Self {
+        if let Start::Boot { cmdline, .. } = &mut self.start {
+            *cmdline = Some(c.into());
+        }
+        self
+    }
+
+    /// An initrd (booting only; ignored otherwise).
+    pub fn initrd(mut self, p: impl Into<PathBuf>) -> Self {
+        if let Start::Boot { initrd, .. } = &mut self.start {
+            *initrd = Some(p.into());
+        }
+        self
+    }
+
+    /// Adds a virtio-blk disk: booting, the next device; restoring, the
+    /// file for the snapshot's next disk (only the path counts then).
+    pub fn disk(mut self, d: Disk) -> Self {
+        match &mut self.start {
+            Start::Boot { disks, .. } => disks.push(d),
+            Start::Restore { disks, .. } => disks.push(d.path),
+            Start::Prewarm => {}
+        }
+        self
+    }
+
+    /// Adds a virtio-pmem image (booting only; ignored otherwise).
+    pub fn pmem(mut self, p: impl Into<PathBuf>) -> Self {
+        if let Start::Boot { pmem, .. } = &mut self.start {
+            pmem.push(p.into());
+        }
+        self
+    }
+
+    /// Guest memory (MiB).
+    pub fn memory_mib(mut self, m: u32) -> Self {
+        self.memory_mib = Some(m);
+        self
+    }
+
+    /// vCPUs.
+    pub fn vcpus(mut self, n: u8) -> Self {
+        self.vcpus = Some(n);
+        self
+    }
+
+    /// The vsock device's host socket (restoring: this VM's own, in place
+    /// of the saved one).
+    pub fn vsock_uds(mut self, p: impl Into<PathBuf>) -> Self {
+        self.vsock_uds = Some(p.into());
+        self
+    }
+
+    /// The vsock device's guest context id.
+    pub fn vsock_cid(mut self, cid: u32) -> Self {
+        self.vsock_cid = Some(cid);
+        self
+    }
+
+    /// Serves the control protocol on this socket.
+    pub fn api_sock(mut self, p: impl Into<PathBuf>) -> Self {
+        self.api_sock = Some(p.into());
+        self
+    }
+
+    /// Where the serial console goes (default: the VMM's stdout).
+    pub fn serial(mut self, s: Serial) -> Self {
+        self.serial = Some(s);
+        self
+    }
+
+    /// Most bytes of console output kept.
+    pub fn serial_limit(mut self, bytes: u64) -> Self {
+        self.serial_limit = Some(bytes);
+        self
+    }
+
+    /// Stops the guest after this long (the VMM exits with 124).
+    pub fn timeout(mut self, t: Duration) -> Self {
+        self.timeout = Some(t);
+        self
+    }
+
+    /// Prints `SHOAL-TIMING` lines on stderr.
+    pub fn timings(mut self, on: bool) -> Self {
+        self.timings = on;
+        self
+    }
+
+    /// Gives the VMM a readiness pipe (`--ready-fd`): [`Self::spawn`]
+    /// returns its read side, which reports when the vCPUs run.
+    pub fn ready_pipe(mut self, on: bool) -> Self {
+        self.ready_pipe = on;
+        self
+    }
+
+    /// Starts the VMM in its own session (`setsid`), so that it outlives
+    /// its starter's process group and terminal.
+    pub fn own_session(mut self, on: bool) -> Self {
+        self.own_session = on;
+        self
+    }
+
+    /// Standard input.
+    pub fn stdin(mut self, io: Io) -> Self {
+        self.stdin = io;
+        self
+    }
+
+    /// Standard output (the guest console, unless [`Self::serial`] says
+    /// otherwise).
+    pub fn stdout(mut self, io: Io) -> Self {
+        self.stdout = io;
+        self
+    }
+
+    /// Standard error (the VMM's own messages and timings).
+    pub fn stderr(mut self, io: Io) -> Self {
+        self.stderr = io;
+        self
+    }
+
+    /// Checks the combinations `shoal-vmm` refuses (its `clap` rules).
+    fn check(&self) -> Result<(), VmmProcessError> {
+        if self.start == Start::Prewarm && self.api_sock.is_none() {
+            return Err(VmmProcessError::Invalid(
+                "a pre-warmed VM needs a control socket",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The argument list (after the program), in a fixed order.
+    pub fn args(&self) -> Result<Vec<OsString>, VmmProcessError> {
+        self.check()?;
+        let mut a: Vec<OsString> = Vec::new();
+        let mut flag = |name: &str, v: &OsStr| {
+            a.push(name.into());
+            a.push(v.into());
+        };
+        match &self.start {
+            Start::Boot {
+                kernel,
+                cmdline,
+                initrd,
+                disks,
+                pmem,
+            } => {
+                flag("--kernel", kernel.as_os_str());
+                if let Some(c) = cmdline {
+                    flag("--cmdline", c.as_ref());
+                }
+                if let Some(i) = initrd {
+                    flag("--initrd", i.as_os_str());
+                }
+                for p in pmem {
+                    flag("--pmem", p.as_os_str());
+                }
+                for d in disks {
+                    flag("--disk", &d.arg());
+                }
+            }
+            Start::Restore { dir, disks } => {
+                flag("--restore", dir.as_os_str());
+                for d in disks {
+                    flag("--restore-disk", d.as_os_str());
+                }
+            }
+            Start::Prewarm => {}
+        }
+        if let Some(m) = self.memory_mib {
+            flag("--memory", m.to_string().as_ref());
+        }
+        if let Some(n) = self.vcpus {
+            flag("--vcpus", n.to_string().as_ref());
+        }
+        if let Some(s) = &self.api_sock {
+            flag("--api-sock", s.as_os_str());
+        }
+        if let Some(v) = &self.vsock_uds {
+            flag("--vsock-uds", v.as_os_str());
+        }
+        if let Some(c) = self.vsock_cid {
+            flag("--vsock-cid", c.to_string().as_ref());
+        }
+        if let Some(s) = &self.serial {
+            flag("--serial", &s.arg());
+        }
+        if let Some(l) = self.serial_limit {
+            flag("--serial-limit", l.to_string().as_ref());
+        }
+        if let Some(t) = self.timeout {
+            // Seconds as a decimal number ("900", "0.5").
+            flag("--timeout", t.as_secs_f64().to_string().as_ref());
+        }
+        if self.ready_pipe {
+            flag("--ready-fd", READY_FD.to_string().as_ref());
+        }
+        if self.start == Start::Prewarm {
+            a.push("--prewarm".into());
+        }
+        if self.timings {
+            a.push("--timings".into());
+        }
+        Ok(a)
+    }
+
+    /// The command that starts this VMM, confined as far as Shoal confines
+    /// VMMs (see `confine`). The readiness pipe and the own session are set
+    /// up by [`Self::spawn`], not here.
+    pub fn command(&self) -> Result<Command, VmmProcessError> {
+        let mut c = Command::new(&self.program);
+        c.args(self.args()?)
+            .stdin(self.stdin.stdio()?)
+            .stdout(self.stdout.stdio()?)
+            .stderr(self.stderr.stdio()?);
+        self.confine(&mut c);
+        Ok(c)
+    }
+
+    /// **The confinement hook.** Every VMM command passes through here last,
+    /// so this is where the jailer (chroot into a per-VM directory holding
+    /// only the VM's files, dropping to an unprivileged uid/gid), the
+    /// network namespace (the sandbox's pooled netns with its TAP), the
+    /// cgroup (the sandbox's cgroup v2 directory, with memory and CPU
+    /// limits) and the seccomp filters (installed by the VMM itself, per
+    /// thread, once its devices are set up) plug in.
+    ///
+    /// None of that exists yet: today a VMM runs as the starter's user, in
+    /// the host's network namespace and the starter's cgroup, with no
+    /// seccomp filter, and this function leaves the command unchanged. It
+    /// is a seam, not a sandbox.
+    fn confine(&self, _cmd: &mut Command) {}
+
+    /// Starts the VMM: in its own session if asked, with its readiness pipe
+    /// if asked.
+    pub fn spawn(&self) -> Result<Spawned, VmmProcessError> {
+        let mut cmd = self.command()?;
+        let spawn_err = |source| VmmProcessError::Spawn {
+            program: self.program.clone(),
+            source,
+        };
+        // setsid in the child between fork and exec (async-signal-safe).
+        fn setsid() -> std::io::Result<()> {
+            // SAFETY: setsid takes no arguments and touches no memory
+            // shared with the parent.
+            unsafe { libc::setsid() };
+            Ok(())
+        }
+        let also = self
+            .own_session
+            .then_some(setsid as fn() -> std::io::Result<()>);
+        if self.ready_pipe {
+            let (child, ready) = ReadyPipe::spawn(&mut cmd, also).map_err(spawn_err)?;
+            return Ok(Spawned {
+                child,
+                ready: Some(ready),
+            });
+        }
+        if let Some(f) = also {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: `f` is setsid above, async-signal-safe.
+            unsafe { cmd.pre_exec(f) };
+        }
+        let child = cmd.spawn().map_err(spawn_err)?;
+        Ok(Spawned { child, ready: None })
+    }
+}
+
+#[cfg(test)]
+#[path = "vmm_process_tests.rs"]
+mod tests;

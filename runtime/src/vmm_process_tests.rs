@@ -1,0 +1,250 @@
+//! The argument lists [`VmmProcess`] produces, checked against the flags
+//! `shoal-vmm` declares (its `clap` struct in vmm/src/main.rs).
+
+use super::*;
+use std::collections::BTreeSet;
+
+/// The long flags `shoal-vmm` declares: every field of its `Args` struct
+/// under an `#[arg(long ...)]` attribute, in kebab case.
+fn vmm_flags() -> BTreeSet<String> {
+    let src = include_str!("../../vmm/src/main.rs");
+    let body = src
+        .split_once("struct Args {")
+        .and_then(|(_, rest)| rest.split_once("\n}\n"))
+        .map(|(body, _)| body)
+        .expect("vmm/src/main.rs declares `struct Args { ... }`");
+    let mut flags = BTreeSet::new();
+    let mut long = false;
+    for line in body.lines().map(str::trim) {
+        if line.starts_with("#[arg(") {
+            long = line.contains("long");
+        } else if let Some((field, _)) = line.split_once(':').filter(|_| !line.starts_with("//")) {
+            if long {
+                flags.insert(format!("--{}", field.trim().replace('_', "-")));
+            }
+            long = false;
+        }
+    }
+    flags
+}
+
+fn strs(p: &VmmProcess) -> Vec<String> {
+    p.args()
+        .unwrap()
+        .iter()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect()
+}
+
+/// Every `--flag` in `args` is one `shoal-vmm` declares, and each flag
+/// that takes a value is followed by one.
+fn assert_accepted(args: &[String]) {
+    let known = vmm_flags();
+    let switches = ["--prewarm", "--timings", "--check-host", "--json"];
+    let mut i = 0;
+    while i < args.len() {
+        let a = &args[i];
+        assert!(known.contains(a), "{a} is not a shoal-vmm flag ({known:?})");
+        if switches.contains(&a.as_str()) {
+            i += 1;
+        } else {
+            assert!(
+                args.get(i + 1).is_some_and(|v| !v.starts_with("--")),
+                "{a} has no value in {args:?}"
+            );
+            i += 2;
+        }
+    }
+}
+
+#[test]
+fn the_vmm_declares_the_flags_we_parse() {
+    let f = vmm_flags();
+    for want in [
+        "--kernel",
+        "--restore",
+        "--restore-disk",
+        "--ready-fd",
+        "--prewarm",
+        "--api-sock",
+        "--vsock-uds",
+        "--serial",
+    ] {
+        assert!(f.contains(want), "{want} missing from {f:?}");
+    }
+    assert!(!f.contains("--vcpu"), "{f:?}");
+}
+
+#[test]
+fn boot_args() {
+    let p = VmmProcess::boot(Path::new("/vmm"), Path::new("/k/vmlinux"))
+        .cmdline("console=ttyS0 -- /bin/true")
+        .initrd("/k/initrd")
+        .pmem("/i/base.img")
+        .pmem("/l/kit.img")
+        .disk(Disk::rw("/t/scratch.ext4"))
+        .disk(Disk::ro("/i/ro,odd.img"))
+        .disk(Disk::rw("/i/rw,odd.img"))
+        .memory_mib(256)
+        .vcpus(2)
+        .vsock_uds("/s/v.sock")
+        .vsock_cid(7)
+        .api_sock("/s/api.sock")
+        .serial(Serial::File("/s/console.log".into()))
+        .serial_limit(4096)
+        .timeout(Duration::from_secs(900))
+        .timings(true)
+        .ready_pipe(true);
+    let a = strs(&p);
+    assert_eq!(
+        a,
+        [
+            "--kernel",
+            "/k/vmlinux",
+            "--cmdline",
+            "console=ttyS0 -- /bin/true",
+            "--initrd",
+            "/k/initrd",
+            "--pmem",
+            "/i/base.img",
+            "--pmem",
+            "/l/kit.img",
+            "--disk",
+            "/t/scratch.ext4",
+            "--disk",
+            "/i/ro,odd.img,ro",
+            "--disk",
+            "/i/rw,odd.img,rw",
+            "--memory",
+            "256",
+            "--vcpus",
+            "2",
+            "--api-sock",
+            "/s/api.sock",
+            "--vsock-uds",
+            "/s/v.sock",
+            "--vsock-cid",
+            "7",
+            "--serial",
+            "file:/s/console.log",
+            "--serial-limit",
+            "4096",
+            "--timeout",
+            "900",
+            "--ready-fd",
+            "3",
+            "--timings",
+        ]
+    );
+    assert_accepted(&a);
+}
+
+#[test]
+fn restore_args() {
+    let p = VmmProcess::restore(Path::new("/vmm"), Path::new("/t/tpl"))
+        .disk(Disk::rw("/sb/scratch.ext4"))
+        // Boot-only options are dropped for a restore.
+        .pmem("/ignored.img")
+        .cmdline("ignored")
+        .api_sock("/sb/api.sock")
+        .vsock_uds("/sb/vsock.sock")
+        .serial(Serial::Null)
+        .timeout(Duration::from_millis(1500));
+    let a = strs(&p);
+    assert_eq!(
+        a,
+        [
+            "--restore",
+            "/t/tpl",
+            "--restore-disk",
+            "/sb/scratch.ext4",
+            "--api-sock",
+            "/sb/api.sock",
+            "--vsock-uds",
+            "/sb/vsock.sock",
+            "--serial",
+            "null",
+            "--timeout",
+            "1.5",
+        ]
+    );
+    assert_accepted(&a);
+}
+
+#[test]
+fn prewarm_needs_a_control_socket() {
+    let p = VmmProcess::prewarm(Path::new("/vmm")).memory_mib(128);
+    assert!(matches!(p.args(), Err(VmmProcessError::Invalid(_))));
+    let p = p.api_sock("/w/0.sock").serial(Serial::Stdout);
+    let a = strs(&p);
+    assert_eq!(
+        a,
+        [
+            "--memory",
+            "128",
+            "--api-sock",
+            "/w/0.sock",
+            "--serial",
+            "stdout",
+            "--prewarm"
+        ]
+    );
+    assert_accepted(&a);
+}
+
+#[test]
+fn non_utf8_paths_pass_through_unchanged() {
+    use std::os::unix::ffi::OsStringExt;
+    let odd = PathBuf::from(OsString::from_vec(b"/t/\xffdisk".to_vec()));
+    let p = VmmProcess::boot(Path::new("/vmm"), Path::new("/k"))
+        .disk(Disk::ro(&odd))
+        .serial(Serial::File(odd.clone()));
+    let a = p.args().unwrap();
+    assert_eq!(a[3].as_bytes(), b"/t/\xffdisk,ro");
+    assert_eq!(a[5].as_bytes(), b"file:/t/\xffdisk");
+}
+
+#[test]
+fn command_opens_log_files_and_spawn_reports_readiness() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("vmm.log");
+    std::fs::write(&log, "earlier\n").unwrap();
+    // A shell stands in for the VMM: it ignores the VMM's flags, reports
+    // ready on fd 3, and writes to stderr.
+    let script = dir.path().join("fake-vmm");
+    std::fs::write(
+        &script,
+        "#!/bin/sh\necho started >&2\necho ready >&3\nexec sleep 1\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let p = VmmProcess::restore(&script, dir.path())
+        .stdin(Io::Null)
+        .stdout(Io::Null)
+        .stderr(Io::Append(log.clone()))
+        .ready_pipe(true)
+        .own_session(true);
+    let mut s = p.spawn().unwrap();
+    let r = s
+        .ready
+        .as_mut()
+        .expect("a ready pipe")
+        .wait(Duration::from_secs(10));
+    assert_eq!(r, crate::ready::Readiness::Ready);
+    // Its own session: the session id (field 6 of /proc/PID/stat) is its pid.
+    let pid = s.child.id();
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let sid = stat.rsplit_once(')').unwrap().1.split_whitespace().nth(3);
+    assert_eq!(sid, Some(pid.to_string().as_str()), "{stat}");
+    assert!(s.child.wait().unwrap().success());
+    assert_eq!(std::fs::read_to_string(&log).unwrap(), "earlier\nstarted\n");
+    // A log that cannot be opened is an error, not a silent /dev/null.
+    let bad = VmmProcess::restore(&script, dir.path())
+        .stderr(Io::Append(dir.path().join("no/such/dir/vmm.log")));
+    assert!(matches!(bad.command(), Err(VmmProcessError::Stdio { .. })));
+    let missing = VmmProcess::restore(&dir.path().join("nope"), dir.path());
+    assert!(matches!(
+        missing.spawn(),
+        Err(VmmProcessError::Spawn { .. })
+    ));
+}
