@@ -18,6 +18,7 @@ use shoal_images::artifacts;
 use shoal_images::image::{build_image_with, AgentSource, BuildOptions, ImageSource};
 use shoal_runtime::launch::{BootSpec, RootKind, INIT_MARKER};
 use shoal_runtime::template;
+use shoal_runtime::vmm_process::Io;
 use shoal_test_support::{cmdline, image, kernel, require_kvm, require_root, RunningSandbox};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -281,6 +282,8 @@ fn refused(image: &Path) -> String {
     let out = s
         .vmm_process(&vmm)
         .timeout(Duration::from_secs(60))
+        .stdout(Io::Piped)
+        .stderr(Io::Piped)
         .command()
         .unwrap()
         .output()
