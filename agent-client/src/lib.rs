@@ -16,13 +16,6 @@
 //! [`syscount`] analyses strace output of the agent (host benchmarks and
 //! tests).
 
-#![warn(
-    clippy::cast_possible_truncation,
-    clippy::cast_possible_wrap,
-    clippy::cast_sign_loss,
-    clippy::cast_lossless
-)]
-
 mod aio;
 mod blocking;
 mod error;

@@ -51,13 +51,6 @@
 //! layout and the first two fields of `Hello` (magic and version) never
 //! change; any other incompatible change bumps [`PROTOCOL_VERSION`].
 
-#![warn(
-    clippy::cast_possible_truncation,
-    clippy::cast_possible_wrap,
-    clippy::cast_sign_loss,
-    clippy::cast_lossless
-)]
-
 #[macro_use]
 mod codec;
 mod frame;

@@ -1,10 +1,3 @@
-#![warn(
-    clippy::cast_possible_truncation,
-    clippy::cast_possible_wrap,
-    clippy::cast_sign_loss,
-    clippy::cast_lossless
-)]
-
 use super::*;
 
 fn roundtrip<M: Message + PartialEq + std::fmt::Debug>(m: M) {

@@ -4,13 +4,6 @@
 //! Devices are reached through a [`bus::Bus`]: the VMM's vCPU threads route
 //! port-I/O and MMIO exits to the device registered at that address.
 
-#![warn(
-    clippy::cast_possible_truncation,
-    clippy::cast_possible_wrap,
-    clippy::cast_sign_loss,
-    clippy::cast_lossless
-)]
-
 pub mod bus;
 pub mod i8042;
 pub mod irq;

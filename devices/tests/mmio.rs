@@ -2,13 +2,6 @@
 //! writes, rings in guest memory) by the test driver, with a probe device
 //! that records what the transport does to it.
 
-#![warn(
-    clippy::cast_possible_truncation,
-    clippy::cast_possible_wrap,
-    clippy::cast_sign_loss,
-    clippy::cast_lossless
-)]
-
 use devices::virtio::mmio::status;
 use devices::virtio::testing::Driver;
 use devices::virtio::{

@@ -3,13 +3,6 @@
 //! malformed input from a hostile guest or host, shutdown, connection and
 //! fd limits, the event loop on its own thread.
 
-#![warn(
-    clippy::cast_possible_truncation,
-    clippy::cast_possible_wrap,
-    clippy::cast_sign_loss,
-    clippy::cast_lossless
-)]
-
 mod vsock_guest;
 
 use devices::virtio::vsock::{

@@ -2,13 +2,6 @@
 //! and the transport reset that tells a restored guest its connections are
 //! gone.
 
-#![warn(
-    clippy::cast_possible_truncation,
-    clippy::cast_possible_wrap,
-    clippy::cast_sign_loss,
-    clippy::cast_lossless
-)]
-
 mod vsock_guest;
 
 use devices::virtio::persist::QueueState;

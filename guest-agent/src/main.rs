@@ -42,13 +42,6 @@
 // Unit tests use the test harness's own main.
 #![cfg_attr(not(test), no_main)]
 #![cfg_attr(test, allow(dead_code, unused_imports))]
-#![warn(
-    clippy::cast_possible_truncation,
-    clippy::cast_possible_wrap,
-    clippy::cast_sign_loss,
-    clippy::cast_lossless
-)]
-
 mod cmdline;
 mod overlay;
 mod server;

@@ -1,13 +1,6 @@
 //! The agent protocol end to end, against `shoal-agent --listen unix:...`
 //! running as a host process.
 
-#![warn(
-    clippy::cast_possible_truncation,
-    clippy::cast_possible_wrap,
-    clippy::cast_sign_loss,
-    clippy::cast_lossless
-)]
-
 mod common;
 
 use std::io::{Read, Write};

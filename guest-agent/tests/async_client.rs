@@ -3,13 +3,6 @@
 //! in-test peers for what the real agent never does (malformed or
 //! oversized frames, silence).
 
-#![warn(
-    clippy::cast_possible_truncation,
-    clippy::cast_possible_wrap,
-    clippy::cast_sign_loss,
-    clippy::cast_lossless
-)]
-
 mod common;
 
 use std::path::PathBuf;

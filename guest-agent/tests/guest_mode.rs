@@ -8,13 +8,6 @@
 //! tmpfs it mounts over /tmp), reached through `/proc/<pid>/root`, so the
 //! test does not depend on where the checkout lives.
 
-#![warn(
-    clippy::cast_possible_truncation,
-    clippy::cast_possible_wrap,
-    clippy::cast_sign_loss,
-    clippy::cast_lossless
-)]
-
 mod common;
 
 use std::process::{Command, Stdio};

@@ -3,13 +3,6 @@
 //! agent never panics, answers what it can and closes what it cannot
 //! resynchronise.
 
-#![warn(
-    clippy::cast_possible_truncation,
-    clippy::cast_possible_wrap,
-    clippy::cast_sign_loss,
-    clippy::cast_lossless
-)]
-
 mod common;
 
 use std::io::{Read, Write};

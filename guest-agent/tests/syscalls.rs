@@ -4,13 +4,6 @@
 //! own clone/exec/wait, <= 4 per MiB moved). Fails with a clear message
 //! where strace is missing. `SHOAL_KEEP_TRACE=FILE` keeps the trace.
 
-#![warn(
-    clippy::cast_possible_truncation,
-    clippy::cast_possible_wrap,
-    clippy::cast_sign_loss,
-    clippy::cast_lossless
-)]
-
 mod common;
 
 use std::path::{Path, PathBuf};

@@ -18,13 +18,6 @@
 //! freezes, pauses, snapshots, watches and kills them only through it (the
 //! microVM backend in production, the fake one in tests without KVM).
 
-#![warn(
-    clippy::cast_possible_truncation,
-    clippy::cast_possible_wrap,
-    clippy::cast_sign_loss,
-    clippy::cast_lossless
-)]
-
 pub mod admission;
 pub mod api;
 pub mod db;

@@ -4,13 +4,6 @@
 //! its HTTP API. What it checks: operations and lifecycle, pools,
 //! supervision, admission, TTL and idle timeouts, recovery on restart.
 
-#![warn(
-    clippy::cast_possible_truncation,
-    clippy::cast_possible_wrap,
-    clippy::cast_sign_loss,
-    clippy::cast_lossless
-)]
-
 #[path = "fake_daemon/harness.rs"]
 mod harness;
 #[path = "fake_daemon/lifecycle.rs"]

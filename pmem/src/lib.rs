@@ -64,13 +64,6 @@
 //! [`device`] and [`request`] are the virtio device; [`persist`] and
 //! [`fingerprint`] handle snapshots.
 
-#![warn(
-    clippy::cast_possible_truncation,
-    clippy::cast_possible_wrap,
-    clippy::cast_sign_loss,
-    clippy::cast_lossless
-)]
-
 pub mod device;
 pub mod fingerprint;
 pub mod image;

@@ -7,13 +7,6 @@
 //! ([`ready`]); fresh entropy and clock for restored guests ([`fresh`]);
 //! and daemon-less sandboxes for the CLI and tests ([`sandbox`]).
 
-#![warn(
-    clippy::cast_possible_truncation,
-    clippy::cast_possible_wrap,
-    clippy::cast_sign_loss,
-    clippy::cast_lossless
-)]
-
 pub mod backend;
 pub mod fresh;
 pub mod launch;

@@ -7,13 +7,6 @@
 //! change to any state struct bumps [`FORMAT_VERSION`]; older files are
 //! refused with a clear error instead of being half-understood.
 
-#![warn(
-    clippy::cast_possible_truncation,
-    clippy::cast_possible_wrap,
-    clippy::cast_sign_loss,
-    clippy::cast_lossless
-)]
-
 mod container;
 mod persist;
 

@@ -9,13 +9,6 @@
 //! It must not depend on `vmm` (the VMM's integration tests use it);
 //! helpers that need the VMM's types live in `vmm/tests/common`.
 
-#![warn(
-    clippy::cast_possible_truncation,
-    clippy::cast_possible_wrap,
-    clippy::cast_sign_loss,
-    clippy::cast_lossless
-)]
-
 mod artifacts;
 mod console;
 mod layers;

@@ -22,13 +22,6 @@
 //! [`cmdline`] holds the convention for the kernel command line the VMM is
 //! started with, which launchers share with the VMM.
 
-#![warn(
-    clippy::cast_possible_truncation,
-    clippy::cast_possible_wrap,
-    clippy::cast_sign_loss,
-    clippy::cast_lossless
-)]
-
 mod client;
 pub mod cmdline;
 mod server;

@@ -1,13 +1,6 @@
 //! The client against the real server, over a real socket: every request
 //! and its typed reply, refusals, and a controller that goes away.
 
-#![warn(
-    clippy::cast_possible_truncation,
-    clippy::cast_possible_wrap,
-    clippy::cast_sign_loss,
-    clippy::cast_lossless
-)]
-
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 use std::sync::{mpsc, Arc, Mutex};

@@ -4,13 +4,6 @@
 //!
 //! `cargo run -p vmm --example guestprof -- API_SOCK SYSTEM_MAP [SAMPLES] [INTERVAL_MS]`
 
-#![warn(
-    clippy::cast_possible_truncation,
-    clippy::cast_possible_wrap,
-    clippy::cast_sign_loss,
-    clippy::cast_lossless
-)]
-
 use std::collections::BTreeMap;
 use std::time::Duration;
 use vmm_api::Client;

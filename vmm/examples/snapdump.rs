@@ -1,13 +1,6 @@
 //! Prints the vCPU and interrupt-controller state of a snapshot (debugging
 //! aid): `cargo run -p vmm --example snapdump -- DIR`.
 
-#![warn(
-    clippy::cast_possible_truncation,
-    clippy::cast_possible_wrap,
-    clippy::cast_sign_loss,
-    clippy::cast_lossless
-)]
-
 use vmm::persist::SnapshotState;
 
 fn lapic_reg(regs: &[std::os::raw::c_char], off: usize) -> u32 {

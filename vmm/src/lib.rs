@@ -1,13 +1,6 @@
 //! Shoal's virtual machine monitor: builds a KVM microVM (memory, vCPUs,
 //! devices, Linux boot) and runs it.
 
-#![warn(
-    clippy::cast_possible_truncation,
-    clippy::cast_possible_wrap,
-    clippy::cast_sign_loss,
-    clippy::cast_lossless
-)]
-
 pub mod boot;
 pub mod config;
 pub mod cpu;

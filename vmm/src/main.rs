@@ -4,13 +4,6 @@
 //! 124 when `--timeout` expires, 1 on any set-up or guest error (one line on
 //! stderr), 2 on bad flags.
 
-#![warn(
-    clippy::cast_possible_truncation,
-    clippy::cast_possible_wrap,
-    clippy::cast_sign_loss,
-    clippy::cast_lossless
-)]
-
 use anyhow::{bail, Context, Result};
 use clap::Parser;
 use std::path::PathBuf;

@@ -1,13 +1,6 @@
 //! Every bad configuration ends `shoal-vmm` with a one-line error and a
 //! nonzero exit status, never a panic.
 
-#![warn(
-    clippy::cast_possible_truncation,
-    clippy::cast_possible_wrap,
-    clippy::cast_sign_loss,
-    clippy::cast_lossless
-)]
-
 mod common;
 
 use common::{vmm_error, VMM};

@@ -5,13 +5,6 @@
 //! reload into a live VM) and refuse a changed one; the CLI refuses bad
 //! images with one clear line.
 
-#![warn(
-    clippy::cast_possible_truncation,
-    clippy::cast_possible_wrap,
-    clippy::cast_sign_loss,
-    clippy::cast_lossless
-)]
-
 mod common;
 
 use common::{small_config, spawn_with_api, vmm_error, VMM};

@@ -2,13 +2,6 @@
 //! and MMIO exits, interrupt delivery and the serial console on real KVM.
 //! Each runs in milliseconds. Without /dev/kvm these fail with a clear message.
 
-#![warn(
-    clippy::cast_possible_truncation,
-    clippy::cast_possible_wrap,
-    clippy::cast_sign_loss,
-    clippy::cast_lossless
-)]
-
 mod common;
 
 use common::small_config;

@@ -4,13 +4,6 @@
 //! exist: run in parallel in one process, they failed intermittently on a
 //! PVM host (see its documentation).
 
-#![warn(
-    clippy::cast_possible_truncation,
-    clippy::cast_possible_wrap,
-    clippy::cast_sign_loss,
-    clippy::cast_lossless
-)]
-
 mod common;
 
 use common::{small_config, spawn_with_api};

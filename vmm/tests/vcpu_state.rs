@@ -2,13 +2,6 @@
 //! vCPU holds must equal what was saved, including state KVM only accepts
 //! in a particular order.
 
-#![warn(
-    clippy::cast_possible_truncation,
-    clippy::cast_possible_wrap,
-    clippy::cast_sign_loss,
-    clippy::cast_lossless
-)]
-
 use kvm_bindings::{kvm_msr_entry, Msrs};
 use kvm_ioctls::{Kvm, VcpuFd, VmFd};
 use shoal_test_support::kvm;
