@@ -38,6 +38,7 @@ use db::Db;
 use shoal_api::{ErrorBody, ErrorCode};
 use shoal_images::layers::LayerError;
 use shoal_runtime::backend::{BackendError, SandboxBackend, SandboxVm};
+use shoal_runtime::fresh::random_id;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
@@ -380,21 +381,6 @@ impl Daemon {
             .unwrap_or_else(|e| e.into_inner())
             .remove(id)
     }
-}
-
-/// A random 12-hex-digit id.
-pub fn random_id() -> String {
-    let mut b = [0u8; 6];
-    // SAFETY: getrandom writes at most b.len() bytes into b.
-    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
-    if usize::try_from(n).ok() != Some(b.len()) {
-        let t = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_nanos();
-        b.copy_from_slice(&t.to_le_bytes()[..6]);
-    }
-    b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
 /// Runs blocking `f` on the blocking pool with a deadline.

@@ -7,9 +7,10 @@
 
 use super::db::{self, SandboxRow, State, TemplateRow};
 use super::ops::{admit_and_insert, check_name, ready_template, row, start_vmm, SandboxView};
-use super::{blocking, random_id, ApiError, ApiResult, Daemon, Live};
+use super::{blocking, ApiError, ApiResult, Daemon, Live};
 use shoal_api::{CreateSandbox, SnapshotRequest, TemplateState};
 use shoal_runtime::backend::Source;
+use shoal_runtime::fresh::random_id;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -12,8 +12,9 @@
 //! cheap; they count against admission like any sandbox.
 
 use super::db::{self, SandboxRow, State};
-use super::{ops, random_id, ApiError, Daemon};
+use super::{ops, ApiError, Daemon};
 use shoal_runtime::backend::Source;
+use shoal_runtime::fresh::random_id;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

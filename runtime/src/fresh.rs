@@ -21,6 +21,18 @@ pub fn entropy() -> [u8; 64] {
     b
 }
 
+/// A random 12-hex-digit id (sandboxes, pool members): 48 bits from
+/// getrandom, or the clock if getrandom fails.
+pub fn random_id() -> String {
+    let mut b = [0u8; 6];
+    // SAFETY: getrandom writes at most b.len() bytes into b.
+    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
+    if usize::try_from(n).ok() != Some(b.len()) {
+        b.copy_from_slice(&unix_nanos().to_le_bytes()[..6]);
+    }
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -31,5 +43,9 @@ mod tests {
         let a = unix_nanos();
         assert!(a > 1_700_000_000_000_000_000, "clock after 2023");
         assert!(unix_nanos() >= a);
+        let id = random_id();
+        assert_eq!(id.len(), 12);
+        assert!(id.bytes().all(|c| c.is_ascii_hexdigit()));
+        assert_ne!(id, random_id());
     }
 }

@@ -4,7 +4,7 @@
 //! template's scratch disk, if it has one), reached through its vsock
 //! socket by the agent client.
 
-use crate::fresh::{entropy, unix_nanos};
+use crate::fresh::{entropy, random_id, unix_nanos};
 use crate::launch::{BootSpec, RootKind, INIT_MARKER};
 use crate::template::{self, TemplateError};
 use crate::vmm_process::{Disk, Io, Serial, VmmProcess};
@@ -311,20 +311,6 @@ pub struct Sandbox {
     pub vsock: PathBuf,
 }
 
-fn random_id() -> String {
-    let mut b = [0u8; 6];
-    // SAFETY: getrandom writes at most b.len() bytes into b.
-    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
-    if usize::try_from(n).ok() != Some(b.len()) {
-        let t = SystemTime::now()
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_nanos();
-        b.copy_from_slice(&t.to_le_bytes()[..6]);
-    }
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
 impl Sandbox {
     /// Sandboxes live under this directory.
     pub fn root() -> PathBuf {
@@ -342,9 +328,10 @@ impl Sandbox {
         let id = random_id();
         let dir = Self::root().join(&id);
         std::fs::create_dir_all(&dir).map_err(|e| SandboxError::Io(dir.clone(), e))?;
+        let p = crate::vm::Paths::new(&dir);
         let sb = Sandbox {
-            api_sock: dir.join("api.sock"),
-            vsock: dir.join("vsock.sock"),
+            api_sock: p.api_sock,
+            vsock: p.vsock,
             id,
             dir,
         };
@@ -411,12 +398,13 @@ impl Sandbox {
             return Err(SandboxError::Unknown(id.into()));
         }
         let dir = Self::root().join(id);
-        if !dir.join("api.sock").exists() {
+        let p = crate::vm::Paths::new(&dir);
+        if !p.api_sock.exists() {
             return Err(SandboxError::Unknown(id.into()));
         }
         Ok(Sandbox {
-            api_sock: dir.join("api.sock"),
-            vsock: dir.join("vsock.sock"),
+            api_sock: p.api_sock,
+            vsock: p.vsock,
             id: id.into(),
             dir,
         })
