@@ -118,18 +118,22 @@ impl CreateTemplate {
 
 /// What a template's root has beyond its image: the fields of
 /// [`CreateTemplate`] and [`CreateSandbox`](crate::CreateSandbox) (with
-/// `image`) that choose layers and the upper layer.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// `image`) that choose layers and the upper layer; stored as it is with
+/// each template.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RootRequest {
     /// Further read-only layers over the image, lowest first (`/dev/pmem1`,
     /// ...): absolute paths of erofs images built with
     /// `shoal image build DIR -o OUT --no-agent` (4 KiB blocks, padded to
     /// 2 MiB), or image names (`tiny`, `base`). At most 8.
+    #[serde(default)]
     pub layers: Vec<String>,
     /// A tmpfs upper layer of this many MiB (default: half the memory).
+    #[serde(default)]
     pub upper_size_mib: Option<u32>,
     /// Or an ext4 scratch disk of this many MiB per sandbox as the upper
     /// layer (16 MiB to 1 TiB).
+    #[serde(default)]
     pub upper_disk_mib: Option<u32>,
 }
 

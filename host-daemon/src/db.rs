@@ -4,6 +4,7 @@
 
 use rusqlite::{params, Connection, OptionalExtension, Row};
 use serde::{Deserialize, Serialize};
+use shoal_api::RootRequest;
 use shoal_runtime::backend::{BackendState, Kind};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -97,17 +98,10 @@ pub struct TemplateRow {
     /// The daemon owns `dir` (under its state directory, removed with the
     /// template; rows of older daemons may name a directory elsewhere).
     pub owned: bool,
-    /// Further read-only layers over the image, lowest first (image names
-    /// or absolute paths of erofs images).
-    #[serde(default)]
-    pub layers: Vec<String>,
-    /// Size of the tmpfs upper layer (MiB), when the upper layer is tmpfs.
-    #[serde(default)]
-    pub upper_size_mib: Option<u32>,
-    /// Size of each sandbox's scratch disk (MiB), when the upper layer is
-    /// one.
-    #[serde(default)]
-    pub upper_disk_mib: Option<u32>,
+    /// Its layers and upper layer (`upper_size_mib` holds the tmpfs size
+    /// actually used, `upper_disk_mib` the scratch disk's).
+    #[serde(flatten)]
+    pub root: RootRequest,
 }
 
 /// Seconds since the epoch.
@@ -189,11 +183,17 @@ fn template_row(r: &Row<'_>) -> rusqlite::Result<TemplateRow> {
         error: r.get(6)?,
         created_at: r.get(7)?,
         owned: r.get(8)?,
-        layers: serde_json::from_str(&layers).map_err(|e| {
-            rusqlite::Error::FromSqlConversionFailure(9, rusqlite::types::Type::Text, Box::new(e))
-        })?,
-        upper_size_mib: r.get(10)?,
-        upper_disk_mib: r.get(11)?,
+        root: RootRequest {
+            layers: serde_json::from_str(&layers).map_err(|e| {
+                rusqlite::Error::FromSqlConversionFailure(
+                    9,
+                    rusqlite::types::Type::Text,
+                    Box::new(e),
+                )
+            })?,
+            upper_size_mib: r.get(10)?,
+            upper_disk_mib: r.get(11)?,
+        },
         kind: kind(r, 12)?,
     })
 }
@@ -443,9 +443,9 @@ impl Db {
                 t.error,
                 t.created_at,
                 t.owned,
-                serde_json::to_string(&t.layers).unwrap_or_else(|_| "[]".into()),
-                t.upper_size_mib,
-                t.upper_disk_mib,
+                serde_json::to_string(&t.root.layers).unwrap_or_else(|_| "[]".into()),
+                t.root.upper_size_mib,
+                t.root.upper_disk_mib,
                 t.kind.as_str(),
             ],
         )?;

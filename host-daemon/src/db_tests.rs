@@ -91,9 +91,9 @@ fn version_1_templates_migrate() {
     let t = db.template("old").unwrap().unwrap();
     assert_eq!(
         (
-            t.layers,
-            t.upper_size_mib,
-            t.upper_disk_mib,
+            t.root.layers,
+            t.root.upper_size_mib,
+            t.root.upper_disk_mib,
             t.state.as_str()
         ),
         (vec![], None, None, "ready")
@@ -248,7 +248,12 @@ fn version_2_migrates_every_row_to_microvm_kinds_and_backend_states() {
     assert!(t.iter().all(|t| t.kind == Kind::MicroVm));
     let tpl = db.template("tpl").unwrap().unwrap();
     assert_eq!(
-        (tpl.state, tpl.layers, tpl.upper_disk_mib, tpl.vcpus),
+        (
+            tpl.state,
+            tpl.root.layers,
+            tpl.root.upper_disk_mib,
+            tpl.vcpus
+        ),
         (
             TemplateState::Ready,
             vec!["/l/kit.img".to_string()],
@@ -344,9 +349,11 @@ fn templates_pools_events() {
         error: None,
         created_at: 1.0,
         owned: false,
-        layers: vec!["/l/kit.img".into(), "tiny".into()],
-        upper_size_mib: None,
-        upper_disk_mib: Some(64),
+        root: shoal_api::RootRequest {
+            layers: vec!["/l/kit.img".into(), "tiny".into()],
+            upper_size_mib: None,
+            upper_disk_mib: Some(64),
+        },
     };
     db.put_template(&t).unwrap();
     assert_eq!(db.template("t").unwrap(), Some(t.clone()));

@@ -269,9 +269,7 @@ pub async fn snapshot(d: &Arc<Daemon>, id: &str, req: SnapshotRequest) -> ApiRes
         error: None,
         created_at: db::now(),
         owned: true,
-        layers: from.as_ref().map(|f| f.layers.clone()).unwrap_or_default(),
-        upper_size_mib: from.as_ref().and_then(|f| f.upper_size_mib),
-        upper_disk_mib: from.as_ref().and_then(|f| f.upper_disk_mib),
+        root: from.map(|f| f.root).unwrap_or_default(),
     };
     let inserted = d.db(|db| {
         if db.template(&name)?.is_some() {

@@ -51,9 +51,7 @@ fn template(name: &str, dir: PathBuf, state: &str) -> TemplateRow {
         error: None,
         created_at: db::now(),
         owned: true,
-        layers: vec![],
-        upper_size_mib: None,
-        upper_disk_mib: None,
+        root: shoal_api::RootRequest::default(),
     }
 }
 

@@ -27,9 +27,9 @@ impl From<TemplateRow> for Template {
             error: t.error,
             created_at: t.created_at,
             owned: t.owned,
-            layers: t.layers,
-            upper_size_mib: t.upper_size_mib,
-            upper_disk_mib: t.upper_disk_mib,
+            layers: t.root.layers,
+            upper_size_mib: t.root.upper_size_mib,
+            upper_disk_mib: t.root.upper_disk_mib,
         }
     }
 }
@@ -110,9 +110,11 @@ pub fn create_template(d: &Arc<Daemon>, req: CreateTemplate) -> ApiResult<Templa
         error: None,
         created_at: db::now(),
         owned: true,
-        layers: root.layers.clone(),
-        upper_size_mib: upper.disk_mib().is_none().then(|| upper.tmpfs_mib(mem)),
-        upper_disk_mib: upper.disk_mib(),
+        root: RootRequest {
+            layers: root.layers.clone(),
+            upper_size_mib: upper.disk_mib().is_none().then(|| upper.tmpfs_mib(mem)),
+            upper_disk_mib: upper.disk_mib(),
+        },
     };
     let inserted = d.db(|db| {
         if db.template(&t.name)?.is_some() {
@@ -216,14 +218,11 @@ pub async fn image_template(
     match create_template(
         d,
         CreateTemplate {
-            name: name.clone(),
-            image: image.into(),
             vcpus: Some(vcpus),
             memory_mib: Some(mem),
-            layers: root.layers.clone(),
-            upper_size_mib: root.upper_size_mib,
-            upper_disk_mib: root.upper_disk_mib,
-        },
+            ..CreateTemplate::new(name.clone(), image)
+        }
+        .with_root(root.clone()),
     ) {
         Ok(_) | Err(ApiError::Conflict(_)) => {}
         Err(e) => return Err(e),
