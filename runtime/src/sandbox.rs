@@ -387,9 +387,7 @@ impl Sandbox {
 
     /// The last lines the VMM wrote to its log (for error messages).
     pub fn vmm_log_tail(&self) -> String {
-        let log = std::fs::read_to_string(self.dir.join("vmm.log")).unwrap_or_default();
-        let lines: Vec<&str> = log.lines().rev().take(5).collect();
-        lines.into_iter().rev().collect::<Vec<_>>().join("\n")
+        crate::vm::log_tail(&self.dir.join("vmm.log"), 5, "\n")
     }
 
     /// An existing sandbox by id.

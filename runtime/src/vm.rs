@@ -173,9 +173,27 @@ pub fn processes_under(root: &Path, program: &str) -> Vec<Proc> {
     out
 }
 
+/// The last `n` lines of the log file `path`, joined with `sep` (empty if
+/// it cannot be read): a process's last words for error messages.
+pub fn log_tail(path: &Path, n: usize, sep: &str) -> String {
+    let s = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = s.lines().rev().take(n).collect();
+    lines.into_iter().rev().collect::<Vec<_>>().join(sep)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn log_tail_keeps_the_last_lines_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("x.log");
+        assert_eq!(log_tail(&f, 3, " | "), "", "a missing log is empty");
+        std::fs::write(&f, "a\nb\nc\nd\n").unwrap();
+        assert_eq!(log_tail(&f, 3, " | "), "b | c | d");
+        assert_eq!(log_tail(&f, 9, "\n"), "a\nb\nc\nd");
+    }
     use std::process::Command;
 
     #[test]

@@ -439,9 +439,7 @@ impl SandboxVm for FakeSandbox {
     }
 
     fn last_words(&self) -> String {
-        let s = std::fs::read_to_string(self.dir.join("agent.log")).unwrap_or_default();
-        let lines: Vec<&str> = s.lines().rev().take(3).collect();
-        lines.into_iter().rev().collect::<Vec<_>>().join(" | ")
+        crate::vm::log_tail(&self.dir.join("agent.log"), 3, " | ")
     }
 }
 

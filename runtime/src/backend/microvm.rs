@@ -165,9 +165,7 @@ fn wait_ready(p: &Proc, ready: &mut ReadyPipe, paths: &Paths) -> Result<(), Back
 
 /// The VMM's last messages (for error reports).
 fn log_tail(paths: &Paths) -> String {
-    let s = std::fs::read_to_string(paths.dir.join("vmm.log")).unwrap_or_default();
-    let lines: Vec<&str> = s.lines().rev().take(3).collect();
-    lines.into_iter().rev().collect::<Vec<_>>().join(" | ")
+    crate::vm::log_tail(&paths.dir.join("vmm.log"), 3, " | ")
 }
 
 impl SandboxBackend for MicroVm {
