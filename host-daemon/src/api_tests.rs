@@ -32,6 +32,7 @@ fn daemon(dir: &std::path::Path) -> Arc<Daemon> {
             pools: false,
             freeze_after: None,
             max_restores: 1,
+            http: Default::default(),
         },
         Arc::new(shoal_runtime::backend::microvm::MicroVm::new(
             "/nonexistent/shoal-vmm",
@@ -515,6 +516,7 @@ fn every_field_is_documented() {
         error: Some("e".into()),
         created_at: 1.0,
         owned: true,
+        owner: Some("token:a".into()),
         layers: vec!["base".into()],
         upper_size_mib: Some(8),
         upper_disk_mib: Some(64),

@@ -17,6 +17,9 @@ pub(super) fn run(tx: &Transaction<'_>, from: i64) -> Result<()> {
     if from < 3 {
         v3(tx)?;
     }
+    if from < 4 {
+        v4(tx)?;
+    }
     Ok(())
 }
 
@@ -92,5 +95,29 @@ fn v3(tx: &Transaction<'_>) -> Result<()> {
         )?;
     }
     tx.execute_batch("ALTER TABLE sandboxes DROP COLUMN pid_start;")?;
+    Ok(())
+}
+
+/// Templates' owners. Rows of older daemons that are what the daemon
+/// itself makes for `{"image": ...}` creates (a derived name, booted from
+/// that image) are the daemon's; every other row keeps no owner (admins
+/// only may change it), so a derived name squatted before this version is
+/// not taken for the daemon's (and is made again on its next use).
+fn v4(tx: &Transaction<'_>) -> Result<()> {
+    tx.execute_batch("ALTER TABLE templates ADD COLUMN owner TEXT;")?;
+    let rows: Vec<(String, String)> = {
+        let mut st = tx.prepare("SELECT name, source FROM templates")?;
+        let rows = st.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+        rows.collect::<rusqlite::Result<_>>()?
+    };
+    for (name, source) in rows {
+        let image = crate::template_names::derived_image(&name);
+        if image.is_some_and(|i| source == format!("image:{i}")) {
+            tx.execute(
+                "UPDATE templates SET owner = 'daemon' WHERE name = ?1",
+                [&name],
+            )?;
+        }
+    }
     Ok(())
 }

@@ -179,7 +179,7 @@ fn version_2_migrates_every_row_to_microvm_kinds_and_backend_states() {
         .unwrap();
     }
     let db = Db::open(&p).unwrap();
-    assert_eq!(db.version().unwrap(), 3);
+    assert_eq!(db.version().unwrap(), SCHEMA_VERSION);
     let all = db
         .list_sandboxes(&Filter {
             include_pooled: true,
@@ -349,6 +349,7 @@ fn templates_pools_events() {
         error: None,
         created_at: 1.0,
         owned: false,
+        owner: Some("token:t".into()),
         root: shoal_api::RootRequest {
             layers: vec!["/l/kit.img".into(), "tiny".into()],
             upper_size_mib: None,

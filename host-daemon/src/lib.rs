@@ -20,15 +20,19 @@
 
 pub mod admission;
 pub mod api;
+pub mod auth;
 pub mod db;
 pub mod exec;
 pub mod freeze;
+pub mod inputs;
 pub mod lifecycle;
+pub mod listen;
 pub mod metrics;
 pub mod ops;
 pub mod pool;
 pub mod supervisor;
 pub mod template_dirs;
+pub mod template_names;
 pub mod templates;
 pub mod watch;
 
@@ -62,6 +66,8 @@ pub struct Config {
     pub freeze_after: Option<Duration>,
     /// VMM restores in flight at most.
     pub max_restores: usize,
+    /// Connection and body limits of the API's listeners.
+    pub http: listen::HttpLimits,
 }
 
 impl Config {
@@ -117,6 +123,12 @@ pub enum ApiError {
     /// 401: missing or wrong bearer token.
     #[error("{0}")]
     Unauthorized(String),
+    /// 403: the caller may not do this.
+    #[error("{0}")]
+    Forbidden(String),
+    /// 413: the request body is larger than the route takes.
+    #[error("{0}")]
+    TooLarge(String),
     /// 404: no such sandbox, template, file.
     #[error("{0}")]
     NotFound(String),
@@ -196,6 +208,8 @@ impl ApiError {
                 ErrorCode::BadRequest
             }
             ApiError::Unauthorized(_) => ErrorCode::Unauthorized,
+            ApiError::Forbidden(_) => ErrorCode::Forbidden,
+            ApiError::TooLarge(_) => ErrorCode::PayloadTooLarge,
             ApiError::NotFound(_) => ErrorCode::NotFound,
             ApiError::Conflict(_) => ErrorCode::Conflict,
             ApiError::Refused(Refusal::Quota(_)) => ErrorCode::HostFull,
@@ -418,10 +432,11 @@ pub async fn within<T>(
 
 /// Serves the API until SIGTERM or SIGINT: recovers state, starts the
 /// supervisor, sweeps and pool filler, listens on the Unix socket (and on
-/// `tcp` with its bearer token). VMMs keep running when it stops.
+/// `tcp` for callers with one of its bearer tokens). VMMs keep running
+/// when it stops.
 pub async fn serve(
     d: Arc<Daemon>,
-    tcp: Option<(std::net::SocketAddr, String)>,
+    tcp: Option<(std::net::SocketAddr, auth::Tokens)>,
 ) -> Result<(), String> {
     let stop = async {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
@@ -436,9 +451,11 @@ pub async fn serve(
 
 /// [`serve`], until `stop` completes instead of a signal (tests stop a
 /// daemon this way and start another over the same state directory).
+/// Each listener is served by [`listen::serve`] with the limits of
+/// [`Config::http`] (its own connection cap each).
 pub async fn serve_until(
     d: Arc<Daemon>,
-    tcp: Option<(std::net::SocketAddr, String)>,
+    tcp: Option<(std::net::SocketAddr, auth::Tokens)>,
     stop: impl std::future::Future<Output = ()>,
 ) -> Result<(), String> {
     let sock = d.cfg.socket();
@@ -455,6 +472,15 @@ pub async fn serve_until(
         use std::os::unix::fs::PermissionsExt;
         let _ = std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o600));
     }
+    let tcp = match tcp {
+        None => None,
+        Some((addr, tokens)) => {
+            let l = tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|e| format!("{addr}: {e}"))?;
+            Some((l, tokens))
+        }
+    };
     tokio::spawn(supervisor::sweep_loop(d.clone()));
     if d.cfg.pools {
         tokio::spawn(pool::run(d.clone()));
@@ -464,33 +490,21 @@ pub async fn serve_until(
     }
     let (tx, rx) = tokio::sync::watch::channel(false);
     let mut tasks = tokio::task::JoinSet::new();
-    {
-        let app = api::router(d.clone(), None);
-        let mut rx = rx.clone();
-        tasks.spawn(async move {
-            axum::serve(unix, app)
-                .with_graceful_shutdown(async move {
-                    let _ = rx.changed().await;
-                })
-                .await
-                .map_err(|e| e.to_string())
-        });
-    }
-    if let Some((addr, token)) = tcp {
-        let l = tokio::net::TcpListener::bind(addr)
-            .await
-            .map_err(|e| format!("{addr}: {e}"))?;
-        let app = api::router(d.clone(), Some(token));
-        let mut rx = rx.clone();
-        tasks.spawn(async move {
-            axum::serve(l, app)
-                .with_graceful_shutdown(async move {
-                    let _ = rx.changed().await;
-                })
-                .await
-                .map_err(|e| e.to_string())
-        });
-        tracing::info!(%addr, "listening on TCP (bearer token required)");
+    tasks.spawn(listen::serve(
+        listen::Listener::Unix(unix),
+        api::router(d.clone(), None),
+        d.cfg.http.clone(),
+        rx.clone(),
+    ));
+    if let Some((l, tokens)) = tcp {
+        let addr = l.local_addr().map_err(|e| e.to_string())?;
+        tracing::info!(%addr, ?tokens, "listening on TCP (bearer token required)");
+        tasks.spawn(listen::serve(
+            listen::Listener::Tcp(l),
+            api::router(d.clone(), Some(tokens)),
+            d.cfg.http.clone(),
+            rx.clone(),
+        ));
     }
     tracing::info!(socket = %sock.display(), "shoald ready");
     stop.await;

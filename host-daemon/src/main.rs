@@ -1,6 +1,6 @@
 //! `shoald`: the Shoal host daemon (the library `shoald`).
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use clap::Parser;
 use shoal_runtime::backend::microvm::MicroVm;
 use shoald::{self as daemon, admission::Limits, Config, Daemon};
@@ -28,9 +28,27 @@ struct Args {
     /// Also listen on TCP (e.g. 127.0.0.1:7070); needs --token-file.
     #[arg(long)]
     listen: Option<std::net::SocketAddr>,
-    /// File holding the bearer token TCP clients must send.
+    /// File holding the bearer token TCP clients must send: one line (the
+    /// token), or `NAME:TOKEN` lines, one per tenant (templates are their
+    /// maker's; the token named `admin` may change anyone's). Must be
+    /// owned by the daemon's user and not readable by group or others.
     #[arg(long)]
     token_file: Option<PathBuf>,
+    /// A request's head must arrive within this many seconds (also how
+    /// long an idle keep-alive connection is kept).
+    #[arg(long, default_value_t = 10)]
+    header_timeout_s: u64,
+    /// A request body or response making no progress this many seconds
+    /// ends its connection.
+    #[arg(long, default_value_t = 120)]
+    idle_timeout_s: u64,
+    /// Open connections per listener (Unix socket, TCP) at most; more wait
+    /// to be accepted.
+    #[arg(long, default_value_t = 512)]
+    max_connections: usize,
+    /// Largest upload (MiB; streamed).
+    #[arg(long, default_value_t = 16 * 1024)]
+    max_upload_mib: u64,
     /// Guest memory reservable per MiB of host memory.
     #[arg(long, default_value_t = 8.0)]
     memory_overcommit: f64,
@@ -83,19 +101,7 @@ fn main() -> Result<()> {
         (Some(_), None) => {
             bail!("--listen needs --token-file (TCP clients must send a bearer token)")
         }
-        (Some(addr), Some(f)) => {
-            let t = std::fs::read_to_string(f)
-                .with_context(|| format!("cannot read {}", f.display()))?
-                .trim()
-                .to_string();
-            if t.len() < 16 {
-                bail!(
-                    "the token in {} is too short (at least 16 characters)",
-                    f.display()
-                );
-            }
-            Some((addr, t))
-        }
+        (Some(addr), Some(f)) => Some((addr, daemon::auth::Tokens::load(f)?)),
     };
     // Each VMM costs the daemon a pidfd and a few short-lived sockets.
     raise_nofile();
@@ -124,6 +130,13 @@ fn main() -> Result<()> {
             .max_restores
             .unwrap_or_else(|| 2 * std::thread::available_parallelism().map_or(1, |n| n.get())),
         freeze_after: (a.freeze_idle_ms > 0).then(|| Duration::from_millis(a.freeze_idle_ms)),
+        http: daemon::listen::HttpLimits {
+            header_timeout: Duration::from_secs(a.header_timeout_s.max(1)),
+            idle_timeout: Duration::from_secs(a.idle_timeout_s.max(1)),
+            max_connections: a.max_connections.max(1),
+            max_upload: a.max_upload_mib.saturating_mul(1 << 20),
+            ..Default::default()
+        },
     };
     let missing: Vec<String> = artifacts
         .status()

@@ -32,6 +32,7 @@ pub(crate) fn daemon(state: &Path, artifacts: &Path) -> Arc<Daemon> {
             pools: false,
             freeze_after: None,
             max_restores: 1,
+            http: Default::default(),
         },
         Arc::new(backend),
     )
@@ -51,6 +52,7 @@ fn template(name: &str, dir: PathBuf, state: &str) -> TemplateRow {
         error: None,
         created_at: db::now(),
         owned: true,
+        owner: None,
         root: shoal_api::RootRequest::default(),
     }
 }

@@ -4,7 +4,8 @@
 
 use super::db::{self, State, TemplateRow};
 use super::ops::{self, check_name};
-use super::{ApiError, ApiResult, Daemon};
+use super::{template_names, ApiError, ApiResult, Daemon};
+use crate::auth::Principal;
 use shoal_api::{CreateTemplate, Pool, RootRequest, SetPool, Template, TemplateState};
 use shoal_images::layers::{self, Upper};
 use shoal_runtime::sandbox::{self, TemplateSpec};
@@ -27,6 +28,7 @@ impl From<TemplateRow> for Template {
             error: t.error,
             created_at: t.created_at,
             owned: t.owned,
+            owner: t.owner,
             layers: t.root.layers,
             upper_size_mib: t.root.upper_size_mib,
             upper_disk_mib: t.root.upper_disk_mib,
@@ -91,13 +93,20 @@ fn check_shape(image: &str, vcpus: u32, mem: u32) -> ApiResult<()> {
     Ok(())
 }
 
-/// Registers a template and builds it in the background (booting the
-/// image once; cached by content, so usually instant after the first).
-pub fn create_template(d: &Arc<Daemon>, req: CreateTemplate) -> ApiResult<TemplateRow> {
+/// Registers a template for `who` (its owner; derived names are the
+/// daemon's, [`template_names`]) and builds it in the background (booting
+/// the image once; cached by content, so usually instant after the first).
+pub fn create_template(
+    d: &Arc<Daemon>,
+    req: CreateTemplate,
+    who: &Principal,
+) -> ApiResult<TemplateRow> {
     check_name("template", &req.name)?;
     let (vcpus, mem) = (req.vcpus.unwrap_or(1), req.memory_mib.unwrap_or(128));
     check_shape(&req.image, vcpus, mem)?;
+    crate::inputs::check_servable(&d.cfg.limits, vcpus, mem)?;
     let root = req.root();
+    let owner = template_names::owner_for_create(who, &req.name, &req.image, vcpus, mem, &root)?;
     let upper = check_root(&root, mem)?;
     let t = TemplateRow {
         name: req.name.clone(),
@@ -110,6 +119,7 @@ pub fn create_template(d: &Arc<Daemon>, req: CreateTemplate) -> ApiResult<Templa
         error: None,
         created_at: db::now(),
         owned: true,
+        owner: Some(owner),
         root: RootRequest {
             layers: root.layers.clone(),
             upper_size_mib: upper.disk_mib().is_none().then(|| upper.tmpfs_mib(mem)),
@@ -191,10 +201,15 @@ async fn build(
     d.pool_wake.notify_one();
 }
 
+/// Longest a create waits for its image's template to be built (a boot
+/// and a snapshot: ~20-60 s on PVM hosts; builds queue one at a time).
+pub const IMAGE_TEMPLATE_WAIT: std::time::Duration = std::time::Duration::from_secs(300);
+
 /// The template of `image` at this shape and root
 /// ([`image_template_name`]), built on first use (again, if it failed
-/// before); waits for it as long as it is being built (a boot and a
-/// snapshot: ~20-60 s on PVM hosts; the build's own deadlines bound it).
+/// before, or if the name holds a template the daemon did not make);
+/// waits for it while it is being built, at most [`IMAGE_TEMPLATE_WAIT`]
+/// (then 504: the build goes on, a retry finds it).
 pub async fn image_template(
     d: &Arc<Daemon>,
     image: &str,
@@ -203,14 +218,17 @@ pub async fn image_template(
     root: &RootRequest,
 ) -> ApiResult<TemplateRow> {
     check_shape(image, vcpus, mem)?;
+    crate::inputs::check_servable(&d.cfg.limits, vcpus, mem)?;
     check_root(root, mem)?;
     let name = image_template_name(image, vcpus, mem, root);
     // A failed image template is retried: what failed (missing artifacts,
-    // a boot on an overloaded host) may be fixed by now.
-    if d.db(|db| db.template(&name))?
-        .is_some_and(|t| t.state == TemplateState::Failed)
-    {
-        match delete_template(d, &name).await {
+    // a boot on an overloaded host) may be fixed by now. One the daemon
+    // did not make (squatted before owners were recorded) is never used.
+    if d.db(|db| db.template(&name))?.is_some_and(|t| {
+        t.state == TemplateState::Failed
+            || (!template_names::is_daemons(&t) && t.state != TemplateState::Building)
+    }) {
+        match delete_template(d, &name, &Principal::Daemon).await {
             Ok(()) | Err(ApiError::NotFound(_)) => {}
             Err(e) => return Err(e),
         }
@@ -223,25 +241,39 @@ pub async fn image_template(
             ..CreateTemplate::new(name.clone(), image)
         }
         .with_root(root.clone()),
+        &Principal::Daemon,
     ) {
         Ok(_) | Err(ApiError::Conflict(_)) => {}
         Err(e) => return Err(e),
     }
+    let until = Instant::now() + IMAGE_TEMPLATE_WAIT;
     loop {
         match ops::ready_template(d, &name) {
+            Ok(t) if !template_names::is_daemons(&t) => {
+                return Err(ApiError::Conflict(format!(
+                    "template '{name}' was not made by the daemon; retry"
+                )))
+            }
             Err(ApiError::Conflict(m)) if m.contains("still being built") => {}
             other => return other,
+        }
+        if Instant::now() >= until {
+            return Err(ApiError::Timeout(format!(
+                "template '{name}' is still being built after {IMAGE_TEMPLATE_WAIT:?} \
+                 (builds run one at a time); retry later"
+            )));
         }
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
 }
 
 /// Deletes a template, its pool and the pool's sandboxes (sandboxes
-/// already created from it keep running).
-pub async fn delete_template(d: &Arc<Daemon>, name: &str) -> ApiResult<()> {
+/// already created from it keep running), if `who` may.
+pub async fn delete_template(d: &Arc<Daemon>, name: &str, who: &Principal) -> ApiResult<()> {
     let t = d
         .db(|db| db.template(name))?
         .ok_or_else(|| ApiError::NotFound(format!("no template '{name}'")))?;
+    template_names::check_owner(who, &t, false)?;
     drain_pool(d, name).await?;
     d.db(|db| db.delete_template(name))?;
     // Its directory goes now unless a sandbox restored from it is left
@@ -265,8 +297,14 @@ pub async fn delete_template(d: &Arc<Daemon>, name: &str) -> ApiResult<()> {
 /// Most sandboxes one pool may hold.
 pub const MAX_POOL: u32 = 10_000;
 
-/// Sets a pool's target; the filler does the rest in the background.
-pub async fn set_pool(d: &Arc<Daemon>, template: &str, req: SetPool) -> ApiResult<Pool> {
+/// Sets a pool's target, if `who` may (the daemon's templates' pools are
+/// everyone's); the filler does the rest in the background.
+pub async fn set_pool(
+    d: &Arc<Daemon>,
+    template: &str,
+    req: SetPool,
+    who: &Principal,
+) -> ApiResult<Pool> {
     if req.target > MAX_POOL {
         return Err(ApiError::BadRequest(format!(
             "target {}: at most {MAX_POOL}",
@@ -276,6 +314,7 @@ pub async fn set_pool(d: &Arc<Daemon>, template: &str, req: SetPool) -> ApiResul
     let t = d
         .db(|db| db.template(template))?
         .ok_or_else(|| ApiError::NotFound(format!("no template '{template}'")))?;
+    template_names::check_owner(who, &t, true)?;
     if t.state == TemplateState::Failed {
         return Err(ApiError::Conflict(format!("template '{template}' failed")));
     }
@@ -414,7 +453,7 @@ mod tests {
             upper_size_mib: None,
             upper_disk_mib: None,
         };
-        let t = create_template(&d, req).unwrap();
+        let t = create_template(&d, req, &Principal::Uid(0)).unwrap();
         assert_eq!(t.state, TemplateState::Building);
         assert!(
             t.dir.starts_with(d.cfg.templates_dir()),
