@@ -99,25 +99,20 @@ fn v3(tx: &Transaction<'_>) -> Result<()> {
 }
 
 /// Templates' owners. Rows of older daemons that are what the daemon
-/// itself makes for `{"image": ...}` creates (a derived name, booted from
-/// that image) are the daemon's; every other row keeps no owner (admins
-/// only may change it), so a derived name squatted before this version is
-/// not taken for the daemon's (and is made again on its next use).
+/// itself makes for `{"image": ...}` creates (named `IMAGE-Nc-Mm`, or that
+/// and a 12-character hash of the root, for their own image and shape)
+/// are the daemon's; every other row keeps no owner (admins only may
+/// change it), so a derived name squatted before this version is not
+/// taken for the daemon's (and is made again on its next use).
 fn v4(tx: &Transaction<'_>) -> Result<()> {
-    tx.execute_batch("ALTER TABLE templates ADD COLUMN owner TEXT;")?;
-    let rows: Vec<(String, String)> = {
-        let mut st = tx.prepare("SELECT name, source FROM templates")?;
-        let rows = st.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
-        rows.collect::<rusqlite::Result<_>>()?
-    };
-    for (name, source) in rows {
-        let image = crate::template_names::derived_image(&name);
-        if image.is_some_and(|i| source == format!("image:{i}")) {
-            tx.execute(
-                "UPDATE templates SET owner = 'daemon' WHERE name = ?1",
-                [&name],
-            )?;
-        }
-    }
+    tx.execute_batch(
+        "ALTER TABLE templates ADD COLUMN owner TEXT;
+         UPDATE templates SET owner = 'daemon'
+         WHERE source LIKE 'image:%' AND (
+            name = substr(source, 7) || '-' || vcpus || 'c-' || memory_mib || 'm'
+            OR (substr(name, 1, length(name) - 13)
+                    = substr(source, 7) || '-' || vcpus || 'c-' || memory_mib || 'm'
+                AND substr(name, length(name) - 12, 1) = '-'));",
+    )?;
     Ok(())
 }

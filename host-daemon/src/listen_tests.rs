@@ -20,7 +20,6 @@ pub(crate) struct Served {
     _tmp: tempfile::TempDir,
     pub addr: SocketAddr,
     pub sock: std::path::PathBuf,
-    pub d: Arc<Daemon>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -93,7 +92,6 @@ impl Served {
             _tmp: tmp,
             addr,
             sock,
-            d,
             stop: Some(stop),
             thread: Some(thread),
         }

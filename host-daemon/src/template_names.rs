@@ -7,9 +7,41 @@
 
 use crate::auth::Principal;
 use crate::db::TemplateRow;
-use crate::templates::{image_template_name, IMAGES};
 use crate::{ApiError, ApiResult};
 use shoal_api::RootRequest;
+use shoal_images::layers;
+use shoal_runtime::sandbox;
+
+/// Images the daemon can boot templates from.
+pub const IMAGES: [&str; 2] = ["tiny", "base"];
+
+/// The name of the template `POST /v1/sandboxes` with `image` uses:
+/// `IMAGE-Nc-Mm`, plus a hash of the layers (each file's identity, so a
+/// rebuilt layer gets a new template) and the upper layer when there are
+/// any.
+pub fn image_template_name(image: &str, vcpus: u32, mem: u32, root: &RootRequest) -> String {
+    let base = format!("{image}-{vcpus}c-{mem}m");
+    if root.is_default() {
+        return base;
+    }
+    let mut parts: Vec<String> = root
+        .layers
+        .iter()
+        .map(|l| {
+            if IMAGES.contains(&l.as_str()) {
+                format!("image:{l}")
+            } else {
+                layers::file_identity(std::path::Path::new(l))
+            }
+        })
+        .collect();
+    parts.push(format!(
+        "size:{:?} disk:{:?}",
+        root.upper_size_mib, root.upper_disk_mib
+    ));
+    let bytes: Vec<&[u8]> = parts.iter().map(|p| p.as_bytes()).collect();
+    format!("{base}-{}", &sandbox::hash_hex(&bytes)[..12])
+}
 
 /// The owner recorded for the daemon's templates.
 pub const DAEMON: &str = "daemon";

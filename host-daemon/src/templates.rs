@@ -8,13 +8,12 @@ use super::{template_names, ApiError, ApiResult, Daemon};
 use crate::auth::Principal;
 use shoal_api::{CreateTemplate, Pool, RootRequest, SetPool, Template, TemplateState};
 use shoal_images::layers::{self, Upper};
-use shoal_runtime::sandbox::{self, TemplateSpec};
+use shoal_runtime::sandbox::TemplateSpec;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
-/// Images the daemon can boot templates from.
-pub const IMAGES: [&str; 2] = ["tiny", "base"];
+pub use crate::template_names::{image_template_name, IMAGES};
 
 impl From<TemplateRow> for Template {
     fn from(t: TemplateRow) -> Self {
@@ -42,34 +41,6 @@ pub fn check_root(root: &RootRequest, memory_mib: u32) -> ApiResult<Upper> {
     layers::check_layers(&root.layers, &IMAGES).map_err(ApiError::Layers)?;
     Upper::from_request(root.upper_size_mib, root.upper_disk_mib, memory_mib)
         .map_err(ApiError::Layers)
-}
-
-/// The name of the template `POST /v1/sandboxes` with `image` uses:
-/// `IMAGE-Nc-Mm`, plus a hash of the layers (each file's identity, so a
-/// rebuilt layer gets a new template) and the upper layer when there are
-/// any.
-pub fn image_template_name(image: &str, vcpus: u32, mem: u32, root: &RootRequest) -> String {
-    let base = format!("{image}-{vcpus}c-{mem}m");
-    if root.is_default() {
-        return base;
-    }
-    let mut parts: Vec<String> = root
-        .layers
-        .iter()
-        .map(|l| {
-            if IMAGES.contains(&l.as_str()) {
-                format!("image:{l}")
-            } else {
-                layers::file_identity(std::path::Path::new(l))
-            }
-        })
-        .collect();
-    parts.push(format!(
-        "size:{:?} disk:{:?}",
-        root.upper_size_mib, root.upper_disk_mib
-    ));
-    let bytes: Vec<&[u8]> = parts.iter().map(|p| p.as_bytes()).collect();
-    format!("{base}-{}", &sandbox::hash_hex(&bytes)[..12])
 }
 
 fn check_shape(image: &str, vcpus: u32, mem: u32) -> ApiResult<()> {
