@@ -419,7 +419,21 @@ impl Db {
                 u.memory_mib += count(mem);
             }
         }
+        u.disk_mib = self.reserved_disk_mib(None)?;
         Ok(u)
+    }
+
+    /// Disk reserved by every sandbox but failed ones (and but `except`):
+    /// its memory (written when paused) and its template's scratch disk
+    /// ([`crate::admission::disk_need_mib`]; a sandbox whose template was
+    /// deleted counts its memory only).
+    pub fn reserved_disk_mib(&self, except: Option<&str>) -> Result<u64> {
+        let mut st = self.conn.prepare_cached(
+            "SELECT COALESCE(SUM(s.memory_mib + COALESCE(t.upper_disk_mib, 0)), 0)
+             FROM sandboxes s LEFT JOIN templates t ON t.name = s.template
+             WHERE s.state != 'failed' AND (?1 IS NULL OR s.id != ?1)",
+        )?;
+        Ok(count(st.query_row([except], |r| r.get(0))?))
     }
 
     /// Pooled sandboxes per template.

@@ -107,6 +107,22 @@ pub fn check_servable(l: &Limits, vcpus: u32, memory_mib: u32) -> ApiResult<()> 
     Ok(())
 }
 
+/// Refuses (400) a sandbox whose disk reservation (its memory and scratch
+/// disk, [`crate::admission::disk_need_mib`]) exceeds the whole disk
+/// budget.
+pub fn check_disk_servable(l: &Limits, memory_mib: u32, upper_disk_mib: Option<u32>) -> ApiResult<()> {
+    let need = crate::admission::disk_need_mib(memory_mib, upper_disk_mib);
+    if l.disk_budget_mib > 0 && need > l.disk_budget_mib {
+        return Err(ApiError::BadRequest(format!(
+            "a sandbox of {memory_mib} MiB with a {} MiB scratch disk reserves {need} MiB of \
+             disk; this host's disk budget is {} MiB",
+            upper_disk_mib.unwrap_or(0),
+            l.disk_budget_mib
+        )));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -145,6 +161,8 @@ mod tests {
             cpu_overcommit: 1024.0,
             min_available_mib: 1024,
             max_vms: 4000,
+            disk_budget_mib: 0,
+            min_free_disk_mib: 0,
         };
         check_servable(&l, 2, 24 * 1024).unwrap();
         let m = refused(check_servable(&l, 1, 64 * 1024));

@@ -42,6 +42,8 @@ impl Served {
                     cpu_overcommit: 1.0,
                     min_available_mib: 0,
                     max_vms: 10,
+                    disk_budget_mib: 0,
+                    min_free_disk_mib: 0,
                 },
                 agent_timeout: Duration::from_secs(1),
                 sweep_interval: Duration::from_secs(1),

@@ -61,6 +61,15 @@ struct Args {
     /// Most sandboxes holding a VMM at once.
     #[arg(long, default_value_t = 4000)]
     max_sandboxes: u64,
+    /// Disk sandboxes may reserve on the state filesystem (MiB; each
+    /// reserves its memory, for a pause, and its scratch disk). Default:
+    /// what is free at start plus what sandboxes hold, less the reserve.
+    #[arg(long)]
+    disk_budget_mib: Option<u64>,
+    /// Refuse sandboxes (503) that would leave less than this free on the
+    /// state filesystem (MiB).
+    #[arg(long, default_value_t = 2048)]
+    min_free_disk_mib: u64,
     /// Host memory to plan with (MiB; default: MemTotal).
     #[arg(long)]
     host_memory_mib: Option<u64>,
@@ -111,8 +120,17 @@ fn main() -> Result<()> {
         .artifacts
         .map(shoal_images::artifacts::Layout::at)
         .unwrap_or_else(shoal_images::artifacts::Layout::default_location);
+    let state_dir = a.state_dir.unwrap_or_else(daemon::default_state_dir);
+    std::fs::create_dir_all(&state_dir)?;
+    let disk_budget_mib = a.disk_budget_mib.unwrap_or_else(|| {
+        let free = daemon::admission::free_disk_mib(&state_dir);
+        let held = daemon::admission::du_mib(&state_dir.join("sandboxes"));
+        free.saturating_add(held)
+            .saturating_sub(a.min_free_disk_mib)
+            .max(1)
+    });
     let cfg = Config {
-        state_dir: a.state_dir.unwrap_or_else(daemon::default_state_dir),
+        state_dir,
         limits: Limits {
             host_memory_mib: a
                 .host_memory_mib
@@ -122,6 +140,8 @@ fn main() -> Result<()> {
             cpu_overcommit: a.cpu_overcommit,
             min_available_mib: a.min_available_mib,
             max_vms: a.max_sandboxes,
+            disk_budget_mib,
+            min_free_disk_mib: a.min_free_disk_mib,
         },
         agent_timeout: Duration::from_secs(a.agent_timeout),
         sweep_interval: Duration::from_secs(1),

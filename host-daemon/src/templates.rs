@@ -76,6 +76,7 @@ pub fn create_template(
     let (vcpus, mem) = (req.vcpus.unwrap_or(1), req.memory_mib.unwrap_or(128));
     check_shape(&req.image, vcpus, mem)?;
     crate::inputs::check_servable(&d.cfg.limits, vcpus, mem)?;
+    crate::inputs::check_disk_servable(&d.cfg.limits, mem, req.upper_disk_mib)?;
     let root = req.root();
     let owner = template_names::owner_for_create(who, &req.name, &req.image, vcpus, mem, &root)?;
     let upper = check_root(&root, mem)?;

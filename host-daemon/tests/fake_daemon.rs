@@ -8,5 +8,7 @@
 mod harness;
 #[path = "fake_daemon/lifecycle.rs"]
 mod lifecycle;
+#[path = "fake_daemon/limits.rs"]
+mod limits;
 #[path = "fake_daemon/supervision.rs"]
 mod supervision;

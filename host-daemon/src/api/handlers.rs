@@ -120,11 +120,9 @@ pub(super) async fn create(AxState(d): D, b: Body) -> Res<impl IntoResponse> {
     inputs::check_map(&req.metadata, &inputs::METADATA)?;
     inputs::check_map(&req.env, &inputs::ENV)?;
     if req.image.is_some() {
-        inputs::check_servable(
-            &d.cfg.limits,
-            req.vcpus.unwrap_or(1),
-            req.memory_mib.unwrap_or(128),
-        )?;
+        let mem = req.memory_mib.unwrap_or(128);
+        inputs::check_servable(&d.cfg.limits, req.vcpus.unwrap_or(1), mem)?;
+        inputs::check_disk_servable(&d.cfg.limits, mem, req.upper_disk_mib)?;
     }
     Ok((StatusCode::CREATED, Json(lifecycle::create(&d, req).await?)))
 }

@@ -1,0 +1,97 @@
+//! Aggregate limits: disk reserved by every sandbox, paused ones too, and
+//! uploads past their cap (streamed, refused with 413, the sandbox fine).
+
+use crate::harness::{refused, Opts, TestDaemon};
+use shoal_client::api::{self, ErrorCode};
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::time::Duration;
+
+#[test]
+fn paused_sandboxes_hold_their_disk_in_admission() {
+    // Each sandbox reserves its memory (128 MiB, written when paused).
+    let d = TestDaemon::with(Opts {
+        disk_budget_mib: 300,
+        pools: false,
+        ..Opts::default()
+    });
+    let a = d.create();
+    d.c.pause(&a.id).unwrap();
+    let b = d.create();
+    // `a` holds no VM, but its memory is on disk: no room for a third.
+    let (s, code, m) = refused(
+        d.c.create(&api::CreateSandbox::from_image("tiny"))
+            .unwrap_err(),
+    );
+    assert_eq!((s, code), (429, Some(ErrorCode::HostFull)), "{m}");
+    assert!(m.contains("disk") && m.contains("300 MiB"), "{m}");
+    let stats = d.c.stats().unwrap();
+    assert_eq!(stats.usage.disk_mib, 256, "{stats:?}");
+    // Resuming the paused one needs no more than it holds.
+    assert_eq!(d.sh(&a.id, "echo back").unwrap().1, "back\n");
+    d.c.kill(&b.id).unwrap();
+    d.create();
+    // A sandbox that could never fit is refused at once.
+    let (s, _, m) = refused(
+        d.c.create(&api::CreateSandbox {
+            upper_disk_mib: Some(1024),
+            ..api::CreateSandbox::from_image("tiny")
+        })
+        .unwrap_err(),
+    );
+    assert_eq!(s, 400, "{m}");
+    assert!(m.contains("disk budget is 300 MiB"), "{m}");
+}
+
+#[test]
+fn an_upload_past_its_cap_is_refused_with_413_and_the_sandbox_goes_on() {
+    let d = TestDaemon::with(Opts {
+        http: shoald::listen::HttpLimits {
+            max_upload: 1 << 20,
+            ..Default::default()
+        },
+        pools: false,
+        ..Opts::default()
+    });
+    let sb = d.create();
+    let dir = d.scratch("up");
+    let target = dir.join("big");
+    // Chunked (no length to refuse it by): 4 MiB, streamed past the cap.
+    let mut c = UnixStream::connect(d.state_dir().join("shoald.sock")).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    c.set_write_timeout(Some(Duration::from_secs(30))).unwrap();
+    write!(
+        c,
+        "PUT /v1/sandboxes/{}/files?path={} HTTP/1.1\r\nHost: x\r\n\
+         Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n",
+        sb.id,
+        target.display()
+    )
+    .unwrap();
+    let chunk = vec![b'x'; 64 * 1024];
+    for _ in 0..64 {
+        let ok = write!(c, "{:x}\r\n", chunk.len()).is_ok()
+            && c.write_all(&chunk).is_ok()
+            && c.write_all(b"\r\n").is_ok();
+        if !ok {
+            break;
+        }
+    }
+    let _ = c.write_all(b"0\r\n\r\n");
+    let mut out = String::new();
+    let _ = c.read_to_string(&mut out);
+    assert!(out.starts_with("HTTP/1.1 413"), "{out}");
+    assert!(out.contains("payload_too_large"), "{out}");
+    let written = std::fs::metadata(&target).map_or(0, |m| m.len());
+    assert!(written <= 1 << 20, "{written} bytes written past the cap");
+    // The sandbox goes on: a small upload works.
+    let small = dir.join("small");
+    let q = api::UploadQuery {
+        path: small.display().to_string(),
+        mode: None,
+        append: None,
+        parents: None,
+    };
+    d.c.put_file(&sb.id, &q, &mut &b"ok"[..]).unwrap();
+    assert_eq!(std::fs::read(&small).unwrap(), b"ok");
+}
