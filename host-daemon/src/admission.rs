@@ -241,7 +241,10 @@ mod tests {
         assert_eq!(disk_need_mib(128, Some(512)), 640);
         assert_eq!(admit_disk(&l, &with_disk(360), 640, 5000), Ok(()));
         let e = admit_disk(&l, &with_disk(361), 640, 5000).unwrap_err();
-        assert!(matches!(&e, Refusal::Quota(m) if m.contains("1000 MiB")), "{e}");
+        assert!(
+            matches!(&e, Refusal::Quota(m) if m.contains("1000 MiB")),
+            "{e}"
+        );
         assert_eq!(e.reason(), "disk_quota");
         let e = admit_disk(&l, &with_disk(0), 640, 739).unwrap_err();
         assert!(matches!(e, Refusal::HostPressure(_)), "{e}");
@@ -250,7 +253,10 @@ mod tests {
             disk_budget_mib: 0,
             ..l
         };
-        assert_eq!(admit_disk(&unbudgeted, &with_disk(1 << 40), 640, 740), Ok(()));
+        assert_eq!(
+            admit_disk(&unbudgeted, &with_disk(1 << 40), 640, 740),
+            Ok(())
+        );
     }
 
     #[test]
@@ -261,7 +267,10 @@ mod tests {
         std::fs::create_dir(dir.path().join("d")).unwrap();
         std::fs::write(dir.path().join("d/full"), vec![1u8; 3 << 20]).unwrap();
         let n = du_mib(dir.path());
-        assert!((3..5).contains(&n), "{n} MiB: a sparse file counts what it holds");
+        assert!(
+            (3..5).contains(&n),
+            "{n} MiB: a sparse file counts what it holds"
+        );
         let free = free_disk_mib(dir.path());
         assert!(free > 0 && free < u64::MAX, "{free}");
     }

@@ -110,7 +110,11 @@ pub fn check_servable(l: &Limits, vcpus: u32, memory_mib: u32) -> ApiResult<()> 
 /// Refuses (400) a sandbox whose disk reservation (its memory and scratch
 /// disk, [`crate::admission::disk_need_mib`]) exceeds the whole disk
 /// budget.
-pub fn check_disk_servable(l: &Limits, memory_mib: u32, upper_disk_mib: Option<u32>) -> ApiResult<()> {
+pub fn check_disk_servable(
+    l: &Limits,
+    memory_mib: u32,
+    upper_disk_mib: Option<u32>,
+) -> ApiResult<()> {
     let need = crate::admission::disk_need_mib(memory_mib, upper_disk_mib);
     if l.disk_budget_mib > 0 && need > l.disk_budget_mib {
         return Err(ApiError::BadRequest(format!(

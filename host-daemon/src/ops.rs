@@ -61,7 +61,9 @@ pub fn admit_and_insert(d: &Daemon, r: &SandboxRow, count: bool) -> ApiResult<()
         let mut u = db.usage()?;
         // A paused sandbox resuming already holds its reservation.
         u.disk_mib = db.reserved_disk_mib(Some(&r.id))?;
-        let upper = db.template(&r.template)?.and_then(|t| t.root.upper_disk_mib);
+        let upper = db
+            .template(&r.template)?
+            .and_then(|t| t.root.upper_disk_mib);
         let need = admission::disk_need_mib(r.memory_mib, upper);
         let ok = admission::admit(
             &d.cfg.limits,

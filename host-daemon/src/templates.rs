@@ -175,7 +175,7 @@ async fn build(
 
 /// Longest a create waits for its image's template to be built (a boot
 /// and a snapshot: ~20-60 s on PVM hosts; builds queue one at a time).
-pub const IMAGE_TEMPLATE_WAIT: std::time::Duration = std::time::Duration::from_secs(300);
+pub const IMAGE_TEMPLATE_WAIT: std::time::Duration = std::time::Duration::from_secs(120);
 
 /// The template of `image` at this shape and root
 /// ([`image_template_name`]), built on first use (again, if it failed
