@@ -26,7 +26,7 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::{watch, Semaphore};
-use tokio::time::{Instant, Sleep};
+use tokio::time::Sleep;
 use tower::ServiceExt;
 
 /// Largest request head (request line and headers) read.
@@ -177,12 +177,14 @@ fn log_end(r: Result<(), hyper::Error>) {
     }
 }
 
-/// A request body that fails when no frame arrives for `idle` (a client
-/// that stops sending mid-body frees its connection and handler).
+/// A request body that fails when no frame arrives for `idle` while it
+/// is read (a client that stops sending mid-body frees its connection and
+/// handler; a handler that reads late is not held against the client).
 struct IdleBody {
     inner: Incoming,
     idle: Duration,
-    timer: Pin<Box<Sleep>>,
+    /// Armed while a read waits.
+    timer: Option<Pin<Box<Sleep>>>,
 }
 
 impl IdleBody {
@@ -190,7 +192,7 @@ impl IdleBody {
         IdleBody {
             inner,
             idle,
-            timer: Box::pin(tokio::time::sleep(idle)),
+            timer: None,
         }
     }
 }
@@ -205,17 +207,22 @@ impl hyper::body::Body for IdleBody {
     ) -> Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
         match Pin::new(&mut self.inner).poll_frame(cx) {
             Poll::Ready(r) => {
-                let next = Instant::now() + self.idle;
-                self.timer.as_mut().reset(next);
+                self.timer = None;
                 Poll::Ready(r.map(|f| f.map_err(io::Error::other)))
             }
-            Poll::Pending => match self.timer.as_mut().poll(cx) {
-                Poll::Ready(()) => Poll::Ready(Some(Err(io::Error::new(
-                    io::ErrorKind::TimedOut,
-                    format!("the request body stalled for {:?}", self.idle),
-                )))),
-                Poll::Pending => Poll::Pending,
-            },
+            Poll::Pending => {
+                let idle = self.idle;
+                let t = self
+                    .timer
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep(idle)));
+                match t.as_mut().poll(cx) {
+                    Poll::Ready(()) => Poll::Ready(Some(Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        format!("the request body stalled for {idle:?}"),
+                    )))),
+                    Poll::Pending => Poll::Pending,
+                }
+            }
         }
     }
 
