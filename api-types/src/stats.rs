@@ -19,7 +19,8 @@ pub struct Usage {
     pub memory_mib: u64,
     /// Disk reserved on the state filesystem by every sandbox but failed
     /// ones, paused and pooled ones too (MiB): each may fill its scratch
-    /// disk and write its memory when paused.
+    /// disk and write its memory when paused; and by every template (its
+    /// memory file and scratch disk).
     #[serde(default)]
     pub disk_mib: u64,
 }

@@ -423,15 +423,19 @@ impl Db {
         Ok(u)
     }
 
-    /// Disk reserved by every sandbox but failed ones (and but `except`):
-    /// its memory (written when paused) and its template's scratch disk
-    /// ([`crate::admission::disk_need_mib`]; a sandbox whose template was
-    /// deleted counts its memory only).
+    /// Disk reserved by every sandbox but failed ones (and but the sandbox
+    /// `except`): its memory (written when paused) and its template's
+    /// scratch disk ([`crate::admission::disk_need_mib`]; a sandbox whose
+    /// template was deleted counts its memory only); and by every template
+    /// but failed ones: its memory file and scratch disk.
     pub fn reserved_disk_mib(&self, except: Option<&str>) -> Result<u64> {
         let mut st = self.conn.prepare_cached(
-            "SELECT COALESCE(SUM(s.memory_mib + COALESCE(t.upper_disk_mib, 0)), 0)
-             FROM sandboxes s LEFT JOIN templates t ON t.name = s.template
-             WHERE s.state != 'failed' AND (?1 IS NULL OR s.id != ?1)",
+            "SELECT
+               (SELECT COALESCE(SUM(s.memory_mib + COALESCE(t.upper_disk_mib, 0)), 0)
+                FROM sandboxes s LEFT JOIN templates t ON t.name = s.template
+                WHERE s.state != 'failed' AND (?1 IS NULL OR s.id != ?1))
+             + (SELECT COALESCE(SUM(memory_mib + COALESCE(upper_disk_mib, 0)), 0)
+                FROM templates WHERE state != 'failed')",
         )?;
         Ok(count(st.query_row([except], |r| r.get(0))?))
     }

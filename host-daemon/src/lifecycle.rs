@@ -278,16 +278,7 @@ pub async fn snapshot(
         owner: Some(owner.id()),
         root: from.map(|f| f.root).unwrap_or_default(),
     };
-    let inserted = d.db(|db| {
-        if db.template(&name)?.is_some() {
-            return Ok(false);
-        }
-        db.put_template(&t)?;
-        Ok(true)
-    })?;
-    if !inserted {
-        return Err(ApiError::Conflict(format!("template '{name}' exists")));
-    }
+    super::templates::insert_template(d, &t)?;
     let _g = live.op.lock().await;
     *live.client.lock().await = None;
     let dir = t.dir.clone();

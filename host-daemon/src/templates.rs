@@ -4,7 +4,7 @@
 
 use super::db::{self, State, TemplateRow};
 use super::ops::{self, check_name};
-use super::{template_names, ApiError, ApiResult, Daemon};
+use super::{admission, template_names, ApiError, ApiResult, Daemon};
 use crate::auth::Principal;
 use shoal_api::{CreateTemplate, Pool, RootRequest, SetPool, Template, TemplateState};
 use shoal_images::layers::{self, Upper};
@@ -98,16 +98,7 @@ pub fn create_template(
             upper_disk_mib: upper.disk_mib(),
         },
     };
-    let inserted = d.db(|db| {
-        if db.template(&t.name)?.is_some() {
-            return Ok(false);
-        }
-        db.put_template(&t)?;
-        Ok(true)
-    })?;
-    if !inserted {
-        return Err(ApiError::Conflict(format!("template '{}' exists", t.name)));
-    }
+    insert_template(d, &t)?;
     d.event(&t.name, "template_building", &t.source);
     let d2 = d.clone();
     let vcpus8 = u8::try_from(vcpus).map_err(|_| {
@@ -120,6 +111,36 @@ pub fn create_template(
     let (name, dir, layers) = (t.name.clone(), t.dir.clone(), root.layers);
     tokio::spawn(async move { build(d2, name, dir, spec, layers).await });
     Ok(t)
+}
+
+/// Records `t` (being built or written) unless its name is taken (409)
+/// or its disk (its memory file and scratch disk) does not fit
+/// ([`admission::admit_disk`]: 429 or 503).
+pub(crate) fn insert_template(d: &Daemon, t: &TemplateRow) -> ApiResult<()> {
+    let free = admission::free_disk_mib(&d.cfg.state_dir);
+    let need = admission::disk_need_mib(t.memory_mib, t.root.upper_disk_mib);
+    let r = d.db(|db| {
+        if db.template(&t.name)?.is_some() {
+            return Ok(Err(ApiError::Conflict(format!(
+                "template '{}' exists",
+                t.name
+            ))));
+        }
+        let u = db::Usage {
+            disk_mib: db.reserved_disk_mib(None)?,
+            ..Default::default()
+        };
+        if let Err(e) = admission::admit_disk(&d.cfg.limits, &u, need, free) {
+            return Ok(Err(e.into()));
+        }
+        db.put_template(t)?;
+        Ok(Ok(()))
+    })?;
+    if let Err(ApiError::Refused(e)) = &r {
+        d.metrics.refused(e.reason());
+        tracing::warn!(template = %t.name, "admission refused: {e}");
+    }
+    r
 }
 
 async fn build(

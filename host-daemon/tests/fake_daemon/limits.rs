@@ -9,9 +9,10 @@ use std::time::Duration;
 
 #[test]
 fn paused_sandboxes_hold_their_disk_in_admission() {
-    // Each sandbox reserves its memory (128 MiB, written when paused).
+    // Each sandbox reserves its memory (128 MiB, written when paused), and
+    // so does its template (its memory file).
     let d = TestDaemon::with(Opts {
-        disk_budget_mib: 300,
+        disk_budget_mib: 420,
         pools: false,
         ..Opts::default()
     });
@@ -24,9 +25,9 @@ fn paused_sandboxes_hold_their_disk_in_admission() {
             .unwrap_err(),
     );
     assert_eq!((s, code), (429, Some(ErrorCode::HostFull)), "{m}");
-    assert!(m.contains("disk") && m.contains("300 MiB"), "{m}");
+    assert!(m.contains("disk") && m.contains("420 MiB"), "{m}");
     let stats = d.c.stats().unwrap();
-    assert_eq!(stats.usage.disk_mib, 256, "{stats:?}");
+    assert_eq!(stats.usage.disk_mib, 3 * 128, "{stats:?}");
     // Resuming the paused one needs no more than it holds.
     assert_eq!(d.sh(&a.id, "echo back").unwrap().1, "back\n");
     d.c.kill(&b.id).unwrap();
@@ -40,7 +41,19 @@ fn paused_sandboxes_hold_their_disk_in_admission() {
         .unwrap_err(),
     );
     assert_eq!(s, 400, "{m}");
-    assert!(m.contains("disk budget is 300 MiB"), "{m}");
+    assert!(m.contains("disk budget is 420 MiB"), "{m}");
+    // Nor may a snapshot (its memory file) fill the disk past the budget.
+    let (s, _, m) = refused(
+        d.c.snapshot(
+            &a.id,
+            &api::SnapshotRequest {
+                template: Some("snap".into()),
+            },
+        )
+        .unwrap_err(),
+    );
+    assert_eq!(s, 429, "{m}");
+    assert!(d.c.template("snap").is_err_and(|e| e.is_not_found()));
 }
 
 #[test]
