@@ -108,3 +108,42 @@ fn an_upload_past_its_cap_is_refused_with_413_and_the_sandbox_goes_on() {
     d.c.put_file(&sb.id, &q, &mut &b"ok"[..]).unwrap();
     assert_eq!(std::fs::read(&small).unwrap(), b"ok");
 }
+
+#[test]
+fn a_token_file_others_may_read_is_refused_at_start() {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let tok = tmp.path().join("token");
+    std::fs::write(&tok, "0123456789abcdef-secret\n").unwrap();
+    // Refused at once, or (before the check) still serving after 10 s.
+    let start = || {
+        let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_shoald"))
+            .arg("--state-dir")
+            .arg(tmp.path().join("state"))
+            .args(["--listen", "127.0.0.1:0", "--no-pools", "--token-file"])
+            .arg(&tok)
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let t0 = std::time::Instant::now();
+        while c.try_wait().unwrap().is_none() {
+            if t0.elapsed() > Duration::from_secs(10) {
+                let _ = c.kill();
+                let _ = c.wait();
+                panic!("shoald started with a token file others may read");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        c.wait_with_output().unwrap()
+    };
+    for mode in [0o644, 0o640] {
+        std::fs::set_permissions(&tok, std::fs::Permissions::from_mode(mode)).unwrap();
+        let out = start();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "started with a {mode:o} token file");
+        assert!(
+            err.contains("group and others must have no access") && err.contains("chmod 600"),
+            "{err}"
+        );
+    }
+}
