@@ -649,6 +649,23 @@ fn layer_limits_are_the_daemons() {
         s["Template"]["properties"]["layers"]["maxItems"],
         layers::MAX_LAYERS
     );
+    // The bounds of metadata and env are the ones the daemon checks.
+    let p = &s["CreateSandbox"]["properties"];
+    for (k, b, what) in [
+        ("metadata", crate::inputs::METADATA, "keys"),
+        ("env", crate::inputs::ENV, "names"),
+    ] {
+        let d = p[k]["description"]
+            .as_str()
+            .unwrap_or("")
+            .replace('\n', " ");
+        let want = format!("at most {} {what} of at most {} bytes", b.keys, b.key_bytes);
+        assert!(d.contains(&want), "{k}: {want:?} not in {d:?}");
+        assert!(
+            d.contains(&format!("{} KiB in all", b.total_bytes >> 10)),
+            "{k}: {d}"
+        );
+    }
     assert_eq!(
         s["SetPool"]["properties"]["target"]["description"]
             .as_str()
