@@ -96,7 +96,8 @@ pub fn disk_need_mib(memory_mib: u32, upper_disk_mib: Option<u32>) -> u64 {
 
 /// Whether a sandbox needing `need_mib` of disk fits: `usage.disk_mib`
 /// (what the others reserve) plus it within the disk budget, and it
-/// leaves `l.min_free_disk_mib` of the filesystem's `free_mib` free.
+/// leaves `l.min_free_disk_mib` of the filesystem's `free_mib` free
+/// (`u64::MAX`: not checked).
 pub fn admit_disk(l: &Limits, usage: &Usage, need_mib: u64, free_mib: u64) -> Result<(), Refusal> {
     if l.disk_budget_mib > 0 && usage.disk_mib + need_mib > l.disk_budget_mib {
         return Err(Refusal::Quota(format!(

@@ -59,8 +59,13 @@ pub fn admit_and_insert(d: &Daemon, r: &SandboxRow, count: bool) -> ApiResult<()
     let free_disk = admission::free_disk_mib(&d.cfg.state_dir);
     let res = d.db(|db| {
         let mut u = db.usage()?;
-        // A paused sandbox resuming already holds its reservation.
+        // A paused sandbox resuming already holds its reservation and its
+        // files: it needs no more free disk.
         u.disk_mib = db.reserved_disk_mib(Some(&r.id))?;
+        let free_disk = match db.sandbox(&r.id)? {
+            Some(_) => u64::MAX,
+            None => free_disk,
+        };
         let upper = db
             .template(&r.template)?
             .and_then(|t| t.root.upper_disk_mib);

@@ -565,12 +565,20 @@ fn template_layers_and_upper_layers_end_to_end() {
             "memory_mib",
             "name",
             "owned",
+            "owner",
             "source",
             "state",
             "upper_disk_mib",
             "upper_size_mib",
             "vcpus"
         ]
+    );
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    assert_eq!(
+        small["owner"],
+        format!("uid:{me}"),
+        "made over the Unix socket"
     );
     let disk = d.must(
         "kit-disk",
