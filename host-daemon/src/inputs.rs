@@ -246,5 +246,19 @@ mod tests {
             r#"{"name":"big","image":"tiny","memory_mib":65536}"#,
         );
         assert_eq!(st, 400, "{b}");
+        // An exec's own environment has the same bounds.
+        let env: BTreeMap<String, String> =
+            (0..300).map(|i| (format!("K{i}"), "v".into())).collect();
+        let body = serde_json::json!({"cmd": ["true"], "env": env}).to_string();
+        for path in ["exec", "exec/stream"] {
+            let (st, b) = s.tcp(
+                Some(ALICE),
+                "POST",
+                &format!("/v1/sandboxes/0123456789ab/{path}"),
+                &body,
+            );
+            assert_eq!(st, 400, "{b}");
+            assert!(b.contains("env: 300 keys"), "{b}");
+        }
     }
 }

@@ -194,6 +194,7 @@ pub(super) async fn exec_once(
     b: Body,
 ) -> Res<Json<ExecResult>> {
     let req: ExecRequest = json_body(b, d.cfg.http.max_json_body).await?;
+    inputs::check_map(&req.env, &inputs::ENV)?;
     Ok(Json(exec::exec(&d, &id, req).await?))
 }
 
@@ -212,6 +213,7 @@ pub(super) async fn exec_stream(
     b: Body,
 ) -> Res<impl IntoResponse> {
     let req: ExecRequest = json_body(b, d.cfg.http.max_json_body).await?;
+    inputs::check_map(&req.env, &inputs::ENV)?;
     let s = exec::exec_stream(&d, &id, req).await?;
     Ok(([(header::CONTENT_TYPE, "application/x-ndjson")], s))
 }
