@@ -200,6 +200,22 @@ fn half_sent(addr: SocketAddr) -> TcpStream {
     s
 }
 
+/// Connections to the daemon at `addr` whose daemon end is still an open
+/// socket (`/proc/net/tcp`: local port the daemon's, not listening, with
+/// an inode).
+fn held_by_daemon(addr: SocketAddr) -> usize {
+    let port = format!(":{:04X}", addr.port());
+    std::fs::read_to_string("/proc/net/tcp")
+        .unwrap()
+        .lines()
+        .skip(1)
+        .filter(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            f.len() > 9 && f[1].ends_with(&port) && f[3] != "0A" && f[9] != "0"
+        })
+        .count()
+}
+
 /// The process's resident memory (KiB).
 fn rss_kib() -> u64 {
     std::fs::read_to_string("/proc/self/status")
@@ -240,6 +256,10 @@ fn half_sent_requests_are_dropped_after_the_header_timeout() {
         );
     }
     assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+    // The daemon's ends are no descriptors any more (a socket still open
+    // in a process has an inode; one closed and lingering has none).
+    assert_eq!(held_by_daemon(s.addr), 0);
+    drop(held);
     // An idle keep-alive connection goes the same way.
     let mut c = TcpStream::connect(s.addr).unwrap();
     assert!(closed_within(&mut c, Duration::from_secs(5)));
@@ -273,6 +293,8 @@ fn connections_past_the_cap_wait_and_each_listener_has_its_own_cap() {
         matches!(&r, Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
         "the 9th connection was served past the cap of 8: {r:?}"
     );
+    // It waits in the kernel's backlog: the daemon holds no socket for it.
+    assert_eq!(held_by_daemon(s.addr), 8);
     // The Unix socket's cap is its own.
     assert_eq!(s.unix("GET", "/v1/stats", "").0, 200);
     // One slot frees: the waiting one is served.
