@@ -97,6 +97,21 @@ fn an_upload_past_its_cap_is_refused_with_413_and_the_sandbox_goes_on() {
     assert!(out.contains("payload_too_large"), "{out}");
     let written = std::fs::metadata(&target).map_or(0, |m| m.len());
     assert!(written <= 1 << 20, "{written} bytes written past the cap");
+    // The typed client gets the 413 too (not its failed write).
+    let q = api::UploadQuery {
+        path: target.display().to_string(),
+        mode: None,
+        append: None,
+        parents: None,
+    };
+    let e =
+        d.c.put_file(&sb.id, &q, &mut std::io::repeat(b'y').take(4 << 20))
+            .unwrap_err();
+    assert_eq!(
+        (e.status(), e.code()),
+        (Some(413), Some(ErrorCode::PayloadTooLarge)),
+        "{e}"
+    );
     // The sandbox goes on: a small upload works.
     let small = dir.join("small");
     let q = api::UploadQuery {
