@@ -46,10 +46,11 @@ pub struct Limits {
     pub min_available_mib: u64,
     /// Most sandboxes holding a VMM (each holds a process and a few fds).
     pub max_vms: u64,
-    /// Disk sandboxes may reserve on the state filesystem (MiB; each
-    /// reserves its guest memory, for a pause, and its scratch disk's
-    /// size; 0: no budget). By default what was free at start, and what
-    /// sandboxes held then, less `min_free_disk_mib`.
+    /// Disk sandboxes and templates may reserve on the state filesystem
+    /// (MiB; each reserves its guest memory, for a pause or its snapshot,
+    /// and its scratch disk's size; 0: no budget). By default what was
+    /// free at start, and what sandboxes and templates held then, less
+    /// `min_free_disk_mib`.
     #[serde(default)]
     pub disk_budget_mib: u64,
     /// Refuse (503) a sandbox whose reservation would leave less than

@@ -145,7 +145,7 @@ async fn not_found() -> ApiError {
 
 /// The API router: on TCP (`tokens`) every route but `/healthz` needs one
 /// of the bearer tokens, whose name is the caller's
-/// [`Principal`](crate::auth::Principal); on the Unix socket the caller is
+/// [`Principal`]; on the Unix socket the caller is
 /// the peer's uid ([`crate::listen::Peer`]).
 pub fn router(d: Arc<Daemon>, tokens: Option<Tokens>) -> Router {
     let (r, _) = routes().split_for_parts();

@@ -4,10 +4,14 @@
 //!
 //! - [`api`]: HTTP/JSON routes (axum), served on a Unix socket and
 //!   optionally on TCP with a bearer token, and the OpenAPI document
-//!   generated from the same route table and the [`shoal_api`] types.
+//!   generated from the same route table and the [`shoal_api`] types;
+//!   [`listen`]: the listeners' connection cap, header and idle timeouts;
+//!   [`auth`]: who calls ([`auth::Principal`]: Unix peer uid, TCP token);
+//!   [`inputs`]: bounds on what a request may ask for.
 //! - [`lifecycle`]: create, pause, resume, snapshot; built on [`ops`], the
 //!   operations on one sandbox (row, admission, its VM, its agent);
-//!   [`templates`] and [`template_dirs`]: templates and their directories.
+//!   [`templates`] and [`template_dirs`]: templates and their directories;
+//!   [`template_names`]: the daemon's derived names and templates' owners.
 //! - [`db`]: state in SQLite (WAL).
 //! - [`watch`]: VM exits (pidfd) noticed and reclaimed; [`supervisor`]:
 //!   TTL and idle sweeps, recovery on start (reattach or reclaim).

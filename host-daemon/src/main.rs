@@ -61,9 +61,10 @@ struct Args {
     /// Most sandboxes holding a VMM at once.
     #[arg(long, default_value_t = 4000)]
     max_sandboxes: u64,
-    /// Disk sandboxes may reserve on the state filesystem (MiB; each
-    /// reserves its memory, for a pause, and its scratch disk). Default:
-    /// what is free at start plus what sandboxes hold, less the reserve.
+    /// Disk sandboxes and templates may reserve on the state filesystem
+    /// (MiB; each reserves its memory, for a pause or its snapshot, and its
+    /// scratch disk). Default: what is free at start plus what sandboxes
+    /// and templates hold, less the reserve.
     #[arg(long)]
     disk_budget_mib: Option<u64>,
     /// Refuse sandboxes (503) that would leave less than this free on the
@@ -124,7 +125,9 @@ fn main() -> Result<()> {
     std::fs::create_dir_all(&state_dir)?;
     let disk_budget_mib = a.disk_budget_mib.unwrap_or_else(|| {
         let free = daemon::admission::free_disk_mib(&state_dir);
-        let held = daemon::admission::du_mib(&state_dir.join("sandboxes"));
+        // What sandboxes and templates hold is reserved again by them.
+        let held = daemon::admission::du_mib(&state_dir.join("sandboxes"))
+            + daemon::admission::du_mib(&state_dir.join("templates"));
         free.saturating_add(held)
             .saturating_sub(a.min_free_disk_mib)
             .max(1)
