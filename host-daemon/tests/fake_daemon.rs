@@ -10,3 +10,5 @@ mod harness;
 mod lifecycle;
 #[path = "fake_daemon/supervision.rs"]
 mod supervision;
+#[path = "fake_daemon/layers.rs"]
+mod layers;
