@@ -6,9 +6,9 @@
 
 #[path = "fake_daemon/harness.rs"]
 mod harness;
+#[path = "fake_daemon/layers.rs"]
+mod layers;
 #[path = "fake_daemon/lifecycle.rs"]
 mod lifecycle;
 #[path = "fake_daemon/supervision.rs"]
 mod supervision;
-#[path = "fake_daemon/layers.rs"]
-mod layers;

@@ -158,12 +158,11 @@ pub(crate) fn open_beneath(dirfd: &OwnedFd, rel: &Path) -> std::io::Result<Owned
 
 fn openat2(dirfd: &OwnedFd, rel: &Path) -> std::io::Result<OwnedFd> {
     let c = cstr(rel)?;
-    let how = libc::open_how {
-        // Flags are non-negative.
-        flags: FILE_FLAGS.unsigned_abs().into(),
-        mode: 0,
-        resolve: libc::RESOLVE_BENEATH | libc::RESOLVE_NO_SYMLINKS | libc::RESOLVE_NO_MAGICLINKS,
-    };
+    // SAFETY: open_how is plain integers; all zero is a valid value.
+    let mut how: libc::open_how = unsafe { std::mem::zeroed() };
+    // Flags are non-negative.
+    how.flags = FILE_FLAGS.unsigned_abs().into();
+    how.resolve = libc::RESOLVE_BENEATH | libc::RESOLVE_NO_SYMLINKS | libc::RESOLVE_NO_MAGICLINKS;
     // SAFETY: openat2 reads the NUL-terminated path and one open_how of the
     // size passed, both alive for the call.
     let r = unsafe {

@@ -80,8 +80,7 @@ fn paths_outside_the_layers_directory_are_refused_alike_whether_they_exist_or_no
     // A file only root may read, of a telling size; and one that is not.
     let secret = out.join("shadow");
     std::fs::write(&secret, vec![b'x'; 631]).unwrap();
-    std::fs::set_permissions(&secret, std::os::unix::fs::PermissionsExt::from_mode(0o600))
-        .unwrap();
+    std::fs::set_permissions(&secret, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
     let missing = out.join("missing");
     let mut msgs = vec![];
     for (i, p) in [&secret, &missing].into_iter().enumerate() {
@@ -95,5 +94,8 @@ fn paths_outside_the_layers_directory_are_refused_alike_whether_they_exist_or_no
     // /etc/shadow itself.
     create_in_background(&d, "s3", Path::new("/etc/shadow"), &tx);
     let m = rx.recv_timeout(Duration::from_secs(10)).expect("answered");
-    assert!(m.contains("not an allowed layer") && !m.contains("bytes"), "{m}");
+    assert!(
+        m.contains("not an allowed layer") && !m.contains("bytes"),
+        "{m}"
+    );
 }
