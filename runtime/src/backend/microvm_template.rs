@@ -162,4 +162,31 @@ mod tests {
         assert!(e.contains("the 'tiny' image is not installed"), "{e}");
         assert!(!dir.exists());
     }
+
+    #[test]
+    fn a_callers_layer_is_pinned_from_its_open_file_not_its_path() {
+        use std::os::unix::fs::MetadataExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let (a, b) = (tmp.path().join("a.img"), tmp.path().join("b.img"));
+        std::fs::write(&a, "checked").unwrap();
+        std::fs::write(&b, "swapped").unwrap();
+        let file = File::open(&a).unwrap();
+        let ino = file.metadata().unwrap().ino();
+        // The path now names another file (the checked one moved aside).
+        std::fs::rename(&a, tmp.path().join("aside")).unwrap();
+        std::fs::rename(&b, &a).unwrap();
+        let dst = tmp.path().join("layer1.erofs");
+        pin_open(&file, &a, &dst).unwrap();
+        assert_eq!(std::fs::metadata(&dst).unwrap().ino(), ino, "the same inode");
+        assert_eq!(std::fs::read_to_string(&dst).unwrap(), "checked");
+        // The checked file unlinked, the path a symbolic link: no hard link
+        // can be made to an unlinked file, so a copy of the open file.
+        std::fs::remove_file(tmp.path().join("aside")).unwrap();
+        std::fs::remove_file(&dst).unwrap();
+        std::fs::remove_file(&a).unwrap();
+        std::os::unix::fs::symlink("/etc/passwd", &a).unwrap();
+        let dst2 = tmp.path().join("layer2.erofs");
+        pin_open(&file, &a, &dst2).unwrap();
+        assert_eq!(std::fs::read_to_string(&dst2).unwrap(), "checked");
+    }
 }
