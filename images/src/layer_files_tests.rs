@@ -6,7 +6,10 @@ use std::time::Duration;
 
 /// A small erofs layer holding `text` at `opt/kit/hello`, built into `out`.
 fn layer(work: &Path, out: &Path, text: &str) {
-    let src = work.join(format!("src-{}", out.file_name().unwrap().to_string_lossy()));
+    let src = work.join(format!(
+        "src-{}",
+        out.file_name().unwrap().to_string_lossy()
+    ));
     std::fs::create_dir_all(src.join("opt/kit")).unwrap();
     std::fs::write(src.join("opt/kit/hello"), text).unwrap();
     let opts = BuildOptions {

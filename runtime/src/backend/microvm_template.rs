@@ -177,7 +177,11 @@ mod tests {
         std::fs::rename(&b, &a).unwrap();
         let dst = tmp.path().join("layer1.erofs");
         pin_open(&file, &a, &dst).unwrap();
-        assert_eq!(std::fs::metadata(&dst).unwrap().ino(), ino, "the same inode");
+        assert_eq!(
+            std::fs::metadata(&dst).unwrap().ino(),
+            ino,
+            "the same inode"
+        );
         assert_eq!(std::fs::read_to_string(&dst).unwrap(), "checked");
         // The checked file unlinked, the path a symbolic link: no hard link
         // can be made to an unlinked file, so a copy of the open file.
