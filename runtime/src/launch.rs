@@ -3,7 +3,6 @@
 //! or virtio-blk), and timing what it prints.
 
 use crate::vmm_process::{Disk, VmmProcess, VmmProcessError};
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
@@ -435,8 +434,8 @@ pub fn boot(
         .filter_map(|p| std::fs::canonicalize(p).ok())
         .collect();
     if let Some(out) = stdout {
-        for line in BufReader::new(out).split(b'\n') {
-            let Ok(line) = line else { break };
+        // Lines cut to a fixed length: the guest decides what it prints.
+        for line in crate::console_lines::ConsoleLines::new(out) {
             let now = Instant::now();
             let line = String::from_utf8_lossy(&line);
             let line = line.trim_end_matches('\r');

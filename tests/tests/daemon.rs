@@ -493,7 +493,10 @@ fn template_layers_and_upper_layers_end_to_end() {
             t(json!({"layers": ["/nonexistent/kit.img"]})),
             "not an allowed layer",
         ),
-        (t(json!({"layers": ["/etc/shadow"]})), "not an allowed layer"),
+        (
+            t(json!({"layers": ["/etc/shadow"]})),
+            "not an allowed layer",
+        ),
         (t(json!({"layers": [link_s]})), "not an allowed layer"),
         (t(json!({"layers": [bad_s]})), "not a multiple of"),
         (t(json!({"layers": ["kit.img"]})), "absolute path"),
