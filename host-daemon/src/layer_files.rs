@@ -24,7 +24,9 @@ pub struct CheckedRoot {
     pub layers: Vec<Layer>,
 }
 
-/// Checks `root` for a guest of `memory_mib` and opens its layers.
+/// Checks `root` for a guest of `memory_mib` and opens its layers (image
+/// names: the installed images, [`shoal_images::artifacts::IMAGES`], which
+/// `templates::IMAGES` also names).
 pub async fn open_root(d: &Daemon, root: &RootRequest, memory_mib: u32) -> ApiResult<CheckedRoot> {
     let upper = Upper::from_request(root.upper_size_mib, root.upper_disk_mib, memory_mib)
         .map_err(ApiError::Layers)?;
@@ -56,7 +58,7 @@ pub fn open_layers(dir: &Path, names: &[String]) -> Result<Vec<Layer>, LayerErro
     names
         .iter()
         .map(|l| {
-            if super::templates::IMAGES.contains(&l.as_str()) {
+            if shoal_images::artifacts::IMAGES.contains(&l.as_str()) {
                 Ok(Layer::Image(l.clone()))
             } else {
                 open_layer(dir, l).map(Layer::File)
@@ -68,4 +70,16 @@ pub fn open_layers(dir: &Path, names: &[String]) -> Result<Vec<Layer>, LayerErro
 /// The default layers directory: `layers` in the state directory.
 pub fn default_layers_dir(state_dir: &Path) -> PathBuf {
     state_dir.join("layers")
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn image_names_are_the_templates_images() {
+        assert_eq!(
+            shoal_images::artifacts::IMAGES,
+            crate::templates::IMAGES,
+            "the layers that are image names are the images templates boot"
+        );
+    }
 }
