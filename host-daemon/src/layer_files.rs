@@ -71,15 +71,3 @@ pub fn open_layers(dir: &Path, names: &[String]) -> Result<Vec<Layer>, LayerErro
 pub fn default_layers_dir(state_dir: &Path) -> PathBuf {
     state_dir.join("layers")
 }
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn image_names_are_the_templates_images() {
-        assert_eq!(
-            shoal_images::artifacts::IMAGES,
-            crate::templates::IMAGES,
-            "the layers that are image names are the images templates boot"
-        );
-    }
-}

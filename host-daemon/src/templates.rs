@@ -417,6 +417,11 @@ mod tests {
     }
 
     #[test]
+    fn layer_image_names_are_the_templates_images() {
+        assert_eq!(shoal_images::artifacts::IMAGES, IMAGES);
+    }
+
+    #[test]
     fn image_template_names_cover_the_root() {
         let plain = RootRequest::default();
         assert_eq!(image_template_name("tiny", 1, 128, &plain), "tiny-1c-128m");
