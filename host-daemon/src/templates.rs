@@ -134,6 +134,7 @@ fn create_checked(
     req: CreateTemplate,
     checked: CheckedRoot,
 ) -> ApiResult<TemplateRow> {
+    check_name("template", &req.name)?;
     let (vcpus, mem) = (req.vcpus.unwrap_or(1), req.memory_mib.unwrap_or(128));
     let root = req.root();
     let upper = checked.upper;
