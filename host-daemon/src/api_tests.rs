@@ -35,6 +35,7 @@ fn daemon(dir: &std::path::Path) -> Arc<Daemon> {
             freeze_after: None,
             max_restores: 1,
             http: Default::default(),
+            layers_dir: None,
         },
         Arc::new(shoal_runtime::backend::microvm::MicroVm::new(
             "/nonexistent/shoal-vmm",

@@ -51,6 +51,7 @@ impl Served {
                 freeze_after: None,
                 max_restores: 1,
                 http,
+                layers_dir: None,
             },
             Arc::new(backend),
         )

@@ -8,40 +8,7 @@
 use crate::auth::Principal;
 use crate::db::TemplateRow;
 use crate::{ApiError, ApiResult};
-use shoal_api::RootRequest;
-use shoal_images::layers;
-use shoal_runtime::sandbox;
-
-/// Images the daemon can boot templates from.
-pub const IMAGES: [&str; 2] = ["tiny", "base"];
-
-/// The name of the template `POST /v1/sandboxes` with `image` uses:
-/// `IMAGE-Nc-Mm`, plus a hash of the layers (each file's identity, so a
-/// rebuilt layer gets a new template) and the upper layer when there are
-/// any.
-pub fn image_template_name(image: &str, vcpus: u32, mem: u32, root: &RootRequest) -> String {
-    let base = format!("{image}-{vcpus}c-{mem}m");
-    if root.is_default() {
-        return base;
-    }
-    let mut parts: Vec<String> = root
-        .layers
-        .iter()
-        .map(|l| {
-            if IMAGES.contains(&l.as_str()) {
-                format!("image:{l}")
-            } else {
-                layers::file_identity(std::path::Path::new(l))
-            }
-        })
-        .collect();
-    parts.push(format!(
-        "size:{:?} disk:{:?}",
-        root.upper_size_mib, root.upper_disk_mib
-    ));
-    let bytes: Vec<&[u8]> = parts.iter().map(|p| p.as_bytes()).collect();
-    format!("{base}-{}", &sandbox::hash_hex(&bytes)[..12])
-}
+use shoal_images::artifacts::IMAGES;
 
 /// The owner recorded for the daemon's templates.
 pub const DAEMON: &str = "daemon";
@@ -70,28 +37,18 @@ pub fn derived_image(name: &str) -> Option<&'static str> {
     })
 }
 
-/// The owner to record for a template `who` registers as `name` from
-/// `image` at this shape and root: the daemon's for the derived name of
-/// exactly that (the daemon would make the same), 403 for another derived
-/// name, `who`'s otherwise.
-pub fn owner_for_create(
-    who: &Principal,
-    name: &str,
-    image: &str,
-    vcpus: u32,
-    mem: u32,
-    root: &RootRequest,
-) -> ApiResult<String> {
-    if *who == Principal::Daemon {
+/// The owner to record for a template `who` registers as `name`, which
+/// the daemon would name `derived` (its image, shape and root): the
+/// daemon's when `name` is exactly that (the daemon would make the same),
+/// 403 for another derived name, `who`'s otherwise.
+pub fn owner_for_create(who: &Principal, name: &str, derived: &str) -> ApiResult<String> {
+    if *who == Principal::Daemon || name == derived {
         return Ok(DAEMON.into());
     }
-    if derived_image(name).is_none() {
-        return Ok(who.id());
+    if derived_image(name).is_some() {
+        return Err(reserved(name));
     }
-    if image_template_name(image, vcpus, mem, root) == name {
-        return Ok(DAEMON.into());
-    }
-    Err(reserved(name))
+    Ok(who.id())
 }
 
 /// 403 for a snapshot into a derived name.

@@ -31,8 +31,7 @@ fn derived_names_are_recognised() {
 #[test]
 fn only_the_daemon_and_exact_requests_get_derived_names() {
     let alice = Principal::Token("alice".into());
-    let plain = RootRequest::default();
-    let own = |n| owner_for_create(&alice, n, "tiny", 1, 128, &plain);
+    let own = |n| owner_for_create(&alice, n, "tiny-1c-128m");
     assert_eq!(own("mine").unwrap(), "token:alice");
     assert_eq!(
         own("tiny-1c-128m").unwrap(),

@@ -363,7 +363,7 @@ pub(super) async fn tpl_create(
     b: Body,
 ) -> Res<impl IntoResponse> {
     let req: CreateTemplate = json_body(b, d.cfg.http.max_json_body).await?;
-    let t = templates::create_template(&d, req, &who)?;
+    let t = templates::create_template(&d, req, &who).await?;
     Ok((StatusCode::ACCEPTED, Json(Template::from(t))))
 }
 

@@ -128,6 +128,7 @@ impl TestDaemon {
             freeze_after: self.opts.freeze_after,
             max_restores: 4,
             http: self.opts.http.clone(),
+            layers_dir: None,
         }
     }
 
