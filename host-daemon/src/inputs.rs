@@ -216,7 +216,7 @@ mod tests {
         };
         for (body, status, want) in [
             (meta(100_000, 1), 413, "payload_too_large"),
-            (meta(1, 100 << 20), 413, "payload_too_large"),
+            (meta(1, 4 << 20), 413, "payload_too_large"),
             (meta(65, 1), 400, "65 keys"),
             (meta(1, 2000), 400, "2000 bytes"),
             (

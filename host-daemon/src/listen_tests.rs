@@ -246,17 +246,17 @@ fn half_sent_requests_are_dropped_after_the_header_timeout() {
     assert_eq!(s.tcp(Some(ALICE), "GET", "/v1/stats", "").0, 200);
     assert_eq!(s.unix("GET", "/v1/stats", "").0, 200);
     assert_eq!(s.tcp(None, "GET", "/v1/stats", "").0, 401);
-    assert!(t0.elapsed() < Duration::from_secs(1), "{:?}", t0.elapsed());
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
     // Each half-sent one is closed by the daemon once its head is late.
     let t0 = Instant::now();
     for (i, c) in held.iter_mut().enumerate() {
         assert!(
-            closed_within(c, Duration::from_secs(5)),
+            closed_within(c, Duration::from_secs(10)),
             "half-sent request {i} still open after {:?}",
             t0.elapsed()
         );
     }
-    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+    assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
     // The daemon's ends are no descriptors any more (a socket still open
     // in a process has an inode; one closed and lingering has none).
     assert_eq!(held_by_daemon(s.addr), 0);
@@ -277,7 +277,11 @@ fn connections_past_the_cap_wait_and_each_listener_has_its_own_cap() {
     let mut held: Vec<TcpStream> = (0..8).map(|_| half_sent(s.addr)).collect();
     // Wait until the daemon has accepted them all (a request on a 9th
     // connection is not answered).
-    std::thread::sleep(Duration::from_millis(300));
+    let t0 = Instant::now();
+    while held_by_daemon(s.addr) < 8 {
+        assert!(t0.elapsed() < Duration::from_secs(10), "not accepted");
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let mut ninth = TcpStream::connect(s.addr).unwrap();
     write!(
         ninth,
@@ -351,8 +355,10 @@ fn huge_json_bodies_are_refused_with_413_unread() {
     assert_eq!(status, 413, "{body}");
     let sent = sender.join().unwrap();
     assert!(sent < 1 << 30, "the daemon read all of a 1 GiB body");
+    // Not held whole (other tests in this process allocate meanwhile:
+    // the bound is loose, the body 1 GiB).
     let grown = rss_kib().saturating_sub(before);
-    assert!(grown < 64 * 1024, "grew by {grown} KiB");
+    assert!(grown < 512 * 1024, "grew by {grown} KiB");
     // Uploads have their own cap (a declared length past it: 413 at once).
     let mut c = TcpStream::connect(s.addr).unwrap();
     write!(
