@@ -511,6 +511,7 @@ pub async fn serve_until(
         listen::Listener::Unix(unix),
         api::router(d.clone(), None),
         d.cfg.http.clone(),
+        d.metrics.unix_conns.clone(),
         rx.clone(),
     ));
     if let Some((l, tokens)) = tcp {
@@ -520,6 +521,7 @@ pub async fn serve_until(
             listen::Listener::Tcp(l),
             api::router(d.clone(), Some(tokens)),
             d.cfg.http.clone(),
+            d.metrics.tcp_conns.clone(),
             rx.clone(),
         ));
     }

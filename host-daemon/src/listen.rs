@@ -12,6 +12,7 @@
 //! uid, from `SO_PEERCRED`) as an extension; `api` makes its
 //! [`crate::auth::Principal`] of it.
 
+use crate::metrics::Conns;
 use axum::body::Body;
 use axum::extract::Request;
 use axum::Router;
@@ -20,6 +21,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -80,9 +82,16 @@ pub enum Listener {
 
 /// Serves `app` on `l` until `stop` turns true; then stops accepting and
 /// waits for open connections to finish their requests.
-pub async fn serve(l: Listener, app: Router, limits: HttpLimits, mut stop: watch::Receiver<bool>) {
+/// `conns` counts its open connections and those ended by a timeout.
+pub async fn serve(
+    l: Listener,
+    app: Router,
+    limits: HttpLimits,
+    conns: Arc<Conns>,
+    mut stop: watch::Receiver<bool>,
+) {
     let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
-    let mut conns = tokio::task::JoinSet::new();
+    let mut tasks = tokio::task::JoinSet::new();
     loop {
         // A slot first: past the cap, connections wait in the backlog.
         let permit = tokio::select! {
@@ -93,18 +102,18 @@ pub async fn serve(l: Listener, app: Router, limits: HttpLimits, mut stop: watch
             a = accept(&l) => a,
             _ = stop.changed() => break,
         };
-        let (app, limits, stop) = (app.clone(), limits.clone(), stop.clone());
+        let (app, limits, stop, conns) = (app.clone(), limits.clone(), stop.clone(), conns.clone());
         match accepted {
             Ok(Accepted::Unix(s, peer)) => {
-                conns.spawn(async move {
-                    connection(s, peer, app, &limits, stop).await;
+                tasks.spawn(async move {
+                    counted(&conns, connection(s, peer, app, &limits, stop)).await;
                     drop(permit);
                 });
             }
             Ok(Accepted::Tcp(s, peer)) => {
                 let _ = s.set_nodelay(true);
-                conns.spawn(async move {
-                    connection(s, peer, app, &limits, stop).await;
+                tasks.spawn(async move {
+                    counted(&conns, connection(s, peer, app, &limits, stop)).await;
                     drop(permit);
                 });
             }
@@ -117,9 +126,37 @@ pub async fn serve(l: Listener, app: Router, limits: HttpLimits, mut stop: watch
             }
         }
         // Reap finished connections.
-        while conns.try_join_next().is_some() {}
+        while tasks.try_join_next().is_some() {}
     }
-    while conns.join_next().await.is_some() {}
+    while tasks.join_next().await.is_some() {}
+}
+
+/// Runs a connection, counted in `c`.
+async fn counted(c: &Conns, conn: impl Future<Output = Result<(), hyper::Error>>) {
+    c.open.fetch_add(1, Ordering::Relaxed);
+    let r = conn.await;
+    c.open.fetch_sub(1, Ordering::Relaxed);
+    if let Err(e) = r {
+        if timed_out(&e) {
+            c.timed_out.fetch_add(1, Ordering::Relaxed);
+        }
+        tracing::debug!("connection ended: {e}");
+    }
+}
+
+/// Whether a connection ended for one of its deadlines (hyper's header
+/// timeout, or [`IdleBody`]'s and [`StallIo`]'s).
+fn timed_out(e: &hyper::Error) -> bool {
+    let mut src: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(s) = src {
+        if s.downcast_ref::<io::Error>()
+            .is_some_and(|e| e.kind() == io::ErrorKind::TimedOut)
+        {
+            return true;
+        }
+        src = s.source();
+    }
+    e.is_timeout()
 }
 
 enum Accepted {
@@ -147,7 +184,8 @@ async fn connection<IO>(
     app: Router,
     limits: &HttpLimits,
     mut stop: watch::Receiver<bool>,
-) where
+) -> Result<(), hyper::Error>
+where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let idle = limits.idle_timeout;
@@ -163,18 +201,12 @@ async fn connection<IO>(
     let conn = b.serve_connection(TokioIo::new(StallIo::new(io, idle)), svc);
     let mut conn = std::pin::pin!(conn);
     tokio::select! {
-        r = conn.as_mut() => { log_end(r); return; }
+        r = conn.as_mut() => return r,
         _ = stop.changed() => {}
     }
     // Stopping: the request in progress finishes, then the connection ends.
     conn.as_mut().graceful_shutdown();
-    log_end(conn.await);
-}
-
-fn log_end(r: Result<(), hyper::Error>) {
-    if let Err(e) = r {
-        tracing::debug!("connection ended: {e}");
-    }
+    conn.await
 }
 
 /// A request body that fails when no frame arrives for `idle` while it

@@ -265,6 +265,21 @@ fn half_sent_requests_are_dropped_after_the_header_timeout() {
     let mut c = TcpStream::connect(s.addr).unwrap();
     assert!(closed_within(&mut c, Duration::from_secs(5)));
     assert_eq!(s.tcp(Some(ALICE), "GET", "/v1/stats", "").0, 200);
+    // Counted: every one of them timed out; this scrape is open.
+    let (st, m) = s.tcp(Some(ALICE), "GET", "/metrics", "");
+    assert_eq!(st, 200);
+    let value = |k: &str| -> u64 {
+        m.lines()
+            .find_map(|l| l.strip_prefix(k)?.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {k} in {m}"))
+    };
+    assert!(
+        value("shoal_http_timeouts_total{listener=\"tcp\"}") >= 401,
+        "{m}"
+    );
+    // (The previous request's connection may be ending still.)
+    let open = value("shoal_http_connections{listener=\"tcp\"}");
+    assert!((1..=2).contains(&open), "{m}");
 }
 
 #[test]

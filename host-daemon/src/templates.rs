@@ -578,4 +578,38 @@ mod tests {
         assert_ne!(row1.dir, row2.dir, "built again, in a new directory");
         assert!(!row1.dir.exists() && !row2.dir.exists());
     }
+
+    /// A derived name squatted before owners were recorded (a snapshot, no
+    /// owner) is never handed out for `{"image": ...}` creates: it is made
+    /// again, by the daemon.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_squatted_derived_template_is_not_used() {
+        use crate::template_dirs::tests::daemon;
+        let tmp = tempfile::tempdir().unwrap();
+        let d = daemon(&tmp.path().join("state"), &tmp.path().join("none"));
+        let squat = TemplateRow {
+            name: "tiny-1c-128m".into(),
+            source: "sandbox:0123456789ab".into(),
+            kind: d.backend.kind(),
+            vcpus: 1,
+            memory_mib: 128,
+            dir: tmp.path().join("backdoor"),
+            state: shoal_api::TemplateState::Ready,
+            error: None,
+            created_at: 1.0,
+            owned: false,
+            owner: None,
+            root: shoal_api::RootRequest::default(),
+        };
+        d.db(|db| db.put_template(&squat)).unwrap();
+        let r = image_template(&d, "tiny", 1, 128, &shoal_api::RootRequest::default()).await;
+        // Made again (here it fails: no artifacts), never the squatter's.
+        let e = r.expect_err("the squatted template was handed out");
+        assert!(e.to_string().contains("is not installed"), "{e}");
+        let t = d.db(|db| db.template("tiny-1c-128m")).unwrap().unwrap();
+        assert_eq!(
+            (t.source.as_str(), t.owner.as_deref()),
+            ("image:tiny", Some(template_names::DAEMON))
+        );
+    }
 }
