@@ -20,8 +20,6 @@ use tokio::sync::mpsc;
 
 /// Default limit on a command's run time (s).
 pub const DEFAULT_EXEC_TIMEOUT_S: f64 = 300.0;
-/// Most output a one-shot exec returns per stream.
-pub const ONESHOT_OUTPUT_LIMIT: usize = 16 << 20;
 
 struct Prepared {
     req: ExecRequest,
@@ -98,10 +96,6 @@ fn status_fields(s: ExitStatus) -> (Option<i32>, Option<i32>) {
     }
 }
 
-/// Slack over the command's own timeout before the daemon gives up on a
-/// stuck guest.
-const SLACK: Duration = Duration::from_secs(30);
-
 /// One-shot exec: waits for the exit and returns all output.
 pub async fn exec(d: &Arc<Daemon>, id: &str, b: api::ExecRequest) -> ApiResult<api::ExecResult> {
     let t0 = Instant::now();
@@ -117,7 +111,7 @@ pub async fn exec(d: &Arc<Daemon>, id: &str, b: api::ExecRequest) -> ApiResult<a
         loop {
             match h.next_event().await? {
                 Some(ExecEvent::Stdout(x)) | Some(ExecEvent::Stderr(x))
-                    if out.len() + err.len() + x.len() > 2 * ONESHOT_OUTPUT_LIMIT =>
+                    if out.len() + err.len() + x.len() > 2 * d.cfg.agent.exec_output_limit =>
                 {
                     truncated = true;
                 }
@@ -132,7 +126,7 @@ pub async fn exec(d: &Arc<Daemon>, id: &str, b: api::ExecRequest) -> ApiResult<a
             }
         }
     };
-    let out = within("exec", p.timeout + SLACK, work).await;
+    let out = within("exec", p.timeout + d.cfg.agent.exec_slack, work).await;
     let (out, err, r, truncated) = out?;
     let (exit_code, signal) = status_fields(r.status);
     let encoding = match (Encoding::encode(&out).1, Encoding::encode(&err).1) {
@@ -170,7 +164,7 @@ pub async fn exec_stream(d: &Arc<Daemon>, id: &str, b: api::ExecRequest) -> ApiR
     let (row, live, busy) = ensure_running(d, id).await?;
     let p = prepare(&row.env, b)?;
     let c = agent(d, &live).await?;
-    let deadline = tokio::time::Instant::now() + p.timeout + SLACK;
+    let deadline = tokio::time::Instant::now() + p.timeout + d.cfg.agent.exec_slack;
     let (tx, rx) = mpsc::channel::<Bytes>(64);
     let d2 = d.clone();
     tokio::spawn(async move {
@@ -268,14 +262,12 @@ fn check_path(p: &str) -> ApiResult<()> {
     Ok(())
 }
 
-const FILE_OP: Duration = Duration::from_secs(120);
-
 /// `stat`.
 pub async fn stat(d: &Arc<Daemon>, id: &str, path: String) -> ApiResult<api::FileStat> {
     check_path(&path)?;
     let (_, live, _busy) = ensure_running(d, id).await?;
     let c = agent(d, &live).await?;
-    within("stat", FILE_OP, async {
+    within("stat", d.cfg.agent.file_op_timeout, async {
         Ok(stat_view(c.stat(&path).await?))
     })
     .await
@@ -286,7 +278,7 @@ pub async fn list(d: &Arc<Daemon>, id: &str, path: String) -> ApiResult<Vec<api:
     check_path(&path)?;
     let (_, live, _busy) = ensure_running(d, id).await?;
     let c = agent(d, &live).await?;
-    within("list", FILE_OP, async {
+    within("list", d.cfg.agent.file_op_timeout, async {
         let mut v: Vec<api::DirEntry> = c
             .list_dir(&path)
             .await?
@@ -307,7 +299,7 @@ pub async fn remove(d: &Arc<Daemon>, id: &str, path: String, recursive: bool) ->
     check_path(&path)?;
     let (_, live, _busy) = ensure_running(d, id).await?;
     let c = agent(d, &live).await?;
-    within("remove", FILE_OP, async {
+    within("remove", d.cfg.agent.file_op_timeout, async {
         Ok(c.remove(&path, recursive).await?)
     })
     .await

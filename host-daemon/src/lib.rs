@@ -19,6 +19,7 @@
 //! microVM backend in production, the fake one in tests without KVM).
 
 pub mod admission;
+pub mod agent_limits;
 pub mod api;
 pub mod db;
 pub mod exec;
@@ -62,6 +63,8 @@ pub struct Config {
     pub freeze_after: Option<Duration>,
     /// VMM restores in flight at most.
     pub max_restores: usize,
+    /// Deadlines and bounds of calls into sandboxes' agents.
+    pub agent: agent_limits::AgentLimits,
 }
 
 impl Config {

@@ -6,7 +6,7 @@
 
 use super::db::{SandboxRow, State, TemplateRow};
 use super::{admission, blocking, watch, within, ApiError, ApiResult, Daemon, Live};
-use agent_client::{AsyncClient, ClientError, Config};
+use agent_client::{AsyncClient, ClientError};
 use shoal_api::TemplateState;
 use shoal_runtime::backend::Source;
 use shoal_runtime::fresh::{entropy, unix_nanos};
@@ -222,21 +222,6 @@ pub async fn kill(d: &Arc<Daemon>, id: &str, reason: &str) -> ApiResult<()> {
     Ok(())
 }
 
-/// How the daemon talks to agents: the connection within the agent
-/// timeout; each call, and each frame of a transfer, within 120 s; an
-/// exec's events within its own timeout plus 30 s; a stream the daemon
-/// does not take (an HTTP client not reading) for 120 s is dropped instead
-/// of holding up the sandbox's other requests.
-pub fn agent_config(connect: Duration) -> Config {
-    Config {
-        connect_timeout: connect,
-        call_timeout: Duration::from_secs(120),
-        exec_slack: Duration::from_secs(30),
-        stall_timeout: Duration::from_secs(120),
-        ..Config::default()
-    }
-}
-
 /// The agent connection of a running sandbox (connecting, and after a
 /// restore sending fresh entropy and time, on first use). One tokio
 /// connection per sandbox carries all its requests: no thread.
@@ -252,7 +237,7 @@ pub async fn agent(d: &Daemon, live: &Live) -> ApiResult<AsyncClient> {
         .ok_or_else(|| ApiError::Internal(format!("sandbox '{}' has no VM", live.id)))?
         .agent();
     let connect = async {
-        let c = AsyncClient::connect_retry(&transport, agent_config(t), t).await?;
+        let c = AsyncClient::connect_retry(&transport, d.cfg.agent.client_config(t), t).await?;
         if post {
             // The first connection after a restore: clones never share
             // randomness or a stale clock.

@@ -32,6 +32,7 @@ pub(crate) fn daemon(state: &Path, artifacts: &Path) -> Arc<Daemon> {
             pools: false,
             freeze_after: None,
             max_restores: 1,
+            agent: Default::default(),
         },
         Arc::new(backend),
     )
