@@ -21,6 +21,9 @@ pub enum ErrorCode {
     HostFull,
     /// 503: the host is short of memory (`Retry-After`).
     HostMemoryLow,
+    /// 429: the sandbox has as many agent calls in flight as it may
+    /// (`Retry-After`); more are refused, never queued.
+    SandboxBusy,
     /// 502: the sandbox (its VMM or agent) failed.
     SandboxError,
     /// 504: a deadline passed.
@@ -31,13 +34,14 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code.
-    pub const ALL: [ErrorCode; 9] = [
+    pub const ALL: [ErrorCode; 10] = [
         ErrorCode::BadRequest,
         ErrorCode::Unauthorized,
         ErrorCode::NotFound,
         ErrorCode::Conflict,
         ErrorCode::HostFull,
         ErrorCode::HostMemoryLow,
+        ErrorCode::SandboxBusy,
         ErrorCode::SandboxError,
         ErrorCode::DeadlineExceeded,
         ErrorCode::Internal,
@@ -52,6 +56,7 @@ impl ErrorCode {
             ErrorCode::Conflict => 409,
             ErrorCode::HostFull => 429,
             ErrorCode::HostMemoryLow => 503,
+            ErrorCode::SandboxBusy => 429,
             ErrorCode::SandboxError => 502,
             ErrorCode::DeadlineExceeded => 504,
             ErrorCode::Internal => 500,
@@ -67,6 +72,7 @@ impl ErrorCode {
             ErrorCode::Conflict => "conflict",
             ErrorCode::HostFull => "host_full",
             ErrorCode::HostMemoryLow => "host_memory_low",
+            ErrorCode::SandboxBusy => "sandbox_busy",
             ErrorCode::SandboxError => "sandbox_error",
             ErrorCode::DeadlineExceeded => "deadline_exceeded",
             ErrorCode::Internal => "internal",
@@ -76,7 +82,10 @@ impl ErrorCode {
     /// Whether the same request may succeed later (429, 503): the daemon
     /// sends `Retry-After` with these.
     pub fn retryable(self) -> bool {
-        matches!(self, ErrorCode::HostFull | ErrorCode::HostMemoryLow)
+        matches!(
+            self,
+            ErrorCode::HostFull | ErrorCode::HostMemoryLow | ErrorCode::SandboxBusy
+        )
     }
 }
 

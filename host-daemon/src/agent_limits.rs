@@ -17,7 +17,9 @@ pub struct AgentLimits {
     /// A whole stat, listing or remove.
     pub file_op_timeout: Duration,
     /// A stream whose HTTP client does not take its frames for this long
-    /// is dropped (the sandbox's other requests go on meanwhile).
+    /// is dropped (a streamed exec's command is killed). The protocol has
+    /// no per-stream flow control, so while one stream is not taken the
+    /// sandbox's other requests wait: this bounds how long.
     pub stall_timeout: Duration,
     /// Agent calls (requests and open streams) one sandbox may have in
     /// flight; more are refused at once (429), never queued.
@@ -27,6 +29,9 @@ pub struct AgentLimits {
     pub exec_output_limit: usize,
     /// Most entries of one directory listing.
     pub max_dir_entries: usize,
+    /// Most bytes one directory listing may hold (names, and
+    /// [`agent_client::DIR_ENTRY_OVERHEAD`] per entry).
+    pub max_dir_bytes: usize,
 }
 
 impl Default for AgentLimits {
@@ -35,10 +40,11 @@ impl Default for AgentLimits {
             call_timeout: Duration::from_secs(120),
             exec_slack: Duration::from_secs(30),
             file_op_timeout: Duration::from_secs(120),
-            stall_timeout: Duration::from_secs(120),
-            max_in_flight: 1 << 16,
+            stall_timeout: Duration::from_secs(15),
+            max_in_flight: 1024,
             exec_output_limit: 16 << 20,
             max_dir_entries: 1 << 20,
+            max_dir_bytes: 64 << 20,
         }
     }
 }
@@ -53,9 +59,11 @@ impl AgentLimits {
             exec_slack: self.exec_slack,
             stall_timeout: self.stall_timeout,
             limits: Limits {
+                max_collected_output: self.exec_output_limit.saturating_mul(2),
+                max_read_file: 64 << 20,
                 max_dir_entries: self.max_dir_entries,
-                max_in_flight: self.max_in_flight,
-                ..Limits::default()
+                max_dir_bytes: self.max_dir_bytes,
+                max_in_flight: self.max_in_flight.max(1),
             },
             ..Config::default()
         }

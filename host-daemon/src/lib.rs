@@ -211,6 +211,7 @@ impl ApiError {
             }
             ApiError::Agent(C::Remote { .. }) => ErrorCode::BadRequest,
             ApiError::Agent(C::Timeout) | ApiError::Timeout(_) => ErrorCode::DeadlineExceeded,
+            ApiError::Agent(C::Busy(_)) => ErrorCode::SandboxBusy,
             ApiError::Backend { source, .. } if source.is_host_fault() => ErrorCode::Internal,
             ApiError::Agent(_)
             | ApiError::AgentUnreachable { .. }
@@ -252,6 +253,9 @@ pub struct Live {
     pub needs_post_restore: AtomicBool,
     /// The cached agent connection.
     pub client: tokio::sync::Mutex<Option<AsyncClient>>,
+    /// The last failed attempt to connect to the agent: when it ended and
+    /// why (calls that waited for it fail with it; see [`ops::agent`]).
+    pub connect_failed: Mutex<Option<(std::time::Instant, String)>>,
     /// Serializes lifecycle operations (pause, resume, snapshot, kill).
     pub op: tokio::sync::Mutex<()>,
     /// Operations in flight (a busy sandbox is never frozen).
@@ -279,6 +283,7 @@ impl Live {
             expect_exit: AtomicBool::new(false),
             needs_post_restore: AtomicBool::new(post_restore),
             client: tokio::sync::Mutex::new(None),
+            connect_failed: Mutex::new(None),
             op: tokio::sync::Mutex::new(()),
             busy: AtomicUsize::new(0),
             frozen: tokio::sync::Mutex::new(false),

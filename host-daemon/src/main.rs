@@ -65,7 +65,7 @@ struct Args {
     #[arg(long, default_value_t = 16)]
     exec_output_limit_mib: usize,
     /// Agent calls one sandbox may have in flight; more are refused (429).
-    #[arg(long, default_value_t = 65536)]
+    #[arg(long, default_value_t = 1024)]
     max_agent_calls: usize,
     /// Log as JSON lines (default: key=value text).
     #[arg(long)]

@@ -224,12 +224,37 @@ pub async fn kill(d: &Arc<Daemon>, id: &str, reason: &str) -> ApiResult<()> {
 
 /// The agent connection of a running sandbox (connecting, and after a
 /// restore sending fresh entropy and time, on first use). One tokio
-/// connection per sandbox carries all its requests: no thread.
+/// connection per sandbox carries all its requests: no thread. Calls that
+/// waited while an attempt to connect failed fail with it at once, so a
+/// guest that never answers costs each queued call nothing more than the
+/// one attempt (not one agent timeout per call, in turn).
 pub async fn agent(d: &Daemon, live: &Live) -> ApiResult<AsyncClient> {
+    let asked = Instant::now();
     let mut g = live.client.lock().await;
     if let Some(c) = g.as_ref().filter(|c| !c.is_closed()) {
         return Ok(c.clone());
     }
+    let failed = live
+        .connect_failed
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone();
+    if let Some((_, why)) = failed.filter(|(at, _)| *at >= asked) {
+        return Err(ApiError::Sandbox(why));
+    }
+    let res = connect(d, live).await;
+    if let Err(e) = &res {
+        *live
+            .connect_failed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some((Instant::now(), e.to_string()));
+    }
+    let c = res?;
+    *g = Some(c.clone());
+    Ok(c)
+}
+
+async fn connect(d: &Daemon, live: &Live) -> ApiResult<AsyncClient> {
     let post = live.needs_post_restore.load(Ordering::Acquire);
     let t = d.cfg.agent_timeout;
     let transport = live
@@ -266,6 +291,5 @@ pub async fn agent(d: &Daemon, live: &Live) -> ApiResult<AsyncClient> {
             Ok(())
         })?;
     }
-    *g = Some(c.clone());
     Ok(c)
 }

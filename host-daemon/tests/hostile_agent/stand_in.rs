@@ -9,12 +9,12 @@
 //! connections and floods it serves, so the test process's thread count
 //! measures the daemon's.
 
-use agent_proto::{
-    put_data, put_empty, put_message, AgentMode, DirEntries, DirEntry, ExecResult,
-    ExecStarted, ExitStatus, FileDone, FileStat, FileType, FrameDecoder, HealthReply, HelloOk,
-    Kind, PostRestoreReply, RawFrame, VersionReply, HEADER_LEN, MAX_PAYLOAD, PROTOCOL_VERSION,
-};
 use agent_client::Transport;
+use agent_proto::{
+    put_data, put_empty, put_message, AgentMode, DirEntries, DirEntry, ExecResult, ExecStarted,
+    ExitStatus, FileDone, FileStat, FileType, FrameDecoder, HealthReply, HelloOk, Kind,
+    PostRestoreReply, RawFrame, VersionReply, HEADER_LEN, MAX_PAYLOAD, PROTOCOL_VERSION,
+};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -137,7 +137,11 @@ impl StandIn {
 
     /// Changes how later requests are answered.
     pub fn set(&self, b: Behaviour) {
-        *self.shared.behaviour.lock().unwrap_or_else(|e| e.into_inner()) = b;
+        *self
+            .shared
+            .behaviour
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = b;
     }
 
     /// What it saw.
@@ -195,7 +199,9 @@ type Writer = Arc<tokio::sync::Mutex<OwnedWriteHalf>>;
 async fn write(w: &Writer, sh: &Shared, bytes: &[u8]) -> bool {
     let ok = w.lock().await.write_all(bytes).await.is_ok();
     if ok {
-        sh.stats.sent.fetch_add(bytes.len() as u64, Ordering::AcqRel);
+        sh.stats
+            .sent
+            .fetch_add(bytes.len() as u64, Ordering::AcqRel);
     }
     ok
 }
@@ -239,6 +245,9 @@ async fn serve(s: UnixStream, sh: &Arc<Shared>, hybrid: bool) {
                         continue;
                     }
                     sh.stats.requests.fetch_add(1, Ordering::AcqRel);
+                    if f.header.kind == Kind::Exec as u8 {
+                        sh.stats.execs.fetch_add(1, Ordering::AcqRel);
+                    }
                     if !silenced {
                         silenced = answer(f, sh, &w).await;
                     }
@@ -312,9 +321,6 @@ async fn answer(f: RawFrame, sh: &Arc<Shared>, w: &Writer) -> bool {
     if let Some(reply) = honest_system {
         write(w, sh, &reply).await;
         return false;
-    }
-    if kind == Kind::Exec {
-        sh.stats.execs.fetch_add(1, Ordering::AcqRel);
     }
     let b = sh.behaviour();
     match (b, kind) {

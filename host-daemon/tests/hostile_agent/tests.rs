@@ -43,7 +43,9 @@ fn status_field(s: &str, name: &str) -> u64 {
 
 fn usage() -> Usage {
     let s = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
-    let fds = std::fs::read_dir("/proc/self/fd").expect("/proc/self/fd").count() as u64;
+    let fds = std::fs::read_dir("/proc/self/fd")
+        .expect("/proc/self/fd")
+        .count() as u64;
     Usage {
         rss_kib: status_field(&s, "VmRSS:"),
         threads: status_field(&s, "Threads:"),
@@ -95,10 +97,7 @@ fn watched<T: Send + 'static>(
         match rx.recv_timeout(Duration::from_millis(20)) {
             Ok(v) => return (v, t0.elapsed()),
             Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
-                assert!(
-                    t0.elapsed() < within,
-                    "{what}: no answer within {within:?}"
-                );
+                assert!(t0.elapsed() < within, "{what}: no answer within {within:?}");
             }
             Err(e) => panic!("{what}: {e}"),
         }
@@ -129,7 +128,13 @@ fn test_limits() -> AgentLimits {
 
 fn setup_with(b: Behaviour, hybrid: bool, budget: u64, limits: AgentLimits) -> Setup {
     let tmp = tempfile::tempdir().unwrap();
-    let si = StandIn::start(&tmp.path().join("hostile.sock"), hybrid, b, budget);
+    // Honest until the daemon is connected (but for a CONNECT it ignores).
+    let first = if b == Behaviour::IgnoreConnect {
+        b
+    } else {
+        Behaviour::Honest
+    };
+    let si = StandIn::start(&tmp.path().join("hostile.sock"), hybrid, first, budget);
     let slot: Arc<Mutex<Option<Transport>>> = Arc::new(Mutex::new(Some(si.transport())));
     let redirect = {
         let slot = slot.clone();
@@ -145,9 +150,14 @@ fn setup_with(b: Behaviour, hybrid: bool, budget: u64, limits: AgentLimits) -> S
     let hostile = d.create().id;
     assert!(slot.lock().unwrap().is_none(), "the stand-in was not used");
     let neighbour = d.create().id;
-    // The neighbour's connection is up before the attack.
+    // The neighbour's connection, and the hostile one's, are up before
+    // the attack.
     let (code, out) = d.sh(&neighbour, "echo ok").unwrap();
     assert_eq!((code, out.as_str()), (Some(0), "ok\n"));
+    if b != Behaviour::IgnoreConnect {
+        assert_eq!(d.c.stat(&hostile, "/").expect("honest stat").size, MIB);
+        si.set(b);
+    }
     Setup {
         d,
         si,
@@ -167,7 +177,10 @@ impl Setup {
     fn neighbours_answer(&self) {
         let t0 = Instant::now();
         self.d.c.stat(&self.neighbour, "/").expect("neighbour stat");
-        let (code, out) = self.d.sh(&self.neighbour, "echo ok").expect("neighbour exec");
+        let (code, out) = self
+            .d
+            .sh(&self.neighbour, "echo ok")
+            .expect("neighbour exec");
         assert_eq!((code, out.as_str()), (Some(0), "ok\n"));
         assert!(
             t0.elapsed() < Duration::from_secs(3),
@@ -182,6 +195,26 @@ impl Setup {
             t0.elapsed()
         );
         self.d.c.kill(&sb.id).expect("kill the new sandbox");
+    }
+
+    /// The daemon's tasks once their number has not changed for 300 ms
+    /// (the API connections of earlier calls are gone).
+    fn settled_tasks(&self) -> usize {
+        let t0 = Instant::now();
+        let mut n = self.d.alive_tasks();
+        let mut since = Instant::now();
+        while since.elapsed() < Duration::from_millis(300) {
+            assert!(
+                t0.elapsed() < Duration::from_secs(5),
+                "the daemon's tasks never settle"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+            let m = self.d.alive_tasks();
+            if m != n {
+                (n, since) = (m, Instant::now());
+            }
+        }
+        n
     }
 
     /// Waits until the daemon's tasks are back to `base` (nothing the
@@ -212,7 +245,7 @@ fn a_listing_that_never_ends_is_capped() {
     let _g = solo();
     let s = setup(Behaviour::ListNoLast);
     let base = usage();
-    let tasks = s.d.alive_tasks();
+    let tasks = s.settled_tasks();
     let (c, id) = (s.client(), s.hostile.clone());
     let (r, took) = watched("listing", base, Duration::from_secs(10), move || {
         c.list_dir(&id, "/")
@@ -235,7 +268,7 @@ fn a_one_shot_exec_silent_after_started_ends_at_its_deadline() {
     };
     let s = setup_with(Behaviour::SilentAfterStarted, false, 0, limits);
     let base = usage();
-    let tasks = s.d.alive_tasks();
+    let tasks = s.settled_tasks();
     // More calls than the in-flight cap, one after the other: each one's
     // route is freed when it ends.
     for i in 0..6 {
@@ -259,7 +292,7 @@ fn a_one_shot_exec_silent_after_started_ends_at_its_deadline() {
 fn a_streamed_exec_silent_after_started_is_freed_when_its_client_leaves() {
     let _g = solo();
     let s = setup(Behaviour::SilentAfterStarted);
-    let tasks = s.d.alive_tasks();
+    let tasks = s.settled_tasks();
     // The client reads `start`, then leaves.
     let req = ExecRequest::shell("sleep 1000").with_timeout(600.0);
     let mut st = s.d.c.exec_stream(&s.hostile, &req).expect("stream");
@@ -274,7 +307,7 @@ fn a_streamed_exec_silent_after_started_is_freed_when_its_client_leaves() {
 fn a_streamed_exec_silent_after_started_ends_with_an_error_at_its_deadline() {
     let _g = solo();
     let s = setup(Behaviour::SilentAfterStarted);
-    let tasks = s.d.alive_tasks();
+    let tasks = s.settled_tasks();
     let (c, id) = (s.client(), s.hostile.clone());
     let base = usage();
     let (events, took) = watched("silent stream", base, Duration::from_secs(10), move || {
@@ -310,26 +343,30 @@ fn calls_over_the_per_sandbox_cap_are_refused_not_queued() {
         }));
     }
     let t0 = Instant::now();
-    while s.si.stats().execs.load(std::sync::atomic::Ordering::Acquire) < 8 {
-        assert!(t0.elapsed() < Duration::from_secs(5), "the 8 execs did not start");
+    while s
+        .si
+        .stats()
+        .execs
+        .load(std::sync::atomic::Ordering::Acquire)
+        < 8
+    {
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "the 8 execs did not start"
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
-    let e = s
-        .d
-        .c
-        .exec(&s.hostile, &ExecRequest::shell("true").with_timeout(8.0))
-        .expect_err("over the cap");
+    let e =
+        s.d.c
+            .exec(&s.hostile, &ExecRequest::shell("true").with_timeout(8.0))
+            .expect_err("over the cap");
     let (status, code, msg) = code_of(e);
     assert_eq!((status, code), (429, Some(ErrorCode::SandboxBusy)), "{msg}");
     assert!(msg.contains("in flight"), "{msg}");
     // Refused at once, while the neighbour and creates go on.
     for _ in 0..20 {
         let t0 = Instant::now();
-        let e = s
-            .d
-            .c
-            .stat(&s.hostile, "/")
-            .expect_err("over the cap");
+        let e = s.d.c.stat(&s.hostile, "/").expect_err("over the cap");
         assert_eq!(code_of(e).0, 429);
         assert!(t0.elapsed() < Duration::from_millis(500));
     }
@@ -346,7 +383,7 @@ fn a_one_shot_exec_flooding_stdout_is_capped_and_ends_at_its_deadline() {
     let _g = solo();
     let s = setup(Behaviour::StdoutFlood);
     let base = usage();
-    let tasks = s.d.alive_tasks();
+    let tasks = s.settled_tasks();
     let (c, id) = (s.client(), s.hostile.clone());
     let (r, took) = watched("stdout flood", base, Duration::from_secs(12), move || {
         c.exec(&id, &ExecRequest::shell("yes").with_timeout(2.0))
@@ -423,7 +460,10 @@ fn an_oversized_frame_closes_the_connection_and_the_next_call_reconnects() {
     assert!(took < Duration::from_secs(2), "took {took:?}");
     let t0 = Instant::now();
     while s.si.open() > 0 {
-        assert!(t0.elapsed() < Duration::from_secs(3), "the daemon kept the bad connection");
+        assert!(
+            t0.elapsed() < Duration::from_secs(3),
+            "the daemon kept the bad connection"
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
     s.si.set(Behaviour::Honest);
@@ -449,13 +489,21 @@ fn a_guest_that_ignores_connect_fails_the_call_and_its_sockets_are_closed() {
     let s = setup_with(Behaviour::IgnoreConnect, true, 0, test_limits());
     let base = usage();
     let (c, id) = (s.client(), s.hostile.clone());
-    let (r, took) = watched("ignored CONNECT", base, Duration::from_secs(15), move || {
-        c.stat(&id, "/")
-    });
+    let (r, took) = watched(
+        "ignored CONNECT",
+        base,
+        Duration::from_secs(15),
+        move || c.stat(&id, "/"),
+    );
     let (status, _, msg) = code_of(r.expect_err("unreachable"));
     assert_eq!(status, 502, "{msg}");
     assert!(msg.contains("unreachable"), "{msg}");
-    assert!(s.si.stats().accepted.load(std::sync::atomic::Ordering::Acquire) > 0);
+    assert!(
+        s.si.stats()
+            .accepted
+            .load(std::sync::atomic::Ordering::Acquire)
+            > 0
+    );
     // The agent timeout (3 s) and 5 s more at most.
     assert!(took < Duration::from_secs(9), "took {took:?}");
     let t0 = Instant::now();
@@ -466,6 +514,21 @@ fn a_guest_that_ignores_connect_fails_the_call_and_its_sockets_are_closed() {
             s.si.open()
         );
         std::thread::sleep(Duration::from_millis(10));
+    }
+    // Calls that queued behind a failed connect fail with it, instead of
+    // each waiting out its own connect in turn.
+    let calls: Vec<_> = (0..4)
+        .map(|_| {
+            let (c, id) = (s.client(), s.hostile.clone());
+            std::thread::spawn(move || (c.stat(&id, "/"), Instant::now()))
+        })
+        .collect();
+    let t0 = Instant::now();
+    for h in calls {
+        let (r, at) = h.join().unwrap();
+        assert_eq!(code_of(r.expect_err("unreachable")).0, 502);
+        let took = at - t0;
+        assert!(took < Duration::from_secs(9), "a queued call took {took:?}");
     }
     s.neighbours_answer();
 }
