@@ -557,3 +557,46 @@ fn a_one_shot_exec_of_yes_is_truncated_per_stream() {
     assert!(out.iter().all(|b| b"y\n".contains(b)));
     assert_eq!(r.stderr_bytes().unwrap(), b"done\n");
 }
+
+#[test]
+fn a_streamed_exec_nobody_reads_is_killed_and_does_not_hold_up_the_sandbox() {
+    let _g = solo();
+    let d = TestDaemon::with(Opts {
+        pools: false,
+        ..Opts::default()
+    });
+    let sb = d.create();
+    let stall = AgentLimits::default().stall_timeout;
+    // A client that reads the start event, then nothing more, while the
+    // command floods stdout.
+    let mut st =
+        d.c.exec_stream(&sb.id, &ExecRequest::shell("exec yes"))
+            .expect("stream");
+    let pid = match st.next().expect("a first event").expect("an event") {
+        ExecEvent::Start { pid, .. } => pid,
+        e => panic!("expected start, got {e:?}"),
+    };
+    // Other execs in the same sandbox all succeed, within the stall
+    // timeout of the unread stream (twice: the daemon's task, then the
+    // agent connection's reader) and a little more.
+    let t0 = Instant::now();
+    for i in 0..17 {
+        let (code, out) = d.sh(&sb.id, &format!("echo {i}")).expect("exec");
+        assert_eq!((code, out), (Some(0), format!("{i}\n")));
+    }
+    let took = t0.elapsed();
+    assert!(
+        took < 2 * stall + Duration::from_secs(10),
+        "17 execs took {took:?}"
+    );
+    // The unread command was killed.
+    let t0 = Instant::now();
+    while !crate::harness::gone(pid) {
+        assert!(
+            t0.elapsed() < 2 * stall + Duration::from_secs(5),
+            "the unread command (pid {pid}) still runs"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    drop(st);
+}
