@@ -37,6 +37,10 @@ pub enum Behaviour {
     StdoutFlood,
     /// A download: `FileChunk` frames without end, never `FileDone`.
     DownloadNoEnd,
+    /// A download: `Stat` answered, the `FileRead` never.
+    DownloadSilent,
+    /// `PostRestore` (the first call after a restore) never answered.
+    IgnorePostRestore,
     /// Any request: floods of 1 MiB frames for request ids nobody asked
     /// for, and no answer.
     FloodOtherIds,
@@ -307,6 +311,7 @@ async fn answer(f: RawFrame, sh: &Arc<Shared>, w: &Writer) -> bool {
                 mode: AgentMode::Guest,
             },
         )),
+        Kind::PostRestore if sh.behaviour() == Behaviour::IgnorePostRestore => return false,
         Kind::PostRestore => Some(msg(
             id,
             &PostRestoreReply {
@@ -356,7 +361,8 @@ async fn answer(f: RawFrame, sh: &Arc<Shared>, w: &Writer) -> bool {
             spawn_flood(sh, w, move |_| data(Kind::FileChunk, id, MAX_PAYLOAD));
             false
         }
-        (Behaviour::DownloadNoEnd, Kind::Stat) => {
+        (Behaviour::DownloadSilent, Kind::FileRead) => false,
+        (Behaviour::DownloadNoEnd | Behaviour::DownloadSilent, Kind::Stat) => {
             write(w, sh, &msg(id, &honest_stat())).await;
             false
         }

@@ -128,12 +128,10 @@ fn test_limits() -> AgentLimits {
 
 fn setup_with(b: Behaviour, hybrid: bool, budget: u64, limits: AgentLimits) -> Setup {
     let tmp = tempfile::tempdir().unwrap();
-    // Honest until the daemon is connected (but for a CONNECT it ignores).
-    let first = if b == Behaviour::IgnoreConnect {
-        b
-    } else {
-        Behaviour::Honest
-    };
+    // Honest until the daemon is connected (but for the connection's own
+    // attacks: an ignored CONNECT or PostRestore).
+    let on_connect = matches!(b, Behaviour::IgnoreConnect | Behaviour::IgnorePostRestore);
+    let first = if on_connect { b } else { Behaviour::Honest };
     let si = StandIn::start(&tmp.path().join("hostile.sock"), hybrid, first, budget);
     let slot: Arc<Mutex<Option<Transport>>> = Arc::new(Mutex::new(Some(si.transport())));
     let redirect = {
@@ -154,7 +152,7 @@ fn setup_with(b: Behaviour, hybrid: bool, budget: u64, limits: AgentLimits) -> S
     // the attack.
     let (code, out) = d.sh(&neighbour, "echo ok").unwrap();
     assert_eq!((code, out.as_str()), (Some(0), "ok\n"));
-    if b != Behaviour::IgnoreConnect {
+    if !on_connect {
         assert_eq!(d.c.stat(&hostile, "/").expect("honest stat").size, MIB);
         si.set(b);
     }
@@ -599,4 +597,56 @@ fn a_streamed_exec_nobody_reads_is_killed_and_does_not_hold_up_the_sandbox() {
         std::thread::sleep(Duration::from_millis(50));
     }
     drop(st);
+}
+
+#[test]
+fn a_download_the_guest_never_sends_ends_within_the_call_deadline() {
+    let _g = solo();
+    let s = setup(Behaviour::DownloadSilent);
+    let tasks = s.settled_tasks();
+    let (c, id) = (s.client(), s.hostile.clone());
+    let (got, took) = watched(
+        "silent download",
+        usage(),
+        Duration::from_secs(10),
+        move || {
+            let mut dl = c.get_file(&id, "/f").expect("download starts");
+            let mut buf = vec![0u8; 1 << 16];
+            dl.read(&mut buf)
+        },
+    );
+    assert!(
+        !matches!(got, Ok(n) if n > 0),
+        "bytes from a silent guest: {got:?}"
+    );
+    assert!(took < Duration::from_secs(6), "took {took:?}");
+    s.tasks_back_to(tasks, "after the silent download");
+    s.neighbours_answer();
+}
+
+#[test]
+fn a_post_restore_never_answered_fails_the_call_within_the_agent_timeout() {
+    let _g = solo();
+    let s = setup(Behaviour::IgnorePostRestore);
+    let (c, id) = (s.client(), s.hostile.clone());
+    let (r, took) = watched(
+        "ignored PostRestore",
+        usage(),
+        Duration::from_secs(12),
+        move || c.stat(&id, "/"),
+    );
+    let (status, _, msg) = code_of(r.expect_err("unreachable"));
+    assert_eq!(status, 502, "{msg}");
+    assert!(msg.contains("unreachable"), "{msg}");
+    assert!(took < Duration::from_secs(9), "took {took:?}");
+    // The half-made connection is not kept.
+    let t0 = Instant::now();
+    while s.si.open() > 0 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(3),
+            "the connection was kept"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    s.neighbours_answer();
 }
