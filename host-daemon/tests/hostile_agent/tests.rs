@@ -559,12 +559,16 @@ fn a_one_shot_exec_of_yes_is_truncated_per_stream() {
 #[test]
 fn a_streamed_exec_nobody_reads_is_killed_and_does_not_hold_up_the_sandbox() {
     let _g = solo();
+    let stall = Duration::from_secs(4);
     let d = TestDaemon::with(Opts {
         pools: false,
+        agent_limits: AgentLimits {
+            stall_timeout: stall,
+            ..AgentLimits::default()
+        },
         ..Opts::default()
     });
     let sb = d.create();
-    let stall = AgentLimits::default().stall_timeout;
     // A client that reads the start event, then nothing more, while the
     // command floods stdout.
     let mut st =
