@@ -218,6 +218,12 @@ mod tests {
                 "agent error",
             ),
             (
+                ApiError::Agent(C::Busy(8)),
+                429,
+                "sandbox_busy",
+                "sandbox agent: too many requests in flight",
+            ),
+            (
                 ApiError::Agent(C::Timeout),
                 504,
                 "deadline_exceeded",
