@@ -33,6 +33,7 @@ fn daemon(dir: &std::path::Path) -> Arc<Daemon> {
             freeze_after: None,
             max_restores: 1,
             agent: Default::default(),
+            layers_dir: None,
         },
         Arc::new(shoal_runtime::backend::microvm::MicroVm::new(
             "/nonexistent/shoal-vmm",

@@ -25,6 +25,11 @@ struct Args {
     /// else ~/.cache/shoal/artifacts.
     #[arg(long, value_name = "DIR")]
     artifacts: Option<PathBuf>,
+    /// The only directory layer files may come from (`layers` in a
+    /// create's request: image names, or erofs files under this
+    /// directory). Default: STATE_DIR/layers.
+    #[arg(long, value_name = "DIR")]
+    layers_dir: Option<PathBuf>,
     /// Also listen on TCP (e.g. 127.0.0.1:7070); needs --token-file.
     #[arg(long)]
     listen: Option<std::net::SocketAddr>,
@@ -136,6 +141,7 @@ fn main() -> Result<()> {
             max_in_flight: a.max_agent_calls,
             ..Default::default()
         },
+        layers_dir: a.layers_dir,
     };
     let missing: Vec<String> = artifacts
         .status()

@@ -33,6 +33,7 @@ pub(crate) fn daemon(state: &Path, artifacts: &Path) -> Arc<Daemon> {
             freeze_after: None,
             max_restores: 1,
             agent: Default::default(),
+            layers_dir: None,
         },
         Arc::new(backend),
     )

@@ -133,6 +133,7 @@ impl TestDaemon {
             freeze_after: self.opts.freeze_after,
             max_restores: 4,
             agent: self.opts.agent_limits,
+            layers_dir: None,
         }
     }
 
