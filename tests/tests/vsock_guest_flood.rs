@@ -1,8 +1,10 @@
-//! A real guest (the `base` image, for python3) opening 10,000 vsock
-//! connections to a host listener: the VMM keeps at most its guest share
-//! of the connection table and refuses the rest with RST, its descriptors
-//! stay bounded, and the host (a new agent connection) still connects
-//! while the guest holds its share.
+//! A real guest (the `base` image, for python3) opening vsock connections
+//! to a host listener, three times the VMM's guest share of its connection
+//! table: the VMM keeps at most that share and refuses the rest with RST,
+//! its descriptors stay bounded, and the host (a new agent connection)
+//! still connects while the guest holds its share. (Each guest connect
+//! costs ~40 ms on a PVM host: 10,000 would take minutes; the cap is
+//! reached at 512 either way.)
 
 use agent_client::{ExecEvent, ExecRequest};
 use shoal_test_support::{sh, RunningSandbox};
@@ -25,11 +27,15 @@ fn fds_of(pid: u32) -> usize {
         .count()
 }
 
+/// Guest connections attempted.
+const N: usize = 3 * devices::virtio::vsock::MAX_GUEST_CONNECTIONS;
+
 const FLOOD: &str = r#"
 import socket, sys, time
+N = int(sys.argv[1])
 ok = fail = 0
 held = []
-for i in range(10000):
+for i in range(N):
     s = socket.socket(socket.AF_VSOCK, socket.SOCK_STREAM)
     try:
         s.connect((2, 7000))
@@ -43,7 +49,7 @@ time.sleep(120)
 "#;
 
 #[test]
-fn a_guest_opening_10000_vsock_connections_is_capped_and_the_host_still_connects() {
+fn a_guest_opening_thousands_of_vsock_connections_is_capped_and_the_host_still_connects() {
     let max = devices::virtio::vsock::MAX_GUEST_CONNECTIONS;
     let (r, c) = RunningSandbox::start(&base_template());
     let vmm = r.vmm_pid();
@@ -69,7 +75,9 @@ fn a_guest_opening_10000_vsock_connections_is_capped_and_the_host_still_connects
             }
         })
     };
-    let req = ExecRequest::argv(["python3", "-c", FLOOD]).with_timeout(Duration::from_secs(400));
+    let n = N.to_string();
+    let req = ExecRequest::argv(["python3", "-c", FLOOD, n.as_str()])
+        .with_timeout(Duration::from_secs(280));
     let mut h = c.exec(&req).expect("exec");
     let mut out = Vec::new();
     while !out.contains(&b'\n') {
@@ -87,7 +95,7 @@ fn a_guest_opening_10000_vsock_connections_is_capped_and_the_host_still_connects
         .collect();
     let (ok, fail) = (n[0], n[1]);
     eprintln!("guest connections: {ok} kept, {fail} refused");
-    assert_eq!(ok + fail, 10_000, "{line}");
+    assert_eq!(ok + fail, N, "{line}");
     assert!(ok <= max, "the guest kept {ok} connections (cap {max})");
     assert!(
         ok >= max / 2,
