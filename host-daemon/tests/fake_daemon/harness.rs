@@ -34,6 +34,10 @@ pub struct Opts {
     pub agent_timeout: Duration,
     /// Deadlines and bounds of agent calls.
     pub agent_limits: AgentLimits,
+    /// Disk sandboxes may reserve (MiB; 0: no budget).
+    pub disk_budget_mib: u64,
+    /// Listener limits.
+    pub http: shoald::listen::HttpLimits,
 }
 
 impl Default for Opts {
@@ -47,6 +51,8 @@ impl Default for Opts {
             redirect: None,
             agent_timeout: Duration::from_secs(10),
             agent_limits: AgentLimits::default(),
+            disk_budget_mib: 0,
+            http: Default::default(),
         }
     }
 }
@@ -126,6 +132,8 @@ impl TestDaemon {
                 cpu_overcommit: 1.0,
                 min_available_mib: self.opts.min_available_mib,
                 max_vms: self.opts.max_vms,
+                disk_budget_mib: self.opts.disk_budget_mib,
+                min_free_disk_mib: 0,
             },
             agent_timeout: self.opts.agent_timeout,
             sweep_interval: Duration::from_millis(100),
@@ -133,6 +141,7 @@ impl TestDaemon {
             freeze_after: self.opts.freeze_after,
             max_restores: 4,
             agent: self.opts.agent_limits,
+            http: self.opts.http.clone(),
             layers_dir: None,
         }
     }
