@@ -554,6 +554,8 @@ fn a_one_shot_exec_of_yes_is_truncated_per_stream() {
     assert_eq!(out.len(), 16 << 20);
     assert!(out.iter().all(|b| b"y\n".contains(b)));
     assert_eq!(r.stderr_bytes().unwrap(), b"done\n");
+    let grew = usage().rss_kib.saturating_sub(base.rss_kib) / 1024;
+    eprintln!("the daemon and its client (this process) grew by {grew} MiB");
 }
 
 #[test]
