@@ -26,6 +26,9 @@ pub enum ErrorCode {
     HostFull,
     /// 503: the host is short of memory (`Retry-After`).
     HostMemoryLow,
+    /// 429: the sandbox has as many agent calls in flight as it may
+    /// (`Retry-After`); more are refused, never queued.
+    SandboxBusy,
     /// 502: the sandbox (its VMM or agent) failed.
     SandboxError,
     /// 504: a deadline passed.
@@ -36,7 +39,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code.
-    pub const ALL: [ErrorCode; 11] = [
+    pub const ALL: [ErrorCode; 12] = [
         ErrorCode::BadRequest,
         ErrorCode::Unauthorized,
         ErrorCode::Forbidden,
@@ -45,6 +48,7 @@ impl ErrorCode {
         ErrorCode::PayloadTooLarge,
         ErrorCode::HostFull,
         ErrorCode::HostMemoryLow,
+        ErrorCode::SandboxBusy,
         ErrorCode::SandboxError,
         ErrorCode::DeadlineExceeded,
         ErrorCode::Internal,
@@ -61,6 +65,7 @@ impl ErrorCode {
             ErrorCode::PayloadTooLarge => 413,
             ErrorCode::HostFull => 429,
             ErrorCode::HostMemoryLow => 503,
+            ErrorCode::SandboxBusy => 429,
             ErrorCode::SandboxError => 502,
             ErrorCode::DeadlineExceeded => 504,
             ErrorCode::Internal => 500,
@@ -78,6 +83,7 @@ impl ErrorCode {
             ErrorCode::PayloadTooLarge => "payload_too_large",
             ErrorCode::HostFull => "host_full",
             ErrorCode::HostMemoryLow => "host_memory_low",
+            ErrorCode::SandboxBusy => "sandbox_busy",
             ErrorCode::SandboxError => "sandbox_error",
             ErrorCode::DeadlineExceeded => "deadline_exceeded",
             ErrorCode::Internal => "internal",
@@ -87,7 +93,10 @@ impl ErrorCode {
     /// Whether the same request may succeed later (429, 503): the daemon
     /// sends `Retry-After` with these.
     pub fn retryable(self) -> bool {
-        matches!(self, ErrorCode::HostFull | ErrorCode::HostMemoryLow)
+        matches!(
+            self,
+            ErrorCode::HostFull | ErrorCode::HostMemoryLow | ErrorCode::SandboxBusy
+        )
     }
 }
 

@@ -34,6 +34,7 @@ fn daemon(dir: &std::path::Path) -> Arc<Daemon> {
             pools: false,
             freeze_after: None,
             max_restores: 1,
+            agent: Default::default(),
             http: Default::default(),
             layers_dir: None,
         },

@@ -23,6 +23,7 @@
 //! microVM backend in production, the fake one in tests without KVM).
 
 pub mod admission;
+pub mod agent_limits;
 pub mod api;
 pub mod auth;
 pub mod db;
@@ -71,6 +72,8 @@ pub struct Config {
     pub freeze_after: Option<Duration>,
     /// VMM restores in flight at most.
     pub max_restores: usize,
+    /// Deadlines and bounds of calls into sandboxes' agents.
+    pub agent: agent_limits::AgentLimits,
     /// Connection and body limits of the API's listeners.
     pub http: listen::HttpLimits,
     /// The only directory layer files may come from (`None`: `layers` in
@@ -239,6 +242,7 @@ impl ApiError {
             }
             ApiError::Agent(C::Remote { .. }) => ErrorCode::BadRequest,
             ApiError::Agent(C::Timeout) | ApiError::Timeout(_) => ErrorCode::DeadlineExceeded,
+            ApiError::Agent(C::Busy(_)) => ErrorCode::SandboxBusy,
             ApiError::Backend { source, .. } if source.is_host_fault() => ErrorCode::Internal,
             ApiError::Agent(_)
             | ApiError::AgentUnreachable { .. }
@@ -280,6 +284,9 @@ pub struct Live {
     pub needs_post_restore: AtomicBool,
     /// The cached agent connection.
     pub client: tokio::sync::Mutex<Option<AsyncClient>>,
+    /// The last failed attempt to connect to the agent: when it ended and
+    /// why (calls that waited for it fail with it; see [`ops::agent`]).
+    pub connect_failed: Mutex<Option<(std::time::Instant, String)>>,
     /// Serializes lifecycle operations (pause, resume, snapshot, kill).
     pub op: tokio::sync::Mutex<()>,
     /// Operations in flight (a busy sandbox is never frozen).
@@ -307,6 +314,7 @@ impl Live {
             expect_exit: AtomicBool::new(false),
             needs_post_restore: AtomicBool::new(post_restore),
             client: tokio::sync::Mutex::new(None),
+            connect_failed: Mutex::new(None),
             op: tokio::sync::Mutex::new(()),
             busy: AtomicUsize::new(0),
             frozen: tokio::sync::Mutex::new(false),

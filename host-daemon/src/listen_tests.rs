@@ -50,6 +50,7 @@ impl Served {
                 pools: false,
                 freeze_after: None,
                 max_restores: 1,
+                agent: Default::default(),
                 http,
                 layers_dir: None,
             },

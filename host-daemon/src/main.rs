@@ -93,6 +93,13 @@ struct Args {
     /// Do not refill warm pools.
     #[arg(long)]
     no_pools: bool,
+    /// Most bytes per stream (stdout, stderr) a one-shot exec returns
+    /// (MiB); the rest is dropped and the result says `truncated`.
+    #[arg(long, default_value_t = 16)]
+    exec_output_limit_mib: usize,
+    /// Agent calls one sandbox may have in flight; more are refused (429).
+    #[arg(long, default_value_t = 1024)]
+    max_agent_calls: usize,
     /// Log as JSON lines (default: key=value text).
     #[arg(long)]
     log_json: bool,
@@ -158,6 +165,11 @@ fn main() -> Result<()> {
             .max_restores
             .unwrap_or_else(|| 2 * std::thread::available_parallelism().map_or(1, |n| n.get())),
         freeze_after: (a.freeze_idle_ms > 0).then(|| Duration::from_millis(a.freeze_idle_ms)),
+        agent: daemon::agent_limits::AgentLimits {
+            exec_output_limit: a.exec_output_limit_mib.saturating_mul(1 << 20),
+            max_in_flight: a.max_agent_calls,
+            ..Default::default()
+        },
         http: daemon::listen::HttpLimits {
             header_timeout: Duration::from_secs(a.header_timeout_s.max(1)),
             idle_timeout: Duration::from_secs(a.idle_timeout_s.max(1)),

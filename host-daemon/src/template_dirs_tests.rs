@@ -34,6 +34,7 @@ pub(crate) fn daemon(state: &Path, artifacts: &Path) -> Arc<Daemon> {
             pools: false,
             freeze_after: None,
             max_restores: 1,
+            agent: Default::default(),
             http: Default::default(),
             layers_dir: None,
         },

@@ -43,12 +43,22 @@ pub struct Errors;
 pub struct AdmissionErrors;
 
 fn error_responses(admission: bool) -> BTreeMap<String, RefOr<utoipa::openapi::Response>> {
-    ErrorCode::ALL
+    // Codes sharing a status (429: host_full, sandbox_busy) share one entry.
+    let mut by_status: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for c in ErrorCode::ALL
         .into_iter()
         .filter(|c| admission || !c.retryable())
-        .map(|c| {
+    {
+        by_status
+            .entry(c.status().to_string())
+            .or_default()
+            .push(format!("`{c}`"));
+    }
+    by_status
+        .into_iter()
+        .map(|(status, codes)| {
             let r = ResponseBuilder::new()
-                .description(format!("error `{c}`"))
+                .description(format!("error {}", codes.join(" or ")))
                 .content(
                     "application/json",
                     ContentBuilder::new()
@@ -56,7 +66,7 @@ fn error_responses(admission: bool) -> BTreeMap<String, RefOr<utoipa::openapi::R
                         .build(),
                 )
                 .build();
-            (c.status().to_string(), RefOr::T(r))
+            (status, RefOr::T(r))
         })
         .collect()
 }
@@ -296,6 +306,12 @@ mod tests {
                 400,
                 "bad_request",
                 "agent error",
+            ),
+            (
+                ApiError::Agent(C::Busy(8)),
+                429,
+                "sandbox_busy",
+                "sandbox agent: too many requests in flight",
             ),
             (
                 ApiError::Agent(C::Timeout),

@@ -119,11 +119,28 @@ enum Saved {
     },
 }
 
+/// Where the daemon reaches a sandbox's agent instead of the socket of the
+/// sandbox's own `shoal-agent` process, asked with the sandbox's directory
+/// each time one starts (or is re-attached); `None`: its own socket. Tests
+/// put a hostile agent stand-in there, the process still standing in for
+/// the VM (pid, freeze, kill, exit).
+pub type AgentRedirect = Arc<dyn Fn(&Path) -> Option<Transport> + Send + Sync>;
+
 /// Host `shoal-agent` processes standing in for VMs.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Fake {
     agent: PathBuf,
     faults: Arc<Faults>,
+    redirect: Option<AgentRedirect>,
+}
+
+impl std::fmt::Debug for Fake {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Fake")
+            .field("agent", &self.agent)
+            .field("redirect", &self.redirect.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 impl Fake {
@@ -132,7 +149,23 @@ impl Fake {
         Fake {
             agent: agent.into(),
             faults: Arc::default(),
+            redirect: None,
         }
+    }
+
+    /// Sandboxes whose agent `redirect` names are reached there instead.
+    pub fn with_agent_redirect(mut self, redirect: AgentRedirect) -> Fake {
+        self.redirect = Some(redirect);
+        self
+    }
+
+    /// The transport of the agent of the sandbox in `dir`, its own socket
+    /// being `socket`.
+    fn transport(&self, dir: &Path, socket: &Path) -> Transport {
+        self.redirect
+            .as_ref()
+            .and_then(|r| r(dir))
+            .unwrap_or_else(|| Transport::Unix(socket.into()))
     }
 
     /// The failures to inject.
@@ -191,6 +224,7 @@ impl Fake {
         let sb = FakeSandbox {
             proc,
             dir: dir.into(),
+            transport: self.transport(dir, &socket),
             socket,
             faults: self.faults.clone(),
         };
@@ -256,6 +290,7 @@ impl SandboxBackend for Fake {
         let vm = FakeSandbox {
             proc,
             dir: dir.into(),
+            transport: self.transport(dir, &socket),
             socket,
             faults: self.faults.clone(),
         };
@@ -304,6 +339,8 @@ struct FakeSandbox {
     proc: Proc,
     dir: PathBuf,
     socket: PathBuf,
+    /// Where its agent is reached (its socket unless redirected).
+    transport: Transport,
     faults: Arc<Faults>,
 }
 
@@ -354,7 +391,7 @@ impl SandboxVm for FakeSandbox {
     }
 
     fn agent(&self) -> Transport {
-        Transport::Unix(self.socket.clone())
+        self.transport.clone()
     }
 
     fn freeze(&self) -> Result<(), BackendError> {
