@@ -21,6 +21,9 @@ pub enum EventError {
     /// The thread or its eventfd could not be created.
     #[error("cannot start the event thread: {0}")]
     Start(std::io::Error),
+    /// Its seccomp filter could not be installed.
+    #[error(transparent)]
+    Seccomp(crate::seccomp::SeccompError),
     /// The event manager refused an operation.
     #[error("event thread: {0:?}")]
     Manager(event_manager::Error),
@@ -52,8 +55,12 @@ pub struct EventThread {
     endpoint: RemoteEndpoint<Subscriber>,
 }
 
-/// Starts the loop with `subs`; returns it and their ids.
-pub fn start(subs: Vec<Subscriber>) -> Result<(EventThread, Vec<SubscriberId>), EventError> {
+/// Starts the loop with `subs`, its thread under `seccomp`'s event-thread
+/// filter (installed before it first polls); returns it and their ids.
+pub fn start(
+    subs: Vec<Subscriber>,
+    seccomp: Option<Arc<crate::seccomp::Filters>>,
+) -> Result<(EventThread, Vec<SubscriberId>), EventError> {
     let exit = EventFd::new(libc::EFD_NONBLOCK).map_err(EventError::Start)?;
     let sub_exit = exit.try_clone().map_err(EventError::Start)?;
     let mut em = EventManager::<Subscriber>::new().map_err(EventError::Manager)?;
@@ -64,9 +71,16 @@ pub fn start(subs: Vec<Subscriber>) -> Result<(EventThread, Vec<SubscriberId>), 
     }));
     let ids = subs.into_iter().map(|s| em.add_subscriber(s)).collect();
     let endpoint = em.remote_endpoint();
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     let handle = std::thread::Builder::new()
         .name("events".into())
         .spawn(move || {
+            let installed = seccomp.map_or(Ok(()), |f| f.install(crate::seccomp::Role::Events));
+            let failed = installed.is_err();
+            let _ = ready_tx.send(installed);
+            if failed {
+                return;
+            }
             while !done.load(Ordering::Acquire) {
                 if em.run().is_err() {
                     break;
@@ -74,6 +88,15 @@ pub fn start(subs: Vec<Subscriber>) -> Result<(EventThread, Vec<SubscriberId>), 
             }
         })
         .map_err(EventError::Start)?;
+    match ready_rx.recv() {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => return Err(EventError::Seccomp(e)),
+        Err(_) => {
+            return Err(EventError::Start(std::io::Error::other(
+                "the event thread ended at start",
+            )))
+        }
+    }
     Ok((
         EventThread {
             exit,
