@@ -97,10 +97,7 @@ fn devices() -> R {
         sys!(SYS_shutdown),
     ]);
     t.allow_when(sys!(SYS_socket), arg_in(0, &[int(libc::AF_UNIX)])?);
-    t.allow_when(
-        sys!(SYS_ioctl),
-        arg_in(1, &[u64::from(libc::FIONBIO), u64::from(libc::FIOCLEX)])?,
-    );
+    t.allow_when(sys!(SYS_ioctl), arg_in(1, &[libc::FIONBIO, libc::FIOCLEX])?);
     t.allow_when(
         sys!(SYS_fcntl),
         arg_in(
@@ -153,7 +150,7 @@ pub fn api() -> R {
         sys!(SYS_sendto),
         sys!(SYS_shutdown),
     ]);
-    t.allow_when(sys!(SYS_ioctl), arg_in(1, &[u64::from(libc::FIONBIO)])?);
+    t.allow_when(sys!(SYS_ioctl), arg_in(1, &[libc::FIONBIO])?);
     t.allow_when(sys!(SYS_fcntl), arg_in(1, &[int(libc::F_DUPFD_CLOEXEC)])?);
     let timeouts = [int(libc::SO_RCVTIMEO), int(libc::SO_SNDTIMEO)];
     let mut rules = Vec::new();
