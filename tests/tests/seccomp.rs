@@ -58,9 +58,16 @@ fn tasks(pid: u32) -> Vec<Task> {
 }
 
 /// Every task of `pid` is in seccomp filter mode, and the VMM's threads
-/// (main, vCPUs, events, control socket) are all there.
+/// (main, vCPUs, events, control socket) are all there (a thread started
+/// a moment ago may not have its name yet: waits up to 10 s for that).
 fn assert_all_filtered(pid: u32, vcpus: usize) -> Vec<Task> {
-    let t = tasks(pid);
+    let named = |t: &[Task]| t.iter().filter(|x| x.name.starts_with("vcpu")).count() == vcpus;
+    let end = Instant::now() + Duration::from_secs(10);
+    let mut t = tasks(pid);
+    while !named(&t) && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(20));
+        t = tasks(pid);
+    }
     for want in ["shoal-vmm", "events", "api", "api-conn"] {
         assert!(t.iter().any(|x| x.name == want), "no {want} thread: {t:?}");
     }
@@ -86,6 +93,16 @@ fn vsock_ok(uds: &Path) {
     let mut line = String::new();
     BufReader::new(s).read_line(&mut line).unwrap();
     assert!(line.starts_with("OK "), "vsock answered {line:?}");
+}
+
+/// A VMM killed (and reaped) when the test ends, passed or not.
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 /// Waits (at most 60 s) for `child` to end.
@@ -150,17 +167,20 @@ fn a_prewarmed_vmm_runs_every_thread_under_seccomp_after_restores() {
     let tpl = tiny_template();
     let dir = tempfile::tempdir().unwrap();
     let (sock, uds) = (dir.path().join("api.sock"), dir.path().join("v.sock"));
-    let mut child = VmmProcess::prewarm(&vmm())
+    let child = VmmProcess::prewarm(&vmm())
         .memory_mib(128)
         .vcpus(1)
         .api_sock(&sock)
         .vsock_uds(&uds)
         .serial(Serial::Null)
+        .stdout(Io::Null)
         .stderr(Io::Truncate(dir.path().join("vmm.log")))
         .spawn()
         .unwrap()
         .child;
-    let c = wait_socket(&sock, &mut child);
+    let mut child = Killed(child);
+    let child = &mut child.0;
+    let c = wait_socket(&sock, child);
     let pid = child.id();
     // Empty: no vCPU thread yet, the rest filtered.
     for x in tasks(pid) {
@@ -181,22 +201,23 @@ fn a_prewarmed_vmm_runs_every_thread_under_seccomp_after_restores() {
     assert_all_filtered(pid, 1);
     vsock_ok(&uds);
     c.shutdown().unwrap();
-    let st = wait_end(&mut child);
+    let st = wait_end(child);
     assert!(st.success(), "{}", exit_cause(st));
 }
 
-/// Starts a VMM restoring `tpl` whose first `role` thread makes a
-/// forbidden call; returns how it ended and its stderr.
-fn selftest(start: VmmProcess, role: &str, dir: &Path) -> Child {
+/// Starts `start` (with sockets in `dir`) with its first `role` thread
+/// making a forbidden call.
+fn selftest(start: VmmProcess, role: &str, dir: &Path) -> Killed {
     let mut cmd = start
         .api_sock(dir.join("api.sock"))
         .vsock_uds(dir.join("v.sock"))
         .serial(Serial::Null)
+        .stdout(Io::Null)
         .stderr(Io::Truncate(dir.join("vmm.log")))
         .command()
         .unwrap();
     cmd.args(["--seccomp-selftest", role]);
-    cmd.spawn().unwrap()
+    Killed(cmd.spawn().unwrap())
 }
 
 fn assert_seccomp_kill(st: ExitStatus, what: &str) {
@@ -214,7 +235,7 @@ fn a_forbidden_call_from_any_role_kills_the_vmm_with_sigsys() {
     for role in ["main", "vcpu", "events", "api"] {
         let dir = tempfile::tempdir().unwrap();
         let mut child = selftest(VmmProcess::restore(&vmm(), &tpl), role, dir.path());
-        let st = wait_end(&mut child);
+        let st = wait_end(&mut child.0);
         assert_seccomp_kill(st, role);
     }
     // Without filters the same call passes and the VM runs.
@@ -223,16 +244,17 @@ fn a_forbidden_call_from_any_role_kills_the_vmm_with_sigsys() {
         .api_sock(dir.path().join("api.sock"))
         .vsock_uds(dir.path().join("v.sock"))
         .serial(Serial::Null)
+        .stdout(Io::Null)
         .seccomp(false)
         .command()
         .unwrap();
-    let mut child = cmd.spawn().unwrap();
-    let c = wait_socket(&dir.path().join("api.sock"), &mut child);
-    for x in tasks(child.id()) {
+    let mut child = Killed(cmd.spawn().unwrap());
+    let c = wait_socket(&dir.path().join("api.sock"), &mut child.0);
+    for x in tasks(child.0.id()) {
         assert_eq!(x.mode, 0, "--no-seccomp: {x:?}");
     }
     c.shutdown().unwrap();
-    assert!(wait_end(&mut child).success());
+    assert!(wait_end(&mut child.0).success());
     // A vCPU thread started for a restore into a pre-warmed VM.
     let dir = tempfile::tempdir().unwrap();
     let mut child = selftest(
@@ -240,10 +262,10 @@ fn a_forbidden_call_from_any_role_kills_the_vmm_with_sigsys() {
         "vcpu",
         dir.path(),
     );
-    let c = wait_socket(&dir.path().join("api.sock"), &mut child);
+    let c = wait_socket(&dir.path().join("api.sock"), &mut child.0);
     // The restore's reply may or may not make it out before the kill.
     let _ = c.restore(&tpl, &[]);
-    assert_seccomp_kill(wait_end(&mut child), "vcpu after a restore");
+    assert_seccomp_kill(wait_end(&mut child.0), "vcpu after a restore");
 }
 
 /// The daemon's word for a VMM that died of SIGSYS: in the sandbox's
