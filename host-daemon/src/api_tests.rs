@@ -32,6 +32,7 @@ fn daemon(dir: &std::path::Path) -> Arc<Daemon> {
             pools: false,
             freeze_after: None,
             max_restores: 1,
+            layers_dir: None,
         },
         Arc::new(shoal_runtime::backend::microvm::MicroVm::new(
             "/nonexistent/shoal-vmm",

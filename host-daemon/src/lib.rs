@@ -23,6 +23,7 @@ pub mod api;
 pub mod db;
 pub mod exec;
 pub mod freeze;
+pub mod layer_files;
 pub mod lifecycle;
 pub mod metrics;
 pub mod ops;
@@ -62,6 +63,9 @@ pub struct Config {
     pub freeze_after: Option<Duration>,
     /// VMM restores in flight at most.
     pub max_restores: usize,
+    /// The only directory layer files may come from (`None`: `layers` in
+    /// the state directory); see [`Config::layers_dir`].
+    pub layers_dir: Option<PathBuf>,
 }
 
 impl Config {
@@ -73,6 +77,15 @@ impl Config {
     /// Where sandbox directories live.
     pub fn sandboxes_dir(&self) -> PathBuf {
         self.state_dir.join("sandboxes")
+    }
+
+    /// The only directory callers' layer files may come from (the daemon
+    /// opens files in it as root, beneath it, following no symbolic link;
+    /// see [`layer_files`]).
+    pub fn layers_dir(&self) -> PathBuf {
+        self.layers_dir
+            .clone()
+            .unwrap_or_else(|| layer_files::default_layers_dir(&self.state_dir))
     }
 
     /// Where templates live: every template the daemon builds or

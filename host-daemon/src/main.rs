@@ -25,6 +25,11 @@ struct Args {
     /// else ~/.cache/shoal/artifacts.
     #[arg(long, value_name = "DIR")]
     artifacts: Option<PathBuf>,
+    /// The only directory layer files may come from (`layers` in a
+    /// create's request: image names, or erofs files under this
+    /// directory). Default: STATE_DIR/layers.
+    #[arg(long, value_name = "DIR")]
+    layers_dir: Option<PathBuf>,
     /// Also listen on TCP (e.g. 127.0.0.1:7070); needs --token-file.
     #[arg(long)]
     listen: Option<std::net::SocketAddr>,
@@ -124,6 +129,7 @@ fn main() -> Result<()> {
             .max_restores
             .unwrap_or_else(|| 2 * std::thread::available_parallelism().map_or(1, |n| n.get())),
         freeze_after: (a.freeze_idle_ms > 0).then(|| Duration::from_millis(a.freeze_idle_ms)),
+        layers_dir: a.layers_dir,
     };
     let missing: Vec<String> = artifacts
         .status()

@@ -32,6 +32,7 @@ pub(crate) fn daemon(state: &Path, artifacts: &Path) -> Arc<Daemon> {
             pools: false,
             freeze_after: None,
             max_restores: 1,
+            layers_dir: None,
         },
         Arc::new(backend),
     )

@@ -3,10 +3,12 @@
 //! [`crate::template_dirs`].
 
 use super::db::{self, State, TemplateRow};
+use super::layer_files::{open_root, CheckedRoot};
 use super::ops::{self, check_name};
 use super::{ApiError, ApiResult, Daemon};
 use shoal_api::{CreateTemplate, Pool, RootRequest, SetPool, Template, TemplateState};
-use shoal_images::layers::{self, Upper};
+use shoal_images::layer_files::Layer;
+use shoal_images::layers;
 use shoal_runtime::sandbox::{self, TemplateSpec};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -34,19 +36,43 @@ impl From<TemplateRow> for Template {
     }
 }
 
-/// Checks a root request's layers and sizes for a guest of `memory_mib`;
-/// returns the upper layer.
-pub fn check_root(root: &RootRequest, memory_mib: u32) -> ApiResult<Upper> {
-    layers::check_layers(&root.layers, &IMAGES).map_err(ApiError::Layers)?;
-    Upper::from_request(root.upper_size_mib, root.upper_disk_mib, memory_mib)
-        .map_err(ApiError::Layers)
-}
-
 /// The name of the template `POST /v1/sandboxes` with `image` uses:
 /// `IMAGE-Nc-Mm`, plus a hash of the layers (each file's identity, so a
 /// rebuilt layer gets a new template) and the upper layer when there are
 /// any.
 pub fn image_template_name(image: &str, vcpus: u32, mem: u32, root: &RootRequest) -> String {
+    let ids = root
+        .layers
+        .iter()
+        .map(|l| layers::file_identity(std::path::Path::new(l)));
+    name_from_ids(image, vcpus, mem, root, ids)
+}
+
+/// [`image_template_name`] as the daemon makes it: each file's identity
+/// taken from the file it opened, not by looking its path up again.
+fn opened_template_name(
+    image: &str,
+    vcpus: u32,
+    mem: u32,
+    root: &RootRequest,
+    checked: &CheckedRoot,
+) -> String {
+    let ids = checked.layers.iter().map(|l| match l {
+        Layer::Image(n) => n.clone(),
+        Layer::File(f) => f.identity(),
+    });
+    name_from_ids(image, vcpus, mem, root, ids)
+}
+
+/// The name from `root` and one identity per layer (used for the layers
+/// that are not image names).
+fn name_from_ids(
+    image: &str,
+    vcpus: u32,
+    mem: u32,
+    root: &RootRequest,
+    ids: impl Iterator<Item = String>,
+) -> String {
     let base = format!("{image}-{vcpus}c-{mem}m");
     if root.is_default() {
         return base;
@@ -54,11 +80,12 @@ pub fn image_template_name(image: &str, vcpus: u32, mem: u32, root: &RootRequest
     let mut parts: Vec<String> = root
         .layers
         .iter()
-        .map(|l| {
+        .zip(ids)
+        .map(|(l, id)| {
             if IMAGES.contains(&l.as_str()) {
                 format!("image:{l}")
             } else {
-                layers::file_identity(std::path::Path::new(l))
+                id
             }
         })
         .collect();
@@ -93,12 +120,24 @@ fn check_shape(image: &str, vcpus: u32, mem: u32) -> ApiResult<()> {
 
 /// Registers a template and builds it in the background (booting the
 /// image once; cached by content, so usually instant after the first).
-pub fn create_template(d: &Arc<Daemon>, req: CreateTemplate) -> ApiResult<TemplateRow> {
+pub async fn create_template(d: &Arc<Daemon>, req: CreateTemplate) -> ApiResult<TemplateRow> {
     check_name("template", &req.name)?;
     let (vcpus, mem) = (req.vcpus.unwrap_or(1), req.memory_mib.unwrap_or(128));
     check_shape(&req.image, vcpus, mem)?;
+    let checked = open_root(d, &req.root(), mem).await?;
+    create_checked(d, req, checked)
+}
+
+/// [`create_template`] once the root is checked and its layers are open.
+fn create_checked(
+    d: &Arc<Daemon>,
+    req: CreateTemplate,
+    checked: CheckedRoot,
+) -> ApiResult<TemplateRow> {
+    check_name("template", &req.name)?;
+    let (vcpus, mem) = (req.vcpus.unwrap_or(1), req.memory_mib.unwrap_or(128));
     let root = req.root();
-    let upper = check_root(&root, mem)?;
+    let upper = checked.upper;
     let t = TemplateRow {
         name: req.name.clone(),
         source: format!("image:{}", req.image),
@@ -135,18 +174,12 @@ pub fn create_template(d: &Arc<Daemon>, req: CreateTemplate) -> ApiResult<Templa
         upper,
         ..TemplateSpec::new(&req.image, vcpus8, mem)
     };
-    let (name, dir, layers) = (t.name.clone(), t.dir.clone(), root.layers);
+    let (name, dir, layers) = (t.name.clone(), t.dir.clone(), checked.layers);
     tokio::spawn(async move { build(d2, name, dir, spec, layers).await });
     Ok(t)
 }
 
-async fn build(
-    d: Arc<Daemon>,
-    name: String,
-    dir: PathBuf,
-    spec: TemplateSpec,
-    layers: Vec<String>,
-) {
+async fn build(d: Arc<Daemon>, name: String, dir: PathBuf, spec: TemplateSpec, layers: Vec<Layer>) {
     let _g = d.building.lock().await;
     let t0 = Instant::now();
     tracing::info!(template = %name, dir = %dir.display(), "booting the template");
@@ -203,8 +236,8 @@ pub async fn image_template(
     root: &RootRequest,
 ) -> ApiResult<TemplateRow> {
     check_shape(image, vcpus, mem)?;
-    check_root(root, mem)?;
-    let name = image_template_name(image, vcpus, mem, root);
+    let checked = open_root(d, root, mem).await?;
+    let name = opened_template_name(image, vcpus, mem, root, &checked);
     // A failed image template is retried: what failed (missing artifacts,
     // a boot on an overloaded host) may be fixed by now.
     if d.db(|db| db.template(&name))?
@@ -215,7 +248,7 @@ pub async fn image_template(
             Err(e) => return Err(e),
         }
     }
-    match create_template(
+    match create_checked(
         d,
         CreateTemplate {
             vcpus: Some(vcpus),
@@ -223,6 +256,7 @@ pub async fn image_template(
             ..CreateTemplate::new(name.clone(), image)
         }
         .with_root(root.clone()),
+        checked,
     ) {
         Ok(_) | Err(ApiError::Conflict(_)) => {}
         Err(e) => return Err(e),
@@ -328,6 +362,7 @@ pub fn pools(d: &Daemon) -> ApiResult<Vec<Pool>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use shoal_images::layers::Upper;
 
     fn root(layers: &[&str], size: Option<u32>, disk: Option<u32>) -> RootRequest {
         RootRequest {
@@ -337,35 +372,54 @@ mod tests {
         }
     }
 
-    fn message(r: ApiResult<Upper>) -> (u16, String) {
-        let e = r.expect_err("refused");
-        (e.status(), e.to_string())
+    async fn check(d: &Daemon, r: &RootRequest) -> ApiResult<Upper> {
+        open_root(d, r, 128).await.map(|c| c.upper)
     }
 
-    #[test]
-    fn root_requests_are_checked_with_clear_400s() {
+    #[tokio::test]
+    async fn root_requests_are_checked_with_clear_400s() {
+        use crate::template_dirs::tests::daemon;
+        let tmp = tempfile::tempdir().unwrap();
+        let d = daemon(&tmp.path().join("state"), &tmp.path().join("none"));
         assert_eq!(
-            check_root(&root(&[], None, None), 128).unwrap(),
+            check(&d, &root(&[], None, None)).await.unwrap(),
             Upper::default()
         );
         assert_eq!(
-            check_root(&root(&["tiny"], None, Some(64)), 128).unwrap(),
+            check(&d, &root(&["tiny"], None, Some(64))).await.unwrap(),
             Upper::Disk { size_mib: 64 }
         );
+        let layers = d.cfg.layers_dir();
+        std::fs::create_dir_all(&layers).unwrap();
+        let inside = |n: &str| layers.join(n).display().to_string();
+        std::fs::write(layers.join("short.img"), "x").unwrap();
+        let (missing, short) = (inside("missing.img"), inside("short.img"));
         let cases = [
             (root(&[], Some(8), Some(64)), "not both"),
             (root(&[], Some(0), None), "upper_size_mib 0"),
             (root(&[], Some(129), None), "at most the guest's memory"),
             (root(&[], None, Some(4)), "upper_disk_mib 4"),
             (root(&["kit.img"], None, None), "absolute path"),
-            (root(&["/nonexistent/kit.img"], None, None), "cannot open"),
-            (root(&["/dev/null"], None, None), "not a regular file"),
+            (
+                root(&["/nonexistent/kit.img"], None, None),
+                "not an allowed layer",
+            ),
+            (root(&["/dev/null"], None, None), "not an allowed layer"),
+            (root(&[&missing], None, None), "not an allowed layer"),
+            (root(&[&short], None, None), "not a multiple of"),
+            (root(&["tiny"; 9], None, None), "at most 8"),
         ];
         for (r, want) in cases {
-            let (status, m) = message(check_root(&r, 128));
+            let e = check(&d, &r).await.expect_err("refused");
+            let (status, m) = (e.status(), e.to_string());
             assert_eq!(status, 400, "{m}");
             assert!(m.contains(want), "{want:?} not in {m:?}");
         }
+    }
+
+    #[test]
+    fn layer_image_names_are_the_templates_images() {
+        assert_eq!(shoal_images::artifacts::IMAGES, IMAGES);
     }
 
     #[test]
@@ -414,7 +468,7 @@ mod tests {
             upper_size_mib: None,
             upper_disk_mib: None,
         };
-        let t = create_template(&d, req).unwrap();
+        let t = create_template(&d, req).await.unwrap();
         assert_eq!(t.state, TemplateState::Building);
         assert!(
             t.dir.starts_with(d.cfg.templates_dir()),

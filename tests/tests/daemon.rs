@@ -469,8 +469,13 @@ fn template_layers_and_upper_layers_end_to_end() {
         .set_len(info.len - 4096)
         .unwrap();
     let (kit_s, bad_s) = (kit.to_str().unwrap(), misaligned.to_str().unwrap());
+    // A link in the layers directory to the kit: refused like a path
+    // outside it (only plain files beneath the directory are layers).
+    let link = work.path().join("link.img");
+    std::os::unix::fs::symlink(&kit, &link).unwrap();
+    let link_s = link.to_str().unwrap();
 
-    let d = Daemon::start(&["--no-pools"]);
+    let d = Daemon::start(&["--no-pools", "--layers-dir", work.path().to_str().unwrap()]);
     // Bad inputs: clear 400s, nothing registered, nothing booted.
     let t = |extra: Value| {
         let mut b = json!({"name": "x", "image": "tiny"});
@@ -486,11 +491,16 @@ fn template_layers_and_upper_layers_end_to_end() {
         ),
         (
             t(json!({"layers": ["/nonexistent/kit.img"]})),
-            "cannot open",
+            "not an allowed layer",
         ),
+        (
+            t(json!({"layers": ["/etc/shadow"]})),
+            "not an allowed layer",
+        ),
+        (t(json!({"layers": [link_s]})), "not an allowed layer"),
         (t(json!({"layers": [bad_s]})), "not a multiple of"),
         (t(json!({"layers": ["kit.img"]})), "absolute path"),
-        (t(json!({"layers": ["/dev/null"]})), "not a regular file"),
+        (t(json!({"layers": ["/dev/null"]})), "not an allowed layer"),
         (t(json!({"upper_size_mib": 0})), "upper_size_mib 0"),
         (
             t(json!({"upper_size_mib": 4096})),
@@ -583,7 +593,14 @@ fn template_layers_and_upper_layers_end_to_end() {
             v.state == TemplateState::Ready
         });
     }
+    // The templates pinned the kit they checked into their own
+    // directories: another image renamed over the caller's path changes
+    // nothing for them (their clones below still see the toolkit).
+    let swapped = work.path().join("swapped.img");
+    layer(&swapped, &[("opt/toolkit/hello.txt", "swapped\n")]);
+    std::fs::rename(&swapped, &kit).unwrap();
     let tpl_disk = d.must("kit-disk", d.c.template("kit-disk")).dir;
+    assert!(tpl_disk.join("layer1.erofs").is_file(), "the kit pinned");
     let tpl_scratch = tpl_disk.join("scratch.ext4");
     assert!(tpl_scratch.is_file(), "the template keeps its scratch disk");
     let sandbox_dir = |id: &str| d.dir.join("sandboxes").join(id);

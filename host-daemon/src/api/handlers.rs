@@ -337,7 +337,7 @@ pub(super) async fn resume(AxState(d): D, Path(id): Path<String>) -> Res<Json<Sa
     responses((status = 202, description = "Registered (building)", body = Template), Errors))]
 pub(super) async fn tpl_create(AxState(d): D, b: Bytes) -> Res<impl IntoResponse> {
     let req: CreateTemplate = body(&b)?;
-    let t = templates::create_template(&d, req)?;
+    let t = templates::create_template(&d, req).await?;
     Ok((StatusCode::ACCEPTED, Json(Template::from(t))))
 }
 

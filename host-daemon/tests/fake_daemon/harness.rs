@@ -119,6 +119,7 @@ impl TestDaemon {
             pools: self.opts.pools,
             freeze_after: self.opts.freeze_after,
             max_restores: 4,
+            layers_dir: None,
         }
     }
 
