@@ -298,6 +298,18 @@ mod tests {
                 "{role}: {st:#x}"
             );
         }
+        // What the main thread does for a restore into a pre-warmed VM:
+        // duplicate a descriptor, start a thread that installs its filter.
+        let st = in_child(&f, Role::Main, || {
+            // SAFETY: duplicates stdin (or fails); no memory is passed.
+            let fd = unsafe { libc::fcntl(0, libc::F_DUPFD_CLOEXEC, 3) };
+            // SAFETY: `fd` (if any) was just returned and is ours.
+            unsafe { libc::close(fd) };
+        });
+        assert!(
+            libc::WIFEXITED(st) && libc::WEXITSTATUS(st) == 0,
+            "main: {st:#x}"
+        );
         // The selftest hook makes the call itself.
         let f = Filters::new(Violation::Kill)
             .unwrap()

@@ -191,6 +191,9 @@ pub fn main() -> R {
         sys!(SYS_prctl),
         arg_in(0, &[int(libc::PR_SET_NAME), int(libc::PR_SET_NO_NEW_PRIVS)])?,
     );
+    // Duplicating descriptors (eventfds for new vCPU threads, the VM fd
+    // for pmem slots).
+    t.allow_when(sys!(SYS_fcntl), arg_in(1, &[int(libc::F_DUPFD_CLOEXEC)])?);
     t.allow_when(
         sys!(SYS_seccomp),
         args_eq(0, u64::from(libc::SECCOMP_SET_MODE_FILTER), 1, 0)?,
