@@ -130,7 +130,8 @@ pub const IDLE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Runs first on every server thread (the acceptor and each connection
 /// worker), before it touches a connection: the VMM installs the thread's
-/// seccomp filter here. An error stops [`serve_with`] from serving.
+/// seccomp filter here. If it fails on any thread, nothing is served (the
+/// listener is closed).
 pub type ThreadInit = Arc<dyn Fn(ServerThread) -> Result<(), String> + Send + Sync>;
 
 /// Which server thread a [`ThreadInit`] runs on.
@@ -175,7 +176,8 @@ pub fn serve(
 /// pool of `max_connections` workers, so no caller can make the VMM start
 /// threads), handing each request to `forward`, which passes it on to the
 /// VMM's controller and returns false once the VM is going away. Returns
-/// once every thread has run `init`.
+/// at once: the threads run `init` meanwhile, and the acceptor takes its
+/// first connection once every thread's `init` has succeeded.
 pub fn serve_with(
     listener: UnixListener,
     opts: ServeOptions,
@@ -217,14 +219,18 @@ pub fn serve_with(
                 }
             })?;
     }
+    drop(ready_tx);
     std::thread::Builder::new()
         .name("api".into())
         .spawn(move || {
-            let ok = run_init(ServerThread::Acceptor);
-            let failed = ok.is_err();
-            let _ = ready_tx.send(ok);
-            if failed {
+            if run_init(ServerThread::Acceptor).is_err() {
                 return;
+            }
+            for _ in 0..max {
+                // A worker that failed (or ended) closes the listener.
+                if !matches!(ready_rx.recv(), Ok(Ok(()))) {
+                    return;
+                }
             }
             for conn in listener.incoming() {
                 let Ok(mut conn) = conn else { continue };
@@ -242,12 +248,6 @@ pub fn serve_with(
                 }
             }
         })?;
-    for _ in 0..=max {
-        ready_rx
-            .recv()
-            .map_err(|_| std::io::Error::other("a control socket thread ended at start"))?
-            .map_err(std::io::Error::other)?;
-    }
     Ok(())
 }
 

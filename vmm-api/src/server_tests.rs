@@ -162,7 +162,8 @@ fn an_idle_connection_is_closed_after_the_read_deadline() {
 
 #[test]
 fn every_server_thread_runs_init_and_a_failing_init_stops_serving() {
-    let (_d, _path, l) = socket();
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let (_d, path, l) = socket();
     let seen = Arc::new(Mutex::new(Vec::new()));
     let s2 = seen.clone();
     let init: ThreadInit = Arc::new(move |t| {
@@ -174,21 +175,31 @@ fn every_server_thread_runs_init_and_a_failing_init_stops_serving() {
         ..ServeOptions::default()
     };
     stats_server(l, opts);
+    // The threads run it meanwhile; the server answers once they all have.
+    assert!(stats_answered(&path).starts_with("{\"ok\":true,\"stats\""));
     let mut seen = seen.lock().unwrap().clone();
     seen.sort_by_key(|t| *t == ServerThread::Acceptor);
     let mut want = vec![ServerThread::Worker; MAX_CONNECTIONS];
     want.push(ServerThread::Acceptor);
     assert_eq!(seen, want);
 
-    let (_d, _path, l) = socket();
+    // One worker's init fails: nothing is served, the listener closes.
+    let (_d, path, l) = socket();
+    let failed = Arc::new(AtomicUsize::new(0));
+    let f2 = failed.clone();
     let opts = ServeOptions {
-        init: Some(Arc::new(|_| Err("no filter".into()))),
+        init: Some(Arc::new(move |t| {
+            if t == ServerThread::Worker && f2.fetch_add(1, Ordering::SeqCst) == 0 {
+                return Err("no filter".into());
+            }
+            Ok(())
+        })),
         ..ServeOptions::default()
     };
-    let err = serve_with(l, opts, |c| {
-        c.refuse("x");
-        true
-    })
-    .unwrap_err();
-    assert!(err.to_string().contains("no filter"), "{err}");
+    stats_server(l, opts);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while UnixStream::connect(&path).is_ok() {
+        assert!(std::time::Instant::now() < deadline, "still listening");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
 }

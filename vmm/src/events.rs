@@ -21,9 +21,6 @@ pub enum EventError {
     /// The thread or its eventfd could not be created.
     #[error("cannot start the event thread: {0}")]
     Start(std::io::Error),
-    /// Its seccomp filter could not be installed.
-    #[error(transparent)]
-    Seccomp(crate::seccomp::SeccompError),
     /// The event manager refused an operation.
     #[error("event thread: {0:?}")]
     Manager(event_manager::Error),
@@ -56,7 +53,8 @@ pub struct EventThread {
 }
 
 /// Starts the loop with `subs`, its thread under `seccomp`'s event-thread
-/// filter (installed before it first polls); returns it and their ids.
+/// filter (installed before it first polls; failing to install it ends
+/// the VMM); returns it and their ids.
 pub fn start(
     subs: Vec<Subscriber>,
     seccomp: Option<Arc<crate::seccomp::Filters>>,
@@ -71,15 +69,13 @@ pub fn start(
     }));
     let ids = subs.into_iter().map(|s| em.add_subscriber(s)).collect();
     let endpoint = em.remote_endpoint();
-    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     let handle = std::thread::Builder::new()
         .name("events".into())
         .spawn(move || {
-            let installed = seccomp.map_or(Ok(()), |f| f.install(crate::seccomp::Role::Events));
-            let failed = installed.is_err();
-            let _ = ready_tx.send(installed);
-            if failed {
-                return;
+            // Installed here, not waited for by the starter: the VM's
+            // set-up goes on meanwhile.
+            if let Some(Err(e)) = seccomp.map(|f| f.install(crate::seccomp::Role::Events)) {
+                crate::vm::fatal(e);
             }
             while !done.load(Ordering::Acquire) {
                 if em.run().is_err() {
@@ -88,15 +84,6 @@ pub fn start(
             }
         })
         .map_err(EventError::Start)?;
-    match ready_rx.recv() {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => return Err(EventError::Seccomp(e)),
-        Err(_) => {
-            return Err(EventError::Start(std::io::Error::other(
-                "the event thread ended at start",
-            )))
-        }
-    }
     Ok((
         EventThread {
             exit,

@@ -88,9 +88,11 @@ impl Vm {
                 }
             })?;
             let tx = Mutex::new(tx.clone());
+            // The threads install their filters while the VM is set up; a
+            // thread that cannot ends the VMM (no thread serves unfiltered).
             let init: Option<vmm_api::ThreadInit> = opts.seccomp.clone().map(|f| {
                 let init: vmm_api::ThreadInit =
-                    Arc::new(move |_| f.install(Role::Api).map_err(|e| e.to_string()));
+                    Arc::new(move |_| f.install(Role::Api).map_err(fatal));
                 init
             });
             let serve = vmm_api::ServeOptions {
@@ -123,18 +125,18 @@ impl Vm {
         if self.loaded {
             self.spawn_vcpus(&mut ctl, &tx)?;
         }
+        if let Some(mut f) = opts.ready {
+            // Best effort: a supervisor that went away does not stop the VM.
+            let _ = std::io::Write::write_all(&mut f, b"ready\n");
+        }
         // Set-up is done: from here the main thread only serves the
-        // controller (vCPU threads started for a later restore inherit
-        // this filter under their own).
+        // controller, whose requests wait until the filter is on (vCPU
+        // threads started for a later restore inherit it under their own).
         if let Some(f) = &opts.seccomp {
             if let Err(e) = f.install(Role::Main) {
                 ctl.stop_all();
                 return Err(e.into());
             }
-        }
-        if let Some(mut f) = opts.ready {
-            // Best effort: a supervisor that went away does not stop the VM.
-            let _ = std::io::Write::write_all(&mut f, b"ready\n");
         }
         let deadline = opts.timeout.map(|t| Instant::now() + t);
         let mut finished = None;
@@ -454,6 +456,13 @@ pub fn profile_kernel_args(profile: Option<CpuProfile>) -> Result<String, VmErro
         .get_cpuid2(KVM_MAX_CPUID_ENTRIES)
         .map_err(kvm_err("KVM_GET_CPUID2"))?;
     Ok(cpuid::kernel_args(profile, &held))
+}
+
+/// A server or event thread that cannot install its filter ends the VMM
+/// (it must not serve unfiltered, and has nobody to report to).
+pub(crate) fn fatal(e: crate::seccomp::SeccompError) -> String {
+    eprintln!("shoal-vmm: error: {e}");
+    std::process::exit(1)
 }
 
 extern "C" fn kick_handler(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {}
