@@ -75,7 +75,7 @@ pub fn start(
             // Installed here, not waited for by the starter: the VM's
             // set-up goes on meanwhile.
             if let Some(Err(e)) = seccomp.map(|f| f.install(crate::seccomp::Role::Events)) {
-                crate::vm::fatal(e);
+                crate::seccomp::fatal(e);
             }
             while !done.load(Ordering::Acquire) {
                 if em.run().is_err() {

@@ -157,6 +157,14 @@ impl Filters {
     }
 }
 
+/// For a server or event thread that cannot install its filter: ends the
+/// VMM (the thread must not serve unfiltered, and has nobody to report
+/// to).
+pub(crate) fn fatal(e: SeccompError) -> String {
+    eprintln!("shoal-vmm: error: {e}");
+    std::process::exit(1)
+}
+
 /// A call no role allows: `socket(AF_PACKET, SOCK_RAW, 0)`.
 fn forbidden_call() {
     // SAFETY: socket(2) with constant arguments; a descriptor it might

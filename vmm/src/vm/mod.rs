@@ -8,7 +8,6 @@ mod restore;
 mod run;
 
 pub use pmem_dev::{PmemError, PmemInfo};
-pub(crate) use run::fatal;
 pub use run::{profile_kernel_args, RunOptions, RunOutcome};
 
 use crate::boot::BootError;

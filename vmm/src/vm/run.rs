@@ -92,7 +92,7 @@ impl Vm {
             // thread that cannot ends the VMM (no thread serves unfiltered).
             let init: Option<vmm_api::ThreadInit> = opts.seccomp.clone().map(|f| {
                 let init: vmm_api::ThreadInit =
-                    Arc::new(move |_| f.install(Role::Api).map_err(fatal));
+                    Arc::new(move |_| f.install(Role::Api).map_err(crate::seccomp::fatal));
                 init
             });
             let serve = vmm_api::ServeOptions {
@@ -456,13 +456,6 @@ pub fn profile_kernel_args(profile: Option<CpuProfile>) -> Result<String, VmErro
         .get_cpuid2(KVM_MAX_CPUID_ENTRIES)
         .map_err(kvm_err("KVM_GET_CPUID2"))?;
     Ok(cpuid::kernel_args(profile, &held))
-}
-
-/// A server or event thread that cannot install its filter ends the VMM
-/// (it must not serve unfiltered, and has nobody to report to).
-pub(crate) fn fatal(e: crate::seccomp::SeccompError) -> String {
-    eprintln!("shoal-vmm: error: {e}");
-    std::process::exit(1)
 }
 
 extern "C" fn kick_handler(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {}
