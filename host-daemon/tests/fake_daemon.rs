@@ -10,5 +10,7 @@ mod harness;
 mod layers;
 #[path = "fake_daemon/lifecycle.rs"]
 mod lifecycle;
+#[path = "fake_daemon/limits.rs"]
+mod limits;
 #[path = "fake_daemon/supervision.rs"]
 mod supervision;

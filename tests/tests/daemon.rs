@@ -27,6 +27,12 @@ fn api_contract_end_to_end() {
     let token_dir = tempfile::tempdir().unwrap();
     let token_file = token_dir.path().join("token");
     std::fs::write(&token_file, "0123456789abcdef-secret\n").unwrap();
+    // The daemon refuses a token file others may read.
+    std::fs::set_permissions(
+        &token_file,
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
+    )
+    .unwrap();
     let port = 20000 + (std::process::id() % 20000) as u16;
     let addr = format!("127.0.0.1:{port}");
     let d = Daemon::start(&[
@@ -569,12 +575,20 @@ fn template_layers_and_upper_layers_end_to_end() {
             "memory_mib",
             "name",
             "owned",
+            "owner",
             "source",
             "state",
             "upper_disk_mib",
             "upper_size_mib",
             "vcpus"
         ]
+    );
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    assert_eq!(
+        small["owner"],
+        format!("uid:{me}"),
+        "made over the Unix socket"
     );
     let disk = d.must(
         "kit-disk",
