@@ -36,7 +36,7 @@ pub fn watch(d: Arc<Daemon>, live: Arc<Live>, vm: Arc<dyn SandboxVm>) {
 }
 
 async fn exited(d: &Arc<Daemon>, live: &Arc<Live>, vm: &Arc<dyn SandboxVm>) {
-    vm.reap();
+    let status = vm.reap();
     if !live.is_current(vm) || live.expect_exit.load(Ordering::Acquire) {
         return; // the daemon's doing (kill, pause), or an older VM
     }
@@ -46,7 +46,7 @@ async fn exited(d: &Arc<Daemon>, live: &Arc<Live>, vm: &Arc<dyn SandboxVm>) {
     let why = format!(
         "VMM (pid {}) exited unexpectedly: {}",
         vm.pid(),
-        vm.last_words()
+        shoal_runtime::vm::with_exit_cause(status, &vm.last_words())
     );
     reclaim(d, &live.id, &why).await;
 }

@@ -33,7 +33,7 @@ pub enum TemplateError {
     #[error("{0}: {1}")]
     Io(PathBuf, std::io::Error),
     /// The restored VMM exited before its control socket answered.
-    #[error("shoal-vmm exited ({0}) before its control socket answered")]
+    #[error("{} before its control socket answered", crate::vm::exit_cause(*.0))]
     Exited(std::process::ExitStatus),
     /// The guest agent did not answer the warm-up before the snapshot.
     #[error("guest agent warm-up before the snapshot: {0}")]

@@ -4,7 +4,9 @@
 //! the paths on their command lines; and the files of a sandbox directory.
 
 use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
+use std::process::ExitStatus;
 use std::time::{Duration, Instant};
 
 /// A sandbox directory's files.
@@ -104,11 +106,13 @@ impl Proc {
         }
     }
 
-    /// Reaps it if it is our child and has exited (no-op otherwise).
-    pub fn reap(&self) {
+    /// Reaps it if it is our child and has exited (no-op otherwise);
+    /// returns how it ended when this call reaped it.
+    pub fn reap(&self) -> Option<ExitStatus> {
         let mut st = 0;
         // SAFETY: waitpid with WNOHANG on one pid; `st` is a valid local.
-        unsafe { libc::waitpid(self.pid, &mut st, libc::WNOHANG) };
+        let r = unsafe { libc::waitpid(self.pid, &mut st, libc::WNOHANG) };
+        (r == self.pid).then(|| ExitStatus::from_raw(st))
     }
 
     /// A pidfd for it (readable once it exits), checked against the start
@@ -131,17 +135,44 @@ impl Proc {
         Ok(fd)
     }
 
-    /// Waits up to `timeout` for it to end (then SIGKILLs it).
-    pub fn wait_gone(&self, timeout: Duration) {
+    /// Waits up to `timeout` for it to end (then SIGKILLs it); returns
+    /// how it ended if this process reaped it.
+    pub fn wait_gone(&self, timeout: Duration) -> Option<ExitStatus> {
         let end = Instant::now() + timeout;
+        let mut status = None;
         while self.alive() && Instant::now() < end {
-            self.reap();
+            status = status.or(self.reap());
             std::thread::sleep(Duration::from_millis(2));
         }
         if self.alive() {
             self.kill();
         }
-        self.reap();
+        status.or(self.reap())
+    }
+}
+
+/// How a VMM process ended, for error messages: a death by SIGSYS is
+/// its seccomp filter killing it.
+pub fn exit_cause(status: ExitStatus) -> String {
+    match status.signal() {
+        Some(libc::SIGSYS) => "shoal-vmm killed by seccomp (SIGSYS): a VMM thread made a system \
+             call its filter does not allow (the kernel log's audit type=1326 line names the \
+             thread and the call; `shoal-vmm --no-seccomp` runs without filters)"
+            .into(),
+        Some(sig) => format!("shoal-vmm killed by signal {sig}"),
+        None => format!(
+            "shoal-vmm exited with status {}",
+            status.code().unwrap_or(-1)
+        ),
+    }
+}
+
+/// `last_words`, led by how the process ended when that is known.
+pub fn with_exit_cause(status: Option<ExitStatus>, last_words: &str) -> String {
+    match (status.map(exit_cause), last_words.is_empty()) {
+        (Some(c), true) => c,
+        (Some(c), false) => format!("{c}; {last_words}"),
+        (None, _) => last_words.into(),
     }
 }
 
@@ -184,6 +215,34 @@ pub fn log_tail(path: &Path, n: usize, sep: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_sigsys_death_is_reported_as_a_seccomp_kill() {
+        let sys = ExitStatus::from_raw(libc::SIGSYS);
+        assert!(exit_cause(sys).starts_with("shoal-vmm killed by seccomp (SIGSYS)"));
+        assert_eq!(
+            exit_cause(ExitStatus::from_raw(libc::SIGKILL)),
+            "shoal-vmm killed by signal 9"
+        );
+        assert_eq!(
+            exit_cause(ExitStatus::from_raw(1 << 8)),
+            "shoal-vmm exited with status 1"
+        );
+        assert_eq!(with_exit_cause(None, "last"), "last");
+        assert!(with_exit_cause(Some(sys), "last").ends_with("; last"));
+        // A real child killed by SIGSYS, reaped through its Proc.
+        #[allow(clippy::zombie_processes)] // reaped by wait_gone below
+        let child = Command::new("sh")
+            .args(["-c", "kill -SYS $$"])
+            .spawn()
+            .unwrap();
+        let p = Proc {
+            pid: pid_of(&child),
+            start: pid_start(pid_of(&child)).unwrap_or(0),
+        };
+        let st = p.wait_gone(Duration::from_secs(10)).expect("reaped");
+        assert_eq!(st.signal(), Some(libc::SIGSYS));
+    }
 
     #[test]
     fn log_tail_keeps_the_last_lines_in_order() {

@@ -201,6 +201,7 @@ pub struct VmmProcess {
     timings: bool,
     ready_pipe: bool,
     own_session: bool,
+    seccomp: bool,
     stdin: Io,
     stdout: Io,
     stderr: Io,
@@ -230,6 +231,7 @@ impl VmmProcess {
             timings: false,
             ready_pipe: false,
             own_session: false,
+            seccomp: true,
             stdin: Io::Inherit,
             stdout: Io::Inherit,
             stderr: Io::Inherit,
@@ -418,6 +420,13 @@ impl VmmProcess {
         self
     }
 
+    /// Runs every VMM thread under its seccomp filter (the default);
+    /// `false` passes `--no-seccomp` (debugging, A/B benchmarks).
+    pub fn seccomp(mut self, on: bool) -> Self {
+        self.seccomp = on;
+        self
+    }
+
     /// Standard input.
     pub fn stdin(mut self, io: Io) -> Self {
         self.stdin = io;
@@ -525,6 +534,9 @@ impl VmmProcess {
         }
         if self.timings {
             a.push("--timings".into());
+        }
+        if !self.seccomp {
+            a.push("--no-seccomp".into());
         }
         Ok(a)
     }

@@ -40,7 +40,13 @@ fn strs(p: &VmmProcess) -> Vec<String> {
 /// that takes a value is followed by one.
 fn assert_accepted(args: &[String]) {
     let known = vmm_flags();
-    let switches = ["--prewarm", "--timings", "--check-host", "--json"];
+    let switches = [
+        "--prewarm",
+        "--timings",
+        "--check-host",
+        "--json",
+        "--no-seccomp",
+    ];
     let mut i = 0;
     while i < args.len() {
         let a = &args[i];
@@ -94,7 +100,8 @@ fn boot_args() {
         .serial_limit(4096)
         .timeout(Duration::from_secs(900))
         .timings(true)
-        .ready_pipe(true);
+        .ready_pipe(true)
+        .seccomp(false);
     let a = strs(&p);
     assert_eq!(
         a,
@@ -134,6 +141,7 @@ fn boot_args() {
             "--ready-fd",
             "3",
             "--timings",
+            "--no-seccomp",
         ]
     );
     assert_accepted(&a);

@@ -28,7 +28,10 @@ mod server;
 mod wire;
 
 pub use client::{ApiError, Client, ReplyError};
-pub use server::{serve, Command, Responder};
+pub use server::{
+    serve, serve_with, Command, Responder, ServeOptions, ServerThread, ThreadInit, IDLE_TIMEOUT,
+    MAX_CONNECTIONS,
+};
 pub use wire::{
     Reply, ReplyBody, Request, RestoreInfo, Sample, SnapshotInfo, Stats, VmState, MAX_LINE,
 };

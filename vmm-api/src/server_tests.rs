@@ -68,3 +68,138 @@ fn an_endless_request_line_is_cut_off() {
         other => panic!("connection still open: {other:?} {rest:?}"),
     }
 }
+
+/// Names of this process's threads called `name`.
+fn threads_named(name: &str) -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .flatten()
+        .filter(|t| {
+            std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim_end() == name)
+        })
+        .count()
+}
+
+fn stats_server(l: UnixListener, opts: ServeOptions) {
+    serve_with(l, opts, |cmd| {
+        match cmd {
+            Command::Stats(r) => r.ok(crate::wire::tests::stats()),
+            other => other.refuse("nope"),
+        }
+        true
+    })
+    .unwrap();
+}
+
+fn stats_answered(path: &std::path::Path) -> String {
+    let mut s = UnixStream::connect(path).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .unwrap();
+    s.write_all(b"{\"op\":\"stats\"}\n").unwrap();
+    read_line(&mut BufReader::new(s))
+}
+
+#[test]
+fn many_idle_connections_do_not_grow_threads_and_extra_ones_are_refused() {
+    let (_d, path, l) = socket();
+    let before = threads_named("api-conn");
+    serve(l, |cmd| {
+        match cmd {
+            Command::Stats(r) => r.ok(crate::wire::tests::stats()),
+            other => other.refuse("nope"),
+        }
+        true
+    })
+    .unwrap();
+    let idle: Vec<UnixStream> = (0..64)
+        .map(|_| UnixStream::connect(&path).unwrap())
+        .collect();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let grown = threads_named("api-conn").saturating_sub(before);
+    // Other tests of this binary start servers too; 64 idle connections
+    // must not mean 64 threads.
+    assert!(
+        grown <= 2 * MAX_CONNECTIONS,
+        "{grown} connection threads for 64 idle connections"
+    );
+    // Beyond the cap a connection hears why and is closed.
+    let l = stats_answered(&path);
+    assert!(l.contains("too many control connections"), "{l}");
+    drop(idle);
+    // Once they are gone the server answers again.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let l = stats_answered(&path);
+        if l.starts_with("{\"ok\":true,\"stats\"") {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "never answered: {l}");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn an_idle_connection_is_closed_after_the_read_deadline() {
+    let (_d, path, l) = socket();
+    let opts = ServeOptions {
+        idle_timeout: std::time::Duration::from_millis(200),
+        ..ServeOptions::default()
+    };
+    stats_server(l, opts);
+    let held: Vec<UnixStream> = (0..MAX_CONNECTIONS)
+        .map(|_| UnixStream::connect(&path).unwrap())
+        .collect();
+    // Each idle connection is told and closed once its deadline passes...
+    for s in &held {
+        s.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+            .unwrap();
+        let l = read_line(&mut BufReader::new(s.try_clone().unwrap()));
+        assert!(l.contains("no request within 200 ms"), "{l}");
+    }
+    // ...which frees its place for a caller that does speak.
+    assert!(stats_answered(&path).starts_with("{\"ok\":true,\"stats\""));
+}
+
+#[test]
+fn every_server_thread_runs_init_and_a_failing_init_stops_serving() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let (_d, path, l) = socket();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let s2 = seen.clone();
+    let init: ThreadInit = Arc::new(move |t| {
+        s2.lock().unwrap().push(t);
+        Ok(())
+    });
+    let opts = ServeOptions {
+        init: Some(init),
+        ..ServeOptions::default()
+    };
+    stats_server(l, opts);
+    // The threads run it meanwhile; the server answers once they all have.
+    assert!(stats_answered(&path).starts_with("{\"ok\":true,\"stats\""));
+    let mut seen = seen.lock().unwrap().clone();
+    seen.sort_by_key(|t| *t == ServerThread::Acceptor);
+    let mut want = vec![ServerThread::Worker; MAX_CONNECTIONS];
+    want.push(ServerThread::Acceptor);
+    assert_eq!(seen, want);
+
+    // One worker's init fails: nothing is served, the listener closes.
+    let (_d, path, l) = socket();
+    let failed = Arc::new(AtomicUsize::new(0));
+    let f2 = failed.clone();
+    let opts = ServeOptions {
+        init: Some(Arc::new(move |t| {
+            if t == ServerThread::Worker && f2.fetch_add(1, Ordering::SeqCst) == 0 {
+                return Err("no filter".into());
+            }
+            Ok(())
+        })),
+        ..ServeOptions::default()
+    };
+    stats_server(l, opts);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while UnixStream::connect(&path).is_ok() {
+        assert!(std::time::Instant::now() < deadline, "still listening");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}

@@ -52,8 +52,13 @@ pub struct EventThread {
     endpoint: RemoteEndpoint<Subscriber>,
 }
 
-/// Starts the loop with `subs`; returns it and their ids.
-pub fn start(subs: Vec<Subscriber>) -> Result<(EventThread, Vec<SubscriberId>), EventError> {
+/// Starts the loop with `subs`, its thread under `seccomp`'s event-thread
+/// filter (installed before it first polls; failing to install it ends
+/// the VMM); returns it and their ids.
+pub fn start(
+    subs: Vec<Subscriber>,
+    seccomp: Option<Arc<crate::seccomp::Filters>>,
+) -> Result<(EventThread, Vec<SubscriberId>), EventError> {
     let exit = EventFd::new(libc::EFD_NONBLOCK).map_err(EventError::Start)?;
     let sub_exit = exit.try_clone().map_err(EventError::Start)?;
     let mut em = EventManager::<Subscriber>::new().map_err(EventError::Manager)?;
@@ -67,6 +72,11 @@ pub fn start(subs: Vec<Subscriber>) -> Result<(EventThread, Vec<SubscriberId>), 
     let handle = std::thread::Builder::new()
         .name("events".into())
         .spawn(move || {
+            // Installed here, not waited for by the starter: the VM's
+            // set-up goes on meanwhile.
+            if let Some(Err(e)) = seccomp.map(|f| f.install(crate::seccomp::Role::Events)) {
+                crate::seccomp::fatal(e);
+            }
             while !done.load(Ordering::Acquire) {
                 if em.run().is_err() {
                     break;

@@ -9,6 +9,7 @@ pub mod host;
 mod kernel_map;
 pub mod layout;
 pub mod persist;
+pub mod seccomp;
 pub mod vcpu;
 pub mod vm;
 

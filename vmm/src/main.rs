@@ -7,7 +7,9 @@
 use anyhow::{bail, Context, Result};
 use clap::Parser;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+use vmm::seccomp::{Filters, Violation};
 use vmm::{
     BootSource, CpuProfile, DiskConfig, ExitReason, PmemConfig, RestoreOptions, RunOptions,
     SerialOutput, Vm, VmConfig, VsockConfig,
@@ -96,6 +98,22 @@ struct Args {
     /// serves), so a supervisor can wait without polling.
     #[arg(long, value_name = "FD")]
     ready_fd: Option<i32>,
+    /// Run without seccomp filters (for debugging and A/B benchmarks; by
+    /// default every VMM thread runs under its role's filter, and a call
+    /// outside it kills the VMM with SIGSYS).
+    #[arg(long)]
+    no_seccomp: bool,
+    /// Print each thread role's allowed syscalls (role: count: names) and exit.
+    #[arg(long)]
+    print_seccomp: bool,
+    /// Test hook: the first thread of this role (main, vcpu, events, api)
+    /// makes a forbidden call right after installing its filter.
+    #[arg(long, hide = true, value_name = "ROLE", conflicts_with = "no_seccomp")]
+    seccomp_selftest: Option<vmm::seccomp::Role>,
+    /// Debugging aid: let calls outside the filters through and have the
+    /// kernel log them (audit type 1326 in dmesg) instead of killing.
+    #[arg(long, hide = true, conflicts_with = "no_seccomp")]
+    seccomp_log_only: bool,
 }
 
 fn monotonic_ns() -> u128 {
@@ -217,6 +235,20 @@ fn run(a: &Args, start_ns: u128) -> Result<i32> {
         }
         return Ok(0);
     }
+    if a.print_seccomp {
+        print!("{}", vmm::seccomp::summary()?);
+        return Ok(0);
+    }
+    let seccomp = (!a.no_seccomp)
+        .then(|| {
+            let on_violation = if a.seccomp_log_only {
+                Violation::Log
+            } else {
+                Violation::Kill
+            };
+            Filters::new(on_violation).map(|f| Arc::new(f.with_selftest(a.seccomp_selftest)))
+        })
+        .transpose()?;
     let ready = a.ready_fd.map(ready_fd).transpose()?;
     let timeout = a
         .timeout
@@ -244,6 +276,7 @@ fn run(a: &Args, start_ns: u128) -> Result<i32> {
         api_sock: a.api_sock.clone(),
         keep_alive: a.prewarm,
         ready,
+        seccomp,
     })?;
     let exit_ns = monotonic_ns();
     if a.timings {

@@ -105,6 +105,9 @@ pub struct VcpuCtx<E> {
     pub tx: Sender<E>,
     /// When the first vCPU first entered the guest.
     pub first_run: Arc<OnceLock<Instant>>,
+    /// Seccomp filters; the thread installs the vCPU role's before it
+    /// first enters the guest.
+    pub seccomp: Option<Arc<crate::seccomp::Filters>>,
 }
 
 const I8042_COMMAND_PORT: u16 = 0x64;
@@ -115,7 +118,14 @@ impl<E: From<VcpuReport>> VcpuCtx<E> {
     /// Runs until the guest stops or `stop` is set; reports the reason.
     /// Runs the loop; returns the vCPU so the VM can load it again.
     pub fn run(mut self) -> VcpuFd {
-        let reason = self.run_loop();
+        let installed = match &self.seccomp {
+            Some(f) => f.install(crate::seccomp::Role::Vcpu),
+            None => Ok(()),
+        };
+        let reason = match installed {
+            Ok(()) => self.run_loop(),
+            Err(e) => ExitReason::Error(e.to_string()),
+        };
         self.report(VcpuEvent::Exit(self.id, reason));
         self.fd
     }

@@ -473,8 +473,8 @@ impl SandboxVm for FakeSandbox {
         self.proc.alive()
     }
 
-    fn reap(&self) {
-        self.proc.reap();
+    fn reap(&self) -> Option<std::process::ExitStatus> {
+        self.proc.reap()
     }
 
     fn last_words(&self) -> String {

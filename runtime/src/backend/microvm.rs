@@ -152,8 +152,8 @@ fn wait_ready(p: &Proc, ready: &mut ReadyPipe, paths: &Paths) -> Result<(), Back
     if r == Readiness::Ready {
         return Ok(());
     }
-    end(p, Duration::from_secs(2));
-    let detail = log_tail(paths);
+    let status = end(p, Duration::from_secs(2));
+    let detail = vm::with_exit_cause(status, &log_tail(paths));
     Err(match r {
         Readiness::TimedOut => BackendError::NotReady {
             timeout: READY_TIMEOUT,
@@ -390,8 +390,8 @@ impl SandboxVm for MicroVmSandbox {
         self.proc.alive()
     }
 
-    fn reap(&self) {
-        self.proc.reap();
+    fn reap(&self) -> Option<std::process::ExitStatus> {
+        self.proc.reap()
     }
 
     fn last_words(&self) -> String {

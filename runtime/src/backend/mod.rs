@@ -220,8 +220,9 @@ pub trait SandboxVm: Send + Sync + std::fmt::Debug {
     fn exit_fd(&self) -> std::io::Result<OwnedFd>;
     /// Whether the process still exists.
     fn alive(&self) -> bool;
-    /// Collects the ended process's exit status if this process started it.
-    fn reap(&self);
+    /// Collects the ended process's exit status if this process started
+    /// it; returns it when this call collected it.
+    fn reap(&self) -> Option<std::process::ExitStatus>;
     /// Its last messages (why it ended, for error reports).
     fn last_words(&self) -> String;
 }
@@ -269,9 +270,9 @@ pub trait SandboxBackend: Send + Sync {
 pub(crate) use crate::vm::Proc;
 
 /// Waits until `p` is gone, killing it if it outlives `timeout`.
-pub(crate) fn end(p: &Proc, timeout: Duration) {
+pub(crate) fn end(p: &Proc, timeout: Duration) -> Option<std::process::ExitStatus> {
     p.kill();
-    p.wait_gone(timeout);
+    p.wait_gone(timeout)
 }
 
 #[cfg(test)]

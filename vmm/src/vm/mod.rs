@@ -110,6 +110,9 @@ pub enum VmError {
     /// A virtio-pmem device.
     #[error(transparent)]
     Pmem(#[from] PmemError),
+    /// A seccomp filter could not be built or installed.
+    #[error(transparent)]
+    Seccomp(#[from] crate::seccomp::SeccompError),
     /// The VM has no guest loaded (a pre-warmed VM waits for a restore).
     #[error("no guest is loaded (restore a snapshot into this VM first)")]
     NotLoaded,

@@ -3,6 +3,7 @@
 
 use super::{io_err, kvm_err, Event, Vm, VmError};
 use crate::cpu::{cpuid, CpuProfile};
+use crate::seccomp::{Filters, Role};
 use crate::vcpu::{ExitReason, VcpuCmd, VcpuCtx, VcpuEvent, VcpuFlags, VcpuReport};
 use kvm_bindings::KVM_MAX_CPUID_ENTRIES;
 use kvm_ioctls::{Kvm, VcpuFd};
@@ -38,6 +39,10 @@ pub struct RunOptions {
     /// Gets "ready\n" written and is closed once the vCPUs run (or, with
     /// no guest loaded, once the control socket serves).
     pub ready: Option<std::fs::File>,
+    /// Seccomp filters: every thread of the VM installs its role's on
+    /// itself, the calling (main) thread once the VM runs. `None` (tests
+    /// running VMs in their own process, `--no-seccomp`): no filters.
+    pub seccomp: Option<Arc<Filters>>,
 }
 
 struct VcpuHandle {
@@ -56,6 +61,8 @@ struct Controller {
     /// Bumped whenever vCPU threads are stopped, so their late events
     /// (the `Stopped` exits they send) are ignored.
     generation: u64,
+    /// Filters the vCPU threads install.
+    seccomp: Option<Arc<Filters>>,
 }
 
 impl Vm {
@@ -81,7 +88,18 @@ impl Vm {
                 }
             })?;
             let tx = Mutex::new(tx.clone());
-            vmm_api::serve(l, move |c| {
+            // The threads install their filters while the VM is set up; a
+            // thread that cannot ends the VMM (no thread serves unfiltered).
+            let init: Option<vmm_api::ThreadInit> = opts.seccomp.clone().map(|f| {
+                let init: vmm_api::ThreadInit =
+                    Arc::new(move |_| f.install(Role::Api).map_err(crate::seccomp::fatal));
+                init
+            });
+            let serve = vmm_api::ServeOptions {
+                init,
+                ..Default::default()
+            };
+            vmm_api::serve_with(l, serve, move |c| {
                 devices::bus::lock(&tx).send(Event::Control(c)).is_ok()
             })
             .map_err(|source| VmError::ApiSocket {
@@ -91,7 +109,8 @@ impl Vm {
         } else if !self.loaded {
             return Err(VmError::NotLoaded);
         }
-        let (events, ids) = crate::events::start(std::mem::take(&mut self.subscribers))?;
+        let (events, ids) =
+            crate::events::start(std::mem::take(&mut self.subscribers), opts.seccomp.clone())?;
         self.subscriber_ids = ids;
         self.events = Some(events);
         let mut ctl = Controller {
@@ -101,6 +120,7 @@ impl Vm {
             exit: None,
             first_run: Arc::new(OnceLock::new()),
             generation: 0,
+            seccomp: opts.seccomp.clone(),
         };
         if self.loaded {
             self.spawn_vcpus(&mut ctl, &tx)?;
@@ -108,6 +128,15 @@ impl Vm {
         if let Some(mut f) = opts.ready {
             // Best effort: a supervisor that went away does not stop the VM.
             let _ = std::io::Write::write_all(&mut f, b"ready\n");
+        }
+        // Set-up is done: from here the main thread only serves the
+        // controller, whose requests wait until the filter is on (vCPU
+        // threads started for a later restore inherit it under their own).
+        if let Some(f) = &opts.seccomp {
+            if let Err(e) = f.install(Role::Main) {
+                ctl.stop_all();
+                return Err(e.into());
+            }
         }
         let deadline = opts.timeout.map(|t| Instant::now() + t);
         let mut finished = None;
@@ -193,6 +222,7 @@ impl Vm {
                 xsave: self.xsave,
                 tx: tx.clone(),
                 first_run: ctl.first_run.clone(),
+                seccomp: ctl.seccomp.clone(),
             };
             let h = std::thread::Builder::new()
                 .name(format!("vcpu{id}"))

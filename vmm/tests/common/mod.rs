@@ -41,6 +41,7 @@ pub fn spawn_with_api(
             api_sock,
             keep_alive,
             ready: None,
+            seccomp: None,
         })
         .unwrap()
     })
