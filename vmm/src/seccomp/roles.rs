@@ -91,6 +91,9 @@ fn devices() -> R {
         sys!(SYS_sendto),
         sys!(SYS_recvfrom),
         sys!(SYS_shutdown),
+        // The vsock connect-timeout timer, armed while a host CONNECT is
+        // pending.
+        sys!(SYS_timerfd_settime),
     ]);
     t.allow_when(sys!(SYS_socket), arg_in(0, &[int(libc::AF_UNIX)])?);
     // Making a socket non-blocking.
@@ -177,8 +180,10 @@ pub fn main() -> R {
         // The vsock host socket of a restored guest.
         sys!(SYS_bind),
         sys!(SYS_listen),
-        // Interrupt lines of a restored guest.
+        // Interrupt lines of a restored guest, and its vsock device's
+        // connect-timeout timer.
         sys!(SYS_eventfd2),
+        sys!(SYS_timerfd_create),
         // vCPU threads of a restored guest: creating one, what glibc and
         // std do as it starts, and its installing its own filter.
         sys!(SYS_clone),
