@@ -27,11 +27,14 @@ pub enum ErrorCode {
     DeadlineExceeded,
     /// 500: the daemon failed.
     Internal,
+    /// 507: the sandbox's file system is full (ENOSPC, EDQUOT): its upper
+    /// layer (or /tmp) reached its cap.
+    InsufficientStorage,
 }
 
 impl ErrorCode {
     /// Every code.
-    pub const ALL: [ErrorCode; 9] = [
+    pub const ALL: [ErrorCode; 10] = [
         ErrorCode::BadRequest,
         ErrorCode::Unauthorized,
         ErrorCode::NotFound,
@@ -41,6 +44,7 @@ impl ErrorCode {
         ErrorCode::SandboxError,
         ErrorCode::DeadlineExceeded,
         ErrorCode::Internal,
+        ErrorCode::InsufficientStorage,
     ];
 
     /// The HTTP status answered with this code.
@@ -55,6 +59,7 @@ impl ErrorCode {
             ErrorCode::SandboxError => 502,
             ErrorCode::DeadlineExceeded => 504,
             ErrorCode::Internal => 500,
+            ErrorCode::InsufficientStorage => 507,
         }
     }
 
@@ -70,6 +75,7 @@ impl ErrorCode {
             ErrorCode::SandboxError => "sandbox_error",
             ErrorCode::DeadlineExceeded => "deadline_exceeded",
             ErrorCode::Internal => "internal",
+            ErrorCode::InsufficientStorage => "insufficient_storage",
         }
     }
 
