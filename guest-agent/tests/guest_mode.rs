@@ -103,7 +103,11 @@ fn checks(c: &Client) {
     let out = c.exec_simple(&req).unwrap();
     assert!(!out.result.timed_out, "{:?}", out.result);
     let bg: i32 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
-    assert_eq!(sh(c, &format!("test -e /proc/{bg}")).1, 0, "{bg} still runs");
+    assert_eq!(
+        sh(c, &format!("test -e /proc/{bg}")).1,
+        0,
+        "{bg} still runs"
+    );
     let t0 = Instant::now();
     while sh(c, &format!("test -e /proc/{bg}")).1 == 0 {
         assert!(

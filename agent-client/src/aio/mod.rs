@@ -144,7 +144,6 @@ impl std::fmt::Debug for AsyncClient {
 }
 
 /// Frames of one request waiting for room in its channel.
-#[derive(Default)]
 struct Backlog {
     frames: std::collections::VecDeque<Frame>,
     bytes: usize,
@@ -485,9 +484,10 @@ fn dispatch(shared: &Arc<Shared>, incoming: Incoming, stall: Stall, stop: &watch
         }
         Err(mpsc::error::TrySendError::Full(frame)) => frame,
     };
-    let mut b = Backlog::default();
-    b.bytes = frame.payload.len();
-    b.frames.push_back(frame);
+    let b = Backlog {
+        bytes: frame.payload.len(),
+        frames: std::collections::VecDeque::from([frame]),
+    };
     backlogs.insert(id, b);
     drop(backlogs);
     tokio::spawn(feed_backlog(

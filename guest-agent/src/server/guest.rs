@@ -121,7 +121,8 @@ pub fn prioritize_agent() {
     }
     // SAFETY: plain syscall. PRIO_PROCESS's type differs between libcs.
     #[allow(clippy::useless_conversion)]
-    if unsafe { libc::setpriority(libc::PRIO_PROCESS.try_into().unwrap_or(0), 0, AGENT_NICE) } != 0 {
+    if unsafe { libc::setpriority(libc::PRIO_PROCESS.try_into().unwrap_or(0), 0, AGENT_NICE) } != 0
+    {
         report("setpriority", crate::sys::errno());
     }
 }
@@ -144,8 +145,7 @@ pub fn user_pids_max(threads_max: Option<u64>) -> u64 {
     match threads_max {
         Some(t) => t
             .saturating_sub(RESERVED_TASKS)
-            .max(RESERVED_TASKS)
-            .min(USER_PIDS_MAX),
+            .clamp(RESERVED_TASKS, USER_PIDS_MAX),
         None => USER_PIDS_MAX,
     }
 }
@@ -187,20 +187,6 @@ pub fn kill_cgroup(dir: &CStr) {
     p.extend_from_slice(b"/cgroup.kill");
     if let Ok(path) = CString::new(p) {
         let _ = os::write_file(&path, b"1");
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn user_pids_stay_below_the_kernels_task_limit() {
-        assert_eq!(user_pids_max(None), USER_PIDS_MAX);
-        assert_eq!(user_pids_max(Some(1_000_000)), USER_PIDS_MAX);
-        // A 128 MiB guest's threads-max.
-        assert_eq!(user_pids_max(Some(925)), 925 - RESERVED_TASKS);
-        assert_eq!(user_pids_max(Some(20)), RESERVED_TASKS);
     }
 }
 
@@ -289,4 +275,18 @@ pub fn power(mode: AgentMode, action: PowerAction) -> ! {
     }
     // SAFETY: _exit ends the process without running anything else.
     unsafe { libc::_exit(0) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn user_pids_stay_below_the_kernels_task_limit() {
+        assert_eq!(user_pids_max(None), USER_PIDS_MAX);
+        assert_eq!(user_pids_max(Some(1_000_000)), USER_PIDS_MAX);
+        // A 128 MiB guest's threads-max.
+        assert_eq!(user_pids_max(Some(925)), 925 - RESERVED_TASKS);
+        assert_eq!(user_pids_max(Some(20)), RESERVED_TASKS);
+    }
 }
