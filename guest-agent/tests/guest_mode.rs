@@ -120,6 +120,24 @@ fn checks(c: &Client) {
     // runs at nice 0 again.
     let (out, _) = sh(c, "cut -d' ' -f19 /proc/1/stat /proc/self/stat");
     assert_eq!(out, "-10\n0\n", "nice of PID 1 and of a command");
+    // Commands cannot ptrace the agent or reach its memory: it is not
+    // dumpable and they lack CAP_SYS_PTRACE (bit 19), while tracing their
+    // own processes stays possible.
+    let (out, code) = sh(
+        c,
+        "grep CapBnd /proc/self/status; head -c 16 /proc/1/mem 2>&1",
+    );
+    let _ = code;
+    let bnd = out.split_whitespace().nth(1).unwrap();
+    let bnd = u64::from_str_radix(bnd, 16).unwrap();
+    assert_eq!(
+        bnd & (1 << 19),
+        0,
+        "CAP_SYS_PTRACE still in the bounding set: {out}"
+    );
+    assert!(bnd & (1 << 21) != 0, "CAP_SYS_ADMIN was dropped too: {out}");
+    assert!(out.contains("Permission denied"), "{out}");
+
     // Finished execs' cgroups are removed: only the running one is left.
     let (out, _) = sh(c, "ls -d /sys/fs/cgroup/shoal-user/e*");
     assert_eq!(out.lines().count(), 1, "{out}");

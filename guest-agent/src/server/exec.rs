@@ -67,6 +67,7 @@ impl Server {
             ],
             cgroup: cgroup.as_ref(),
             reset_oom: guest,
+            drop_ptrace: guest,
         };
         let spawned = launch::spawn(&spec);
         drop((out_w, err_w, in_r));

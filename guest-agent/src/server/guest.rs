@@ -53,6 +53,12 @@ pub fn setup() -> Guest {
         report("oom_score_adj", e.0);
     }
     prioritize_agent();
+    // Not dumpable: ptrace and /proc/1/mem then need CAP_SYS_PTRACE, which
+    // no command has (see launch.rs).
+    // SAFETY: prctl with integer arguments only.
+    if unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) } != 0 {
+        report("PR_SET_DUMPABLE", crate::sys::errno());
+    }
     let mut g = Guest::default();
     // SAFETY: the path is a NUL-terminated static string.
     if unsafe { libc::access(c"/sys/fs/cgroup/cgroup.procs".as_ptr(), libc::F_OK) } != 0 {
