@@ -238,7 +238,7 @@ fn hostile_guest_battery() {
     // A guest that ends its agent (PID 1 cannot be killed or traced, but
     // the guest can reboot: the VM ends) is reported as failed, and
     // removing it frees everything.
-    let old_vmm = b.vmm.clone();
+    let old_vmm = b.vmm;
     let _ = b.d.c.exec(
         &b.attacker,
         &api::ExecRequest::shell("reboot -f").with_timeout(10.0),
@@ -269,7 +269,7 @@ fn hostile_guest_battery() {
     // Execs fail with a clear error (not a hang), and removing the sandbox
     // frees everything. (The daemon does not mark it failed: it only
     // notices a VMM that exits.)
-    let old_vmm = b.vmm.clone();
+    let old_vmm = b.vmm;
     let _ = b.d.c.exec(
         &b.attacker,
         &api::ExecRequest::shell("poweroff -f").with_timeout(10.0),
