@@ -72,6 +72,10 @@ fn hostile_guest_battery() {
     assert_eq!(r.exit_code, Some(0), "{r:?}");
     b.wait_until(started + Duration::from_secs(11));
     let n = b.attacker_sh("wc -c < /tmp/bomb; rm /tmp/bomb");
+    assert!(
+        !n.timed_out && n.exit_code == Some(0),
+        "the sandbox does not answer after the fork bomb's deadline (the bomb outlived it): {n:?}"
+    );
     eprintln!(
         "battery: the backgrounded fork bomb started {} processes",
         n.stdout.trim()
