@@ -12,10 +12,15 @@ pub enum ErrorCode {
     BadRequest,
     /// 401: missing or wrong bearer token (TCP only).
     Unauthorized,
+    /// 403: the caller may not do this (a template it does not own, a
+    /// name reserved for the daemon).
+    Forbidden,
     /// 404: no such sandbox, template, file or route.
     NotFound,
     /// 409: not possible in the current state.
     Conflict,
+    /// 413: the request body is larger than the route takes.
+    PayloadTooLarge,
     /// 429: admission quota full; retry after removing sandboxes
     /// (`Retry-After`).
     HostFull,
@@ -34,11 +39,13 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code.
-    pub const ALL: [ErrorCode; 10] = [
+    pub const ALL: [ErrorCode; 12] = [
         ErrorCode::BadRequest,
         ErrorCode::Unauthorized,
+        ErrorCode::Forbidden,
         ErrorCode::NotFound,
         ErrorCode::Conflict,
+        ErrorCode::PayloadTooLarge,
         ErrorCode::HostFull,
         ErrorCode::HostMemoryLow,
         ErrorCode::SandboxError,
@@ -52,8 +59,10 @@ impl ErrorCode {
         match self {
             ErrorCode::BadRequest => 400,
             ErrorCode::Unauthorized => 401,
+            ErrorCode::Forbidden => 403,
             ErrorCode::NotFound => 404,
             ErrorCode::Conflict => 409,
+            ErrorCode::PayloadTooLarge => 413,
             ErrorCode::HostFull => 429,
             ErrorCode::HostMemoryLow => 503,
             ErrorCode::SandboxError => 502,
@@ -68,8 +77,10 @@ impl ErrorCode {
         match self {
             ErrorCode::BadRequest => "bad_request",
             ErrorCode::Unauthorized => "unauthorized",
+            ErrorCode::Forbidden => "forbidden",
             ErrorCode::NotFound => "not_found",
             ErrorCode::Conflict => "conflict",
+            ErrorCode::PayloadTooLarge => "payload_too_large",
             ErrorCode::HostFull => "host_full",
             ErrorCode::HostMemoryLow => "host_memory_low",
             ErrorCode::SandboxError => "sandbox_error",

@@ -56,15 +56,28 @@ pub fn row(d: &Daemon, id: &str) -> ApiResult<SandboxRow> {
 /// refusal is counted in the metrics).
 pub fn admit_and_insert(d: &Daemon, r: &SandboxRow, count: bool) -> ApiResult<()> {
     let avail = admission::available_mib();
+    let free_disk = admission::free_disk_mib(&d.cfg.state_dir);
     let res = d.db(|db| {
-        let u = db.usage()?;
+        let mut u = db.usage()?;
+        // A paused sandbox resuming already holds its reservation and its
+        // files: it needs no more free disk.
+        u.disk_mib = db.reserved_disk_mib(Some(&r.id))?;
+        let free_disk = match db.sandbox(&r.id)? {
+            Some(_) => u64::MAX,
+            None => free_disk,
+        };
+        let upper = db
+            .template(&r.template)?
+            .and_then(|t| t.root.upper_disk_mib);
+        let need = admission::disk_need_mib(r.memory_mib, upper);
         let ok = admission::admit(
             &d.cfg.limits,
             &u,
             u64::from(r.vcpus),
             u64::from(r.memory_mib),
             avail,
-        );
+        )
+        .and_then(|()| admission::admit_disk(&d.cfg.limits, &u, need, free_disk));
         if ok.is_ok() {
             db.put_sandbox(r)?;
         }

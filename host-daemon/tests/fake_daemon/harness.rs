@@ -27,6 +27,10 @@ pub struct Opts {
     pub pools: bool,
     /// The agent binary (default: the workspace's).
     pub agent: Option<PathBuf>,
+    /// Disk sandboxes may reserve (MiB; 0: no budget).
+    pub disk_budget_mib: u64,
+    /// Listener limits.
+    pub http: shoald::listen::HttpLimits,
 }
 
 impl Default for Opts {
@@ -37,6 +41,8 @@ impl Default for Opts {
             freeze_after: None,
             pools: true,
             agent: None,
+            disk_budget_mib: 0,
+            http: Default::default(),
         }
     }
 }
@@ -113,12 +119,16 @@ impl TestDaemon {
                 cpu_overcommit: 1.0,
                 min_available_mib: self.opts.min_available_mib,
                 max_vms: self.opts.max_vms,
+                disk_budget_mib: self.opts.disk_budget_mib,
+                min_free_disk_mib: 0,
             },
             agent_timeout: Duration::from_secs(10),
             sweep_interval: Duration::from_millis(100),
             pools: self.opts.pools,
             freeze_after: self.opts.freeze_after,
             max_restores: 4,
+            http: self.opts.http.clone(),
+            layers_dir: None,
         }
     }
 

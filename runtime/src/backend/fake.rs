@@ -21,6 +21,7 @@ use super::{
 use crate::sandbox::TemplateSpec;
 use crate::vm;
 use serde::{Deserialize, Serialize};
+use shoal_images::layer_files::Layer;
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
@@ -222,11 +223,12 @@ impl SandboxBackend for Fake {
     fn build_template(
         &self,
         spec: TemplateSpec,
-        layers: &[String],
+        layers: &[Layer],
         dir: &Path,
     ) -> Result<(), BackendError> {
         self.faults.check(Op::Template)?;
-        let what = format!("{spec:?} layers {layers:?}");
+        let names: Vec<String> = layers.iter().map(Layer::name).collect();
+        let what = format!("{spec:?} layers {names:?}");
         write_marker(dir, &serde_json::json!({ "spec": what }))
     }
 
