@@ -40,7 +40,7 @@ const VSOCK_SECS: u64 = 20;
 fn hostile_guest_battery() {
     let t0 = Instant::now();
     let d = Daemon::start(&["--no-pools"]);
-    let tool = build_guest_tool();
+    let tool = build_guest_tool(&d.dir);
     let nb = d.create(CreateSandbox::default());
     let mut b = Battery::new(&d, nb.id.clone());
     b.new_attacker();
@@ -302,10 +302,11 @@ fn hostile_guest_battery() {
     eprintln!("battery: done in {:?}", t0.elapsed());
 }
 
-/// Builds tests/guest-tools/hostile.rs as a static musl binary.
-fn build_guest_tool() -> PathBuf {
+/// Builds tests/guest-tools/hostile.rs as a static musl binary in `dir`
+/// (the daemon's temporary state directory, removed with it).
+fn build_guest_tool(dir: &Path) -> PathBuf {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("guest-tools/hostile.rs");
-    let out = std::env::temp_dir().join(format!("shoal-hostile-tool-{}", std::process::id()));
+    let out = dir.join("hostile-guest-tool");
     let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
     let st = std::process::Command::new(rustc)
         .args(["--edition", "2021", "--target", "x86_64-unknown-linux-musl"])
