@@ -35,6 +35,9 @@ pub enum ErrorCode {
     DeadlineExceeded,
     /// 500: the daemon failed.
     Internal,
+    /// 507: the sandbox's file system is full (ENOSPC, EDQUOT): its upper
+    /// layer (or /tmp) reached its cap.
+    InsufficientStorage,
 }
 
 impl ErrorCode {
@@ -52,6 +55,7 @@ impl ErrorCode {
         ErrorCode::SandboxError,
         ErrorCode::DeadlineExceeded,
         ErrorCode::Internal,
+        ErrorCode::InsufficientStorage,
     ];
 
     /// The HTTP status answered with this code.
@@ -69,6 +73,7 @@ impl ErrorCode {
             ErrorCode::SandboxError => 502,
             ErrorCode::DeadlineExceeded => 504,
             ErrorCode::Internal => 500,
+            ErrorCode::InsufficientStorage => 507,
         }
     }
 
@@ -87,6 +92,7 @@ impl ErrorCode {
             ErrorCode::SandboxError => "sandbox_error",
             ErrorCode::DeadlineExceeded => "deadline_exceeded",
             ErrorCode::Internal => "internal",
+            ErrorCode::InsufficientStorage => "insufficient_storage",
         }
     }
 

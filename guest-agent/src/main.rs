@@ -326,6 +326,29 @@ fn mount_all() {
         if m.fstype == c"sysfs" {
             sysfs_ok = ok;
         }
+        if m.fstype == c"devtmpfs" && ok {
+            cap_dev();
+        }
+    }
+}
+
+/// devtmpfs is a tmpfs of half the RAM that root may write files into;
+/// what is written there cannot be reclaimed and counts against the user
+/// cgroup, so a full /dev would OOM-kill the user's processes. Device nodes
+/// take no space: a small size makes such writes fail with ENOSPC instead.
+fn cap_dev() {
+    // SAFETY: NUL-terminated static strings; remount takes no other memory.
+    let rc = unsafe {
+        libc::mount(
+            c"devtmpfs".as_ptr(),
+            c"/dev".as_ptr(),
+            std::ptr::null(),
+            libc::MS_REMOUNT | libc::MS_NOSUID,
+            c"size=1m".as_ptr().cast(),
+        )
+    };
+    if rc != 0 {
+        sys::report("remount /dev", errno());
     }
 }
 

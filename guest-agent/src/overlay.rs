@@ -126,13 +126,17 @@ const ROOT: &CStr = c"/run/.shoal/root";
 /// Where the image's own root appears in the new root.
 const IMAGE_VIEW: &CStr = c"/run/.shoal/root/run/shoal/image";
 /// Mounts moved into the new root as they are (`/run` is not: the staging
-/// area lives in it; the new root gets a fresh one).
+/// area lives in it; the new root gets a fresh one). `/tmp` (the last) only
+/// with a scratch-disk upper: with a tmpfs upper, /tmp is a directory of
+/// the overlay, so it shares the upper layer's cap.
 const MOVED: [(&CStr, &CStr); 4] = [
     (c"/dev", c"/run/.shoal/root/dev"),
     (c"/proc", c"/run/.shoal/root/proc"),
     (c"/sys", c"/run/.shoal/root/sys"),
     (c"/tmp", c"/run/.shoal/root/tmp"),
 ];
+/// Size of the new root's fresh `/run`.
+const RUN_SIZE: &CStr = c"mode=755,size=8m";
 /// Extra pmem devices probed as lower layers (pmem1..).
 const MAX_EXTRA_LOWERS: usize = 8;
 
@@ -184,9 +188,11 @@ fn cstr(s: String) -> Result<CString, OverlayError> {
 /// On error the root is left as it was (a partially moved set of mounts is
 /// moved back).
 pub fn setup(o: &Options) -> Result<(), OverlayError> {
+    let total = crate::server::guest::total_memory().unwrap_or(0);
+    let budget = crate::server::guest::tmpfs_budget(total);
     mkdir(STAGE, 0o700, true)?;
     mkdir(RW, 0o755, true)?;
-    mount_upper(o)?;
+    let upper = mount_upper(o, total, budget)?;
     mkdir(UPPER, 0o755, true)?;
     mkdir(WORK, 0o700, true)?;
     let lowers = mount_extra_lowers();
@@ -203,27 +209,63 @@ pub fn setup(o: &Options) -> Result<(), OverlayError> {
     ))?;
     mkdir(ROOT, 0o755, true)?;
     mount(c"overlay", ROOT, Some(c"overlay"), 0, Some(&data))?;
-    switch_root()
+    switch_root(upper, budget)
+}
+
+/// What the upper layer ended up on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum UpperKind {
+    Tmpfs,
+    Disk,
+}
+
+/// Bytes of a `shoal.upper_size` value (`123`, `64m`, `1G`, `25%` of
+/// `total`); None if malformed.
+fn size_bytes(v: &str, total: u64) -> Option<u64> {
+    let (digits, mult) = match v.as_bytes().last()? {
+        b'k' | b'K' => (v.get(..v.len() - 1)?, 1 << 10),
+        b'm' | b'M' => (v.get(..v.len() - 1)?, 1 << 20),
+        b'g' | b'G' => (v.get(..v.len() - 1)?, 1 << 30),
+        b'%' => {
+            let pct: u64 = v.get(..v.len() - 1)?.parse().ok()?;
+            return Some(total / 100 * pct.min(100));
+        }
+        _ => (v, 1),
+    };
+    digits.parse::<u64>().ok()?.checked_mul(mult)
+}
+
+/// The tmpfs upper layer's size: the one asked for (default half of RAM,
+/// like the kernel's), at most `budget`.
+fn upper_size(asked: Option<&str>, total: u64, budget: u64) -> u64 {
+    asked
+        .and_then(|v| size_bytes(v, total))
+        .unwrap_or(total / 2)
+        .min(budget)
 }
 
 /// The upper file system on `/run/.shoal/rw`: the ext4 disk if one is
-/// named and mounts, tmpfs otherwise.
-fn mount_upper(o: &Options) -> Result<(), OverlayError> {
+/// named and mounts, tmpfs otherwise (of at most `budget` bytes, see
+/// [`crate::server::guest::tmpfs_budget`]).
+fn mount_upper(o: &Options, total: u64, budget: u64) -> Result<UpperKind, OverlayError> {
     if let Some(dev) = &o.upper_dev {
         let d = cstr(dev.clone())?;
         match mount(&d, RW, Some(c"ext4"), libc::MS_NOATIME, None) {
-            Ok(()) => return Ok(()),
+            Ok(()) => return Ok(UpperKind::Disk),
             Err(e) => report(
                 &format!("{} (falling back to a tmpfs upper layer)", e.step),
                 e.errno,
             ),
         }
     }
-    let data = match &o.upper_size {
-        Some(s) => cstr(format!("mode=755,size={s}"))?,
-        None => c"mode=755".into(),
+    let size = upper_size(o.upper_size.as_deref(), total, budget);
+    let data = if size == 0 {
+        c"mode=755".into() // RAM unknown: the kernel's default
+    } else {
+        cstr(format!("mode=755,size={size}"))?
     };
-    mount(c"tmpfs", RW, Some(c"tmpfs"), libc::MS_NOATIME, Some(&data))
+    mount(c"tmpfs", RW, Some(c"tmpfs"), libc::MS_NOATIME, Some(&data))?;
+    Ok(UpperKind::Tmpfs)
 }
 
 /// Mounts `/dev/pmem1`, `/dev/pmem2`, ... (as long as they exist) read-only
@@ -256,11 +298,18 @@ fn mount_extra_lowers() -> Vec<CString> {
 }
 
 /// Moves the kernel file systems into the overlay, mounts a fresh `/run`
-/// there and pivots PID 1 into it.
-fn switch_root() -> Result<(), OverlayError> {
+/// there and pivots PID 1 into it. With a tmpfs upper, the boot's /tmp is
+/// left behind (it goes with the old root) and /tmp is the overlay's
+/// directory; with a disk upper it is moved and capped at `budget`.
+fn switch_root(upper: UpperKind, budget: u64) -> Result<(), OverlayError> {
     let mut moved = 0;
     let mut result = Ok(());
-    for (from, to) in MOVED {
+    let keep = if upper == UpperKind::Tmpfs {
+        MOVED.len() - 1
+    } else {
+        MOVED.len()
+    };
+    for (from, to) in MOVED.into_iter().take(keep) {
         match mount(from, to, None, libc::MS_MOVE, None) {
             Ok(()) => moved += 1,
             // A mount point the image lacks (e.g. no /sys mounted): the
@@ -273,12 +322,28 @@ fn switch_root() -> Result<(), OverlayError> {
         }
     }
     if result.is_ok() {
+        match upper {
+            UpperKind::Tmpfs => {
+                // The image normally has /tmp; a new one lands in the upper.
+                let _ = mkdir(c"/run/.shoal/root/tmp", 0o1777, true);
+            }
+            UpperKind::Disk if budget > 0 => {
+                if let Ok(data) = cstr(format!("mode=1777,size={budget}")) {
+                    let flags = libc::MS_REMOUNT | libc::MS_NOSUID | libc::MS_NODEV;
+                    let tmp = c"/run/.shoal/root/tmp";
+                    if let Err(e) = mount(c"tmpfs", tmp, None, flags, Some(&data)) {
+                        report(&e.step, e.errno);
+                    }
+                }
+            }
+            UpperKind::Disk => {}
+        }
         result = mount(
             c"tmpfs",
             c"/run/.shoal/root/run",
             Some(c"tmpfs"),
             libc::MS_NOSUID | libc::MS_NODEV,
-            Some(c"mode=755"),
+            Some(RUN_SIZE),
         )
         .map(|()| show_image())
         .and_then(|()| pivot());
@@ -334,6 +399,28 @@ fn pivot() -> Result<(), OverlayError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_tmpfs_upper_is_capped_below_the_user_cgroup() {
+        let mib = 1u64 << 20;
+        assert_eq!(size_bytes("64m", 0), Some(64 * mib));
+        assert_eq!(size_bytes("2G", 0), Some(2 << 30));
+        assert_eq!(size_bytes("4096", 0), Some(4096));
+        assert_eq!(size_bytes("25%", 400), Some(100));
+        assert_eq!(size_bytes("x", 0), None);
+        let total = 120 * mib;
+        let budget = crate::server::guest::tmpfs_budget(total);
+        // memory.max of the user cgroup is total - 24 MiB; the upper
+        // leaves 24 MiB of it for processes.
+        assert_eq!(crate::server::guest::user_memory_max(total), 96 * mib);
+        assert_eq!(budget, 72 * mib);
+        assert_eq!(upper_size(Some("64m"), total, budget), 64 * mib);
+        assert_eq!(upper_size(Some("128m"), total, budget), budget);
+        assert_eq!(upper_size(None, total, budget), 60 * mib);
+        // A small guest still gets half of the cgroup's limit.
+        let small = 56 * mib;
+        assert_eq!(crate::server::guest::tmpfs_budget(small), 16 * mib);
+    }
 
     #[test]
     fn options_from_the_command_line() {

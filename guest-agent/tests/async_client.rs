@@ -318,6 +318,48 @@ async fn a_stalled_stream_is_dropped_not_the_connection() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unread_stream_does_not_hold_up_the_others() {
+    let agent = Agent::start();
+    let config = Config {
+        stall_timeout: Duration::from_secs(30),
+        channel_frames: 2,
+        ..Config::default()
+    };
+    let c = connect(&agent, config).await;
+    // A stream nobody reads, with far more output than its channel holds.
+    let mut h = c
+        .exec(&ExecRequest::shell("head -c 200000000 /dev/zero"))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Other requests on the same connection answer at once, many times
+    // over, not after the unread stream's 30 s stall timeout.
+    for i in 0..17 {
+        let t0 = Instant::now();
+        let r = tokio::time::timeout(
+            Duration::from_secs(5),
+            c.exec_simple(&ExecRequest::shell("echo hi")),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("exec {i} was held up by the unread stream"))
+        .unwrap();
+        assert_eq!(r.stdout, b"hi\n");
+        assert!(t0.elapsed() < Duration::from_secs(5), "exec {i}");
+    }
+    // The unread stream, once its backlog passed the cap, was dropped
+    // (its consumer learns it on its next read); the connection is fine.
+    let err = loop {
+        match h.next_event().await {
+            Ok(Some(_)) => {}
+            Ok(None) => panic!("the unread stream kept all its output"),
+            Err(e) => break e,
+        }
+    };
+    assert!(matches!(err, ClientError::Stalled(_)), "{err:?}");
+    assert!(c.health().await.is_ok());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dropping_the_client_closes_its_connection() {
     let agent = Agent::start();
     let watcher = connect(&agent, Config::default()).await;

@@ -95,6 +95,49 @@ fn checks(c: &Client) {
         std::thread::sleep(Duration::from_millis(50));
     }
 
+    // What a command leaves running in the background dies at the exec's
+    // deadline, even though the command itself finished long before it (a
+    // backgrounded fork bomb must not outlive its exec).
+    let req = ExecRequest::shell("sleep 1000 >/dev/null 2>&1 & echo $!")
+        .with_timeout(Duration::from_millis(1500));
+    let out = c.exec_simple(&req).unwrap();
+    assert!(!out.result.timed_out, "{:?}", out.result);
+    let bg: i32 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+    assert_eq!(
+        sh(c, &format!("test -e /proc/{bg}")).1,
+        0,
+        "{bg} still runs"
+    );
+    let t0 = Instant::now();
+    while sh(c, &format!("test -e /proc/{bg}")).1 == 0 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(6),
+            "background process {bg} outlived its exec's timeout"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // The agent runs ahead of user processes (nice -10); what it starts
+    // runs at nice 0 again.
+    let (out, _) = sh(c, "cut -d' ' -f19 /proc/1/stat /proc/self/stat");
+    assert_eq!(out, "-10\n0\n", "nice of PID 1 and of a command");
+    // Commands cannot ptrace the agent or reach its memory: it is not
+    // dumpable and they lack CAP_SYS_PTRACE (bit 19), while tracing their
+    // own processes stays possible.
+    let (out, code) = sh(
+        c,
+        "grep CapBnd /proc/self/status; head -c 16 /proc/1/mem 2>&1",
+    );
+    let _ = code;
+    let bnd = out.split_whitespace().nth(1).unwrap();
+    let bnd = u64::from_str_radix(bnd, 16).unwrap();
+    assert_eq!(
+        bnd & (1 << 19),
+        0,
+        "CAP_SYS_PTRACE still in the bounding set: {out}"
+    );
+    assert!(bnd & (1 << 21) != 0, "CAP_SYS_ADMIN was dropped too: {out}");
+    assert!(out.contains("Permission denied"), "{out}");
+
     // Finished execs' cgroups are removed: only the running one is left.
     let (out, _) = sh(c, "ls -d /sys/fs/cgroup/shoal-user/e*");
     assert_eq!(out.lines().count(), 1, "{out}");

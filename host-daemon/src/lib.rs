@@ -159,7 +159,8 @@ pub enum ApiError {
     #[error("{0}")]
     Refused(#[from] Refusal),
     /// The sandbox's agent answered with an error or failed: 404 (ENOENT),
-    /// 409 (EEXIST), 400 (another errno: the request was wrong), 504 (its
+    /// 409 (EEXIST), 507 (ENOSPC, EDQUOT: the sandbox's file system is
+    /// full), 400 (another errno: the request was wrong), 504 (its
     /// deadline), 502 (anything else).
     #[error("{}", agent_message(.0))]
     Agent(#[from] agent_client::ClientError),
@@ -239,6 +240,11 @@ impl ApiError {
             }
             ApiError::Agent(C::Remote { errno, .. }) if *errno == libc::EEXIST => {
                 ErrorCode::Conflict
+            }
+            ApiError::Agent(C::Remote { errno, .. })
+                if *errno == libc::ENOSPC || *errno == libc::EDQUOT =>
+            {
+                ErrorCode::InsufficientStorage
             }
             ApiError::Agent(C::Remote { .. }) => ErrorCode::BadRequest,
             ApiError::Agent(C::Timeout) | ApiError::Timeout(_) => ErrorCode::DeadlineExceeded,

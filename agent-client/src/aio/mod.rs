@@ -8,9 +8,13 @@
 //! write queue of [`Config::write_buffer`] bytes, the caps of
 //! [`Limits`]), and every wait has a deadline ([`Config`]) that, when it
 //! passes, returns [`ClientError::Timeout`] and frees what the call held.
-//! A consumer that stops taking a stream's frames for
-//! [`Config::stall_timeout`] loses that stream ([`ClientError::Stalled`]),
-//! not the connection. Dropping every clone of the client closes the
+//! The reader never waits for one request: frames for a request whose
+//! channel is full queue behind it (up to [`Config::stall_buffer`] bytes),
+//! fed into the channel by a task of their own, while the reader goes on
+//! with the other requests. A consumer that stops taking a stream's frames
+//! for [`Config::stall_timeout`], or lets more than that backlog pile up,
+//! loses that stream ([`ClientError::Stalled`]), not the connection (and
+//! no other request waits for it). Dropping every clone of the client closes the
 //! connection and ends both tasks.
 
 mod ops;
@@ -35,6 +39,8 @@ use crate::transport::{connect_async, retry_delay, set_sndbuf, Transport};
 
 /// Bytes asked of each read of the connection.
 const READ_CHUNK: usize = 256 << 10;
+/// Default [`Config::stall_buffer`].
+const STALL_BUFFER: usize = 8 << 20;
 
 /// Deadlines and bounds of an [`AsyncClient`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,6 +60,9 @@ pub struct Config {
     pub stall_timeout: Duration,
     /// Frames buffered per request.
     pub channel_frames: usize,
+    /// Bytes of frames queued per request beyond its full channel before
+    /// the stream is dropped as stalled.
+    pub stall_buffer: usize,
     /// Bytes of outgoing frames queued for the writer at most.
     pub write_buffer: usize,
     /// Caps on what one call accumulates.
@@ -68,6 +77,7 @@ impl Default for Config {
             exec_slack: Duration::from_secs(30),
             stall_timeout: Duration::from_secs(60),
             channel_frames: CHANNEL_FRAMES,
+            stall_buffer: STALL_BUFFER,
             write_buffer: 4 << 20,
             limits: Limits::default(),
         }
@@ -83,6 +93,8 @@ struct Outgoing {
 /// State shared by the client handles and the two tasks.
 struct Shared {
     routes: Mutex<Routes<mpsc::Sender<Frame>>>,
+    /// Frames waiting behind a full channel, per request id.
+    backlogs: Mutex<std::collections::HashMap<u32, Backlog>>,
     /// Last connection-level error: one the agent sent (request id 0), or
     /// why the reader stopped on a bad stream.
     last_error: Mutex<Option<String>>,
@@ -129,6 +141,12 @@ impl std::fmt::Debug for AsyncClient {
             .field("agent", &self.inner.hello)
             .finish_non_exhaustive()
     }
+}
+
+/// Frames of one request waiting for room in its channel.
+struct Backlog {
+    frames: std::collections::VecDeque<Frame>,
+    bytes: usize,
 }
 
 /// A registered request: its id and the receiving end of its frames.
@@ -240,6 +258,7 @@ impl AsyncClient {
         let (stop, _) = watch::channel(false);
         let shared = Arc::new(Shared {
             routes: Mutex::new(Routes::new(config.limits.max_in_flight)),
+            backlogs: Mutex::new(std::collections::HashMap::new()),
             last_error: Mutex::new(None),
             bad_stream: AtomicBool::new(false),
             stop,
@@ -247,7 +266,11 @@ impl AsyncClient {
         let (rd, wr) = s.into_split();
         let (out, out_rx) = mpsc::unbounded_channel();
         let budget = Arc::new(Semaphore::new(config.write_buffer.max(1)));
-        tokio::spawn(reader(rd, dec, Arc::clone(&shared), config.stall_timeout));
+        let stall = Stall {
+            timeout: config.stall_timeout,
+            buffer: config.stall_buffer,
+        };
+        tokio::spawn(reader(rd, dec, Arc::clone(&shared), stall));
         tokio::spawn(writer(wr, out_rx, Arc::clone(&shared), Arc::clone(&budget)));
         Ok(AsyncClient {
             inner: Arc::new(Inner {
@@ -389,25 +412,19 @@ impl AsyncClient {
 
 /// The reader task: frames to their requests until the stream ends, the
 /// agent breaks the protocol, or the client stops.
-async fn reader(
-    mut rd: OwnedReadHalf,
-    mut dec: FrameDecoder,
-    shared: Arc<Shared>,
-    stall: Duration,
-) {
-    let mut stop = shared.stop.subscribe();
+async fn reader(mut rd: OwnedReadHalf, mut dec: FrameDecoder, shared: Arc<Shared>, stall: Stall) {
+    let stop = shared.stop.subscribe();
     let why: Option<FrameError> = 'read: loop {
         loop {
             match dec.next_frame() {
                 Ok(Some(f)) => {
-                    if !dispatch(&shared, classify(f), stall, &mut stop).await {
-                        break 'read None;
-                    }
+                    dispatch(&shared, classify(f), stall, &stop);
                 }
                 Ok(None) => break,
                 Err(e) => break 'read Some(e),
             }
         }
+        let mut stop = stop.clone();
         let got = tokio::select! {
             _ = stop.wait_for(|s| *s) => None,
             r = rd.read(dec.spare(READ_CHUNK)) => Some(r),
@@ -425,41 +442,103 @@ async fn reader(
     shared.close();
 }
 
-/// Delivers one frame; false once the client stops.
-async fn dispatch(
-    shared: &Shared,
-    incoming: Incoming,
-    stall: Duration,
-    stop: &mut watch::Receiver<bool>,
-) -> bool {
+/// How a request that does not take its frames is treated.
+#[derive(Clone, Copy)]
+struct Stall {
+    timeout: Duration,
+    buffer: usize,
+}
+
+/// Delivers one frame without waiting: into its request's channel, or,
+/// when that is full (or already has a backlog), into the request's
+/// backlog, which a task of its own feeds into the channel.
+fn dispatch(shared: &Arc<Shared>, incoming: Incoming, stall: Stall, stop: &watch::Receiver<bool>) {
     let (id, frame) = match incoming {
         Incoming::Route(id, frame) => (id, frame),
         Incoming::ConnectionError(msg) => {
             *lock(&shared.last_error) = Some(msg);
-            return true;
+            return;
         }
-        Incoming::Ignore => return true,
+        Incoming::Ignore => return,
     };
     // No route: a finished or dropped request's frame, discarded.
     let Some(tx) = lock(&shared.routes).get(id).cloned() else {
-        return true;
+        return;
     };
+    let mut backlogs = lock(&shared.backlogs);
+    if let Some(b) = backlogs.get_mut(&id) {
+        b.bytes += frame.payload.len();
+        b.frames.push_back(frame);
+        if b.bytes > stall.buffer {
+            // Too far behind: drop the stream (its feeder ends too).
+            backlogs.remove(&id);
+            lock(&shared.routes).remove(id);
+        }
+        return;
+    }
     let frame = match tx.try_send(frame) {
-        Ok(()) => return true,
+        Ok(()) => return,
         Err(mpsc::error::TrySendError::Closed(_)) => {
             lock(&shared.routes).remove(id);
-            return true;
+            return;
         }
         Err(mpsc::error::TrySendError::Full(frame)) => frame,
     };
-    tokio::select! {
-        _ = stop.wait_for(|s| *s) => false,
-        r = tokio::time::timeout(stall, tx.send(frame)) => {
-            if !matches!(r, Ok(Ok(()))) {
-                // Gone, or stalled: drop the stream, keep the connection.
-                lock(&shared.routes).remove(id);
+    let b = Backlog {
+        bytes: frame.payload.len(),
+        frames: std::collections::VecDeque::from([frame]),
+    };
+    backlogs.insert(id, b);
+    drop(backlogs);
+    tokio::spawn(feed_backlog(
+        Arc::clone(shared),
+        id,
+        tx,
+        stall.timeout,
+        stop.clone(),
+    ));
+}
+
+/// Feeds request `id`'s backlog into its channel, in order, until the
+/// backlog is empty (then new frames go to the channel directly again).
+/// A channel that takes no frame for `stall` loses its stream.
+async fn feed_backlog(
+    shared: Arc<Shared>,
+    id: u32,
+    tx: mpsc::Sender<Frame>,
+    stall: Duration,
+    mut stop: watch::Receiver<bool>,
+) {
+    loop {
+        let frame = {
+            let mut backlogs = lock(&shared.backlogs);
+            let Some(b) = backlogs.get_mut(&id) else {
+                return; // dropped by the reader
+            };
+            match b.frames.pop_front() {
+                Some(f) => {
+                    b.bytes -= f.payload.len();
+                    f
+                }
+                None => {
+                    backlogs.remove(&id);
+                    return;
+                }
             }
-            true
+        };
+        let sent = tokio::select! {
+            _ = stop.wait_for(|s| *s) => false,
+            r = tokio::time::timeout(stall, tx.send(frame)) => matches!(r, Ok(Ok(()))),
+        };
+        if !sent {
+            // Gone, stalled, or the client stopped: drop the stream (if
+            // the id still names it).
+            lock(&shared.backlogs).remove(&id);
+            let mut routes = lock(&shared.routes);
+            if routes.get(id).is_some_and(|t| t.same_channel(&tx)) {
+                routes.remove(id);
+            }
+            return;
         }
     }
 }

@@ -67,6 +67,7 @@ impl Server {
             ],
             cgroup: cgroup.as_ref(),
             reset_oom: guest,
+            drop_ptrace: guest,
         };
         let spawned = launch::spawn(&spec);
         drop((out_w, err_w, in_r));
@@ -120,6 +121,7 @@ impl Server {
                 status: None,
                 timed_out: false,
                 deadline,
+                kill_at: deadline,
                 linger: None,
                 cgroup,
                 result: None,
@@ -354,9 +356,19 @@ impl Server {
             timed_out: exec.timed_out,
             dropped_bytes: exec.dropped,
         };
+        let kill_at = exec.kill_at.filter(|_| !exec.timed_out);
         if let Some(dir) = exec.cgroup.take() {
             if os::rmdir(&dir).is_err() {
-                self.stale_cgroups.push(dir);
+                // Background processes are left: they die at the exec's
+                // deadline (a backgrounded fork bomb must not outlive it).
+                match kill_at {
+                    Some(at) if self.doomed.len() < MAX_EXECS => self.doomed.push((at, dir)),
+                    Some(_) => {
+                        guest::kill_cgroup(&dir);
+                        self.stale_cgroups.push(dir);
+                    }
+                    None => self.stale_cgroups.push(dir),
+                }
             }
         }
         let blocking = exec.stdin_blocking.take();
@@ -413,14 +425,26 @@ impl Server {
     }
 
     pub(super) fn check_timers(&mut self) {
-        if !self
-            .execs
-            .values()
-            .any(|e| e.deadline.is_some() || e.linger.is_some())
+        if self.doomed.is_empty()
+            && !self
+                .execs
+                .values()
+                .any(|e| e.deadline.is_some() || e.linger.is_some())
         {
             return;
         }
         let now = Instant::now();
+        if self.doomed.iter().any(|(at, _)| *at <= now) {
+            let (due, kept) = std::mem::take(&mut self.doomed)
+                .into_iter()
+                .partition(|(at, _)| *at <= now);
+            self.doomed = kept;
+            for (_, dir) in due {
+                guest::kill_cgroup(&dir);
+                // Removed once the killed processes are reaped.
+                self.stale_cgroups.push(dir);
+            }
+        }
         let mut done = Vec::new();
         for (&id, exec) in &mut self.execs {
             if exec.deadline.is_some_and(|d| d <= now) {

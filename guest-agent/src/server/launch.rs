@@ -31,6 +31,11 @@ pub struct SpawnSpec<'a> {
     pub cgroup: Option<&'a (CString, CString)>,
     /// Write 0 to /proc/self/oom_score_adj (the agent runs at -1000).
     pub reset_oom: bool,
+    /// Drop CAP_SYS_PTRACE from the bounding set (guest): the command and
+    /// everything it starts can then neither ptrace the agent nor write its
+    /// memory through /proc/1/mem (the agent is not dumpable), while
+    /// tracing its own processes still works.
+    pub drop_ptrace: bool,
 }
 
 /// Where the child failed.
@@ -81,6 +86,7 @@ struct ChildArgs {
     cg_dir: *const c_char,
     cg_procs: *const c_char,
     reset_oom: bool,
+    drop_ptrace: bool,
     empty_mask: libc::sigset_t,
     /// errno of the failure; 0 if exec succeeded.
     err: AtomicI32,
@@ -89,6 +95,9 @@ struct ChildArgs {
     /// 1 if the child joined the cgroup.
     joined: AtomicI32,
 }
+
+/// CAP_SYS_PTRACE (linux/capability.h).
+const CAP_SYS_PTRACE: u32 = 19;
 
 /// Stack for the child until it execs (only `child_main` runs on it).
 const CHILD_STACK: usize = 16 * 1024;
@@ -121,6 +130,7 @@ pub fn spawn(spec: &SpawnSpec<'_>) -> Result<Spawned, (Stage, Errno)> {
         cg_dir: spec.cgroup.map_or(std::ptr::null(), |c| c.0.as_ptr()),
         cg_procs: spec.cgroup.map_or(std::ptr::null(), |c| c.1.as_ptr()),
         reset_oom: spec.reset_oom,
+        drop_ptrace: spec.drop_ptrace,
         empty_mask,
         err: AtomicI32::new(0),
         stage: AtomicI32::new(0),
@@ -204,6 +214,13 @@ extern "C" fn child_main(arg: *mut c_void) -> c_int {
             let fd = open_raw(a.cg_procs);
             if fd >= 0 && libc::write(fd, c"0".as_ptr().cast(), 1) == 1 {
                 a.joined.store(1, Ordering::Release);
+            }
+        }
+        if a.drop_ptrace {
+            // Before anything else can fail: a command never runs with it.
+            let cap = libc::c_ulong::from(CAP_SYS_PTRACE);
+            if libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 && errno() != libc::EINVAL {
+                fail(a, 2, errno());
             }
         }
         if a.reset_oom {

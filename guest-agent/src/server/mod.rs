@@ -157,6 +157,9 @@ struct Exec {
     status: Option<ExitStatus>,
     timed_out: bool,
     deadline: Option<Instant>,
+    /// The original deadline, kept after the command exits: what it left
+    /// running in its cgroup is killed then.
+    kill_at: Option<Instant>,
     linger: Option<Instant>,
     cgroup: Option<CString>,
     /// Result kept for a later attach (finished while detached).
@@ -189,6 +192,9 @@ pub struct Server {
     next_exec: u64,
     retained: VecDeque<u64>,
     stale_cgroups: Vec<CString>,
+    /// cgroups of finished execs whose background processes are killed at
+    /// the exec's deadline.
+    doomed: Vec<(Instant, CString)>,
     dirty: Vec<u32>,
     scratch: Vec<u8>,
     more_work: bool,
@@ -249,6 +255,7 @@ impl Server {
             next_exec: 1,
             retained: VecDeque::new(),
             stale_cgroups: Vec::new(),
+            doomed: Vec::new(),
             dirty: Vec::new(),
             scratch: Vec::with_capacity(MAX_PAYLOAD),
             more_work: false,
@@ -283,6 +290,7 @@ impl Server {
             .values()
             .flat_map(|e| [e.deadline, e.linger])
             .flatten()
+            .chain(self.doomed.iter().map(|(at, _)| *at))
             .min();
         let Some(next) = next else {
             return -1;

@@ -302,6 +302,12 @@ mod tests {
                 "agent error",
             ),
             (
+                ApiError::Agent(remote(libc::ENOSPC)),
+                507,
+                "insufficient_storage",
+                "agent error",
+            ),
+            (
                 ApiError::Agent(remote(libc::EINVAL)),
                 400,
                 "bad_request",
