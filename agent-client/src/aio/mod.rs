@@ -8,13 +8,16 @@
 //! write queue of [`Config::write_buffer`] bytes, the caps of
 //! [`Limits`]), and every wait has a deadline ([`Config`]) that, when it
 //! passes, returns [`ClientError::Timeout`] and frees what the call held.
-//! The reader never waits for one request: frames for a request whose
-//! channel is full queue behind it (up to [`Config::stall_buffer`] bytes),
-//! fed into the channel by a task of their own, while the reader goes on
-//! with the other requests. A consumer that stops taking a stream's frames
-//! for [`Config::stall_timeout`], or lets more than that backlog pile up,
-//! loses that stream ([`ClientError::Stalled`]), not the connection (and
-//! no other request waits for it). Dropping every clone of the client closes the
+//! The reader does not wait for a request that has stopped reading:
+//! frames for a request whose channel is full queue behind it (up to
+//! [`Config::stall_buffer`] bytes), fed into the channel by a task of
+//! their own, while the reader goes on with the other requests. Past that
+//! backlog, a consumer still taking frames (slower than the agent, not
+//! gone) holds the reader until its backlog is back under the cap — the
+//! agent is then slowed down through the socket, as with any reader — and
+//! a consumer that has taken nothing for [`PROGRESS_WINDOW`] (at most
+//! [`Config::stall_timeout`]) loses that stream ([`ClientError::Stalled`]),
+//! not the connection. Dropping every clone of the client closes the
 //! connection and ends both tasks.
 
 mod ops;
@@ -41,6 +44,10 @@ use crate::transport::{connect_async, retry_delay, set_sndbuf, Transport};
 const READ_CHUNK: usize = 256 << 10;
 /// Default [`Config::stall_buffer`].
 const STALL_BUFFER: usize = 8 << 20;
+/// A consumer whose backlog is over [`Config::stall_buffer`] and that has
+/// taken no frame for this long is taken to have stopped reading (its
+/// stream is dropped); one that took a frame more recently is waited for.
+pub const PROGRESS_WINDOW: Duration = Duration::from_secs(1);
 
 /// Deadlines and bounds of an [`AsyncClient`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,8 +67,9 @@ pub struct Config {
     pub stall_timeout: Duration,
     /// Frames buffered per request.
     pub channel_frames: usize,
-    /// Bytes of frames queued per request beyond its full channel before
-    /// the stream is dropped as stalled.
+    /// Bytes of frames queued per request beyond its full channel; past
+    /// them the reader waits for a consumer that is still reading, and
+    /// drops the stream of one that is not ([`PROGRESS_WINDOW`]).
     pub stall_buffer: usize,
     /// Bytes of outgoing frames queued for the writer at most.
     pub write_buffer: usize,
@@ -95,6 +103,8 @@ struct Shared {
     routes: Mutex<Routes<mpsc::Sender<Frame>>>,
     /// Frames waiting behind a full channel, per request id.
     backlogs: Mutex<std::collections::HashMap<u32, Backlog>>,
+    /// Signalled whenever a backlog's consumer takes a frame.
+    drained: tokio::sync::Notify,
     /// Last connection-level error: one the agent sent (request id 0), or
     /// why the reader stopped on a bad stream.
     last_error: Mutex<Option<String>>,
@@ -147,6 +157,8 @@ impl std::fmt::Debug for AsyncClient {
 struct Backlog {
     frames: std::collections::VecDeque<Frame>,
     bytes: usize,
+    /// When its consumer last took a frame (or the backlog began).
+    progress: tokio::time::Instant,
 }
 
 /// A registered request: its id and the receiving end of its frames.
@@ -259,6 +271,7 @@ impl AsyncClient {
         let shared = Arc::new(Shared {
             routes: Mutex::new(Routes::new(config.limits.max_in_flight)),
             backlogs: Mutex::new(std::collections::HashMap::new()),
+            drained: tokio::sync::Notify::new(),
             last_error: Mutex::new(None),
             bad_stream: AtomicBool::new(false),
             stop,
@@ -418,7 +431,11 @@ async fn reader(mut rd: OwnedReadHalf, mut dec: FrameDecoder, shared: Arc<Shared
         loop {
             match dec.next_frame() {
                 Ok(Some(f)) => {
-                    dispatch(&shared, classify(f), stall, &stop);
+                    if let Some(id) = dispatch(&shared, classify(f), stall, &stop) {
+                        if !wait_backlog(&shared, id, stall, &stop).await {
+                            break 'read None;
+                        }
+                    }
                 }
                 Ok(None) => break,
                 Err(e) => break 'read Some(e),
@@ -451,42 +468,43 @@ struct Stall {
 
 /// Delivers one frame without waiting: into its request's channel, or,
 /// when that is full (or already has a backlog), into the request's
-/// backlog, which a task of its own feeds into the channel.
-fn dispatch(shared: &Arc<Shared>, incoming: Incoming, stall: Stall, stop: &watch::Receiver<bool>) {
+/// backlog, which a task of its own feeds into the channel. Returns the
+/// request's id when its backlog is now over the cap (the reader then
+/// [`wait_backlog`]s).
+fn dispatch(
+    shared: &Arc<Shared>,
+    incoming: Incoming,
+    stall: Stall,
+    stop: &watch::Receiver<bool>,
+) -> Option<u32> {
     let (id, frame) = match incoming {
         Incoming::Route(id, frame) => (id, frame),
         Incoming::ConnectionError(msg) => {
             *lock(&shared.last_error) = Some(msg);
-            return;
+            return None;
         }
-        Incoming::Ignore => return,
+        Incoming::Ignore => return None,
     };
     // No route: a finished or dropped request's frame, discarded.
-    let Some(tx) = lock(&shared.routes).get(id).cloned() else {
-        return;
-    };
+    let tx = lock(&shared.routes).get(id).cloned()?;
     let mut backlogs = lock(&shared.backlogs);
     if let Some(b) = backlogs.get_mut(&id) {
         b.bytes += frame.payload.len();
         b.frames.push_back(frame);
-        if b.bytes > stall.buffer {
-            // Too far behind: drop the stream (its feeder ends too).
-            backlogs.remove(&id);
-            lock(&shared.routes).remove(id);
-        }
-        return;
+        return (b.bytes > stall.buffer).then_some(id);
     }
     let frame = match tx.try_send(frame) {
-        Ok(()) => return,
+        Ok(()) => return None,
         Err(mpsc::error::TrySendError::Closed(_)) => {
             lock(&shared.routes).remove(id);
-            return;
+            return None;
         }
         Err(mpsc::error::TrySendError::Full(frame)) => frame,
     };
     let b = Backlog {
         bytes: frame.payload.len(),
         frames: std::collections::VecDeque::from([frame]),
+        progress: tokio::time::Instant::now(),
     };
     backlogs.insert(id, b);
     drop(backlogs);
@@ -497,6 +515,46 @@ fn dispatch(shared: &Arc<Shared>, incoming: Incoming, stall: Stall, stop: &watch
         stall.timeout,
         stop.clone(),
     ));
+    None
+}
+
+/// Request `id`'s backlog is over the cap: waits while its consumer keeps
+/// taking frames, until the backlog is back under the cap; drops the
+/// stream once the consumer has taken nothing for [`PROGRESS_WINDOW`]
+/// (or [`Config::stall_timeout`], if shorter). False when the client
+/// stopped meanwhile.
+async fn wait_backlog(
+    shared: &Arc<Shared>,
+    id: u32,
+    stall: Stall,
+    stop: &watch::Receiver<bool>,
+) -> bool {
+    let window = PROGRESS_WINDOW.min(stall.timeout);
+    loop {
+        // Registered before the check, so no wake-up is missed.
+        let drained = shared.drained.notified();
+        let last = {
+            let mut backlogs = lock(&shared.backlogs);
+            match backlogs.get(&id) {
+                Some(b) if b.bytes > stall.buffer => {
+                    if b.progress.elapsed() >= window {
+                        // Stopped reading: drop the stream (its feeder
+                        // ends too), not the connection.
+                        backlogs.remove(&id);
+                        lock(&shared.routes).remove(id);
+                        return true;
+                    }
+                    b.progress
+                }
+                _ => return true,
+            }
+        };
+        let mut stop = stop.clone();
+        tokio::select! {
+            _ = stop.wait_for(|s| *s) => return false,
+            _ = timeout_at(last + window, drained) => {}
+        }
+    }
 }
 
 /// Feeds request `id`'s backlog into its channel, in order, until the
@@ -518,6 +576,7 @@ async fn feed_backlog(
             match b.frames.pop_front() {
                 Some(f) => {
                     b.bytes -= f.payload.len();
+                    b.progress = tokio::time::Instant::now();
                     f
                 }
                 None => {
@@ -530,6 +589,7 @@ async fn feed_backlog(
             _ = stop.wait_for(|s| *s) => false,
             r = tokio::time::timeout(stall, tx.send(frame)) => matches!(r, Ok(Ok(()))),
         };
+        shared.drained.notify_waiters();
         if !sent {
             // Gone, stalled, or the client stopped: drop the stream (if
             // the id still names it).
