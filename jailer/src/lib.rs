@@ -31,6 +31,7 @@
 //! itself ([`run`]), which only the binary calls.
 
 pub mod cgroup;
+pub mod deps;
 pub mod run;
 pub mod uids;
 
