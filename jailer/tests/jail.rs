@@ -14,9 +14,9 @@ const BUSYBOX: &str = "/usr/bin/busybox";
 
 fn prereqs() {
     // SAFETY: geteuid cannot fail.
+    let euid = unsafe { libc::geteuid() };
     assert_eq!(
-        unsafe { libc::geteuid() },
-        0,
+        euid, 0,
         "the jailer tests need root (namespaces, mounts, setuid): run them as root"
     );
     assert!(
