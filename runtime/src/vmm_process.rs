@@ -7,6 +7,7 @@
 //! to plug in: [`VmmProcess::command`] hands the finished command to
 //! `confine` last.
 
+use crate::jail::Jail;
 use crate::ready::{ReadyPipe, READY_FD};
 use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::OsStrExt;
@@ -201,6 +202,8 @@ pub struct VmmProcess {
     stdin: Io,
     stdout: Io,
     stderr: Io,
+    keep_fds: Vec<i32>,
+    jail: Option<Jail>,
 }
 
 impl VmmProcess {
@@ -222,6 +225,8 @@ impl VmmProcess {
             stdin: Io::Inherit,
             stdout: Io::Inherit,
             stderr: Io::Inherit,
+            keep_fds: vec![],
+            jail: None,
         }
     }
 
@@ -388,6 +393,42 @@ impl VmmProcess {
         self
     }
 
+    /// Passes descriptor `fd` (already at that number, without
+    /// close-on-exec, in the child) to the VMM on purpose: a jail keeps it
+    /// open where it closes every other descriptor above 2.
+    pub fn keep_fd(mut self, fd: i32) -> Self {
+        if !self.keep_fds.contains(&fd) {
+            self.keep_fds.push(fd);
+        }
+        self
+    }
+
+    /// The descriptors above 2 the VMM gets on purpose: its readiness pipe
+    /// and those given to [`Self::keep_fd`].
+    pub fn kept_fds(&self) -> Vec<i32> {
+        let mut v = vec![];
+        if self.ready_pipe {
+            v.push(READY_FD);
+        }
+        for &f in &self.keep_fds {
+            if !v.contains(&f) {
+                v.push(f);
+            }
+        }
+        v
+    }
+
+    /// Runs the VMM in `jail` (see [`Self::confine`]).
+    pub fn jail(mut self, jail: Jail) -> Self {
+        self.jail = Some(jail);
+        self
+    }
+
+    /// Whether it runs jailed.
+    pub fn jailed(&self) -> bool {
+        self.jail.is_some()
+    }
+
     /// Checks the combinations `shoal-vmm` refuses (its `clap` rules).
     fn check(&self) -> Result<(), VmmProcessError> {
         if self.start == Start::Prewarm && self.api_sock.is_none() {
@@ -474,38 +515,76 @@ impl VmmProcess {
     }
 
     /// The command that starts this VMM, confined as far as Shoal confines
-    /// VMMs (see `confine`). The readiness pipe and the own session are set
-    /// up by [`Self::spawn`], not here.
+    /// VMMs (see [`Self::confine`]). The readiness pipe and the own session
+    /// are set up by [`Self::spawn`], not here.
     pub fn command(&self) -> Result<Command, VmmProcessError> {
-        let mut c = Command::new(&self.program);
-        c.args(self.args()?)
-            .stdin(self.stdin.stdio()?)
+        let mut c = self.confine(self.args()?);
+        c.stdin(self.stdin.stdio()?)
             .stdout(self.stdout.stdio()?)
             .stderr(self.stderr.stdio()?);
-        self.confine(&mut c);
         Ok(c)
     }
 
-    /// **The confinement hook.** Every VMM command passes through here last,
-    /// so this is where the jailer (chroot into a per-VM directory holding
-    /// only the VM's files, dropping to an unprivileged uid/gid), the
-    /// network namespace (the sandbox's pooled netns with its TAP), the
-    /// cgroup (the sandbox's cgroup v2 directory, with memory and CPU
-    /// limits) and the seccomp filters (installed by the VMM itself, per
-    /// thread, once its devices are set up) plug in.
+    /// The program actually started: the jailer when jailed.
+    fn started_program(&self) -> &Path {
+        self.jail.as_ref().map_or(&self.program, |j| &j.jailer)
+    }
+
+    /// **The confinement hook.** Every VMM command is built here.
     ///
-    /// None of that exists yet: today a VMM runs as the starter's user, in
-    /// the host's network namespace and the starter's cgroup, with no
-    /// seccomp filter, and this function leaves the command unchanged. It
-    /// is a seam, not a sandbox.
-    fn confine(&self, _cmd: &mut Command) {}
+    /// Every VMM gets umask 077, so the files and sockets it makes (control
+    /// and vsock sockets, snapshot memory and state) are its owner's only,
+    /// whatever its starter's umask. With a [`Jail`] (the daemon's VMMs
+    /// when it runs as root) the command becomes `shoal-jailer <spec> --
+    /// shoal-vmm <args>` (its own uid/gid, namespaces, a root holding only
+    /// the files it needs at their own paths, no capabilities,
+    /// `no_new_privs`, rlimits, only [`Self::kept_fds`] above 2, a clean
+    /// environment, a cgroup: `shoal_jailer`); the VMM's arguments are the
+    /// same either way. Seccomp filters are installed by the VMM itself.
+    fn confine(&self, args: Vec<OsString>) -> Command {
+        use std::os::unix::process::CommandExt;
+        let mut hold = vec![];
+        let mut c = match &self.jail {
+            None => {
+                let mut c = Command::new(&self.program);
+                c.args(args);
+                c
+            }
+            Some(j) => {
+                let mut spec = j.spec.clone();
+                spec.exec.clone_from(&self.program);
+                spec.args = args;
+                spec.keep_fds = self.kept_fds();
+                hold.clone_from(&spec.hold_fds);
+                let mut c = Command::new(&j.jailer);
+                c.args(spec.to_args());
+                c
+            }
+        };
+        // SAFETY: between fork and exec the closure calls only umask and
+        // fcntl (async-signal-safe) on descriptors this process owns (the
+        // uid lease the jailer keeps, moved above 9 so that the readiness
+        // pipe's dup2 to 3 cannot land on it).
+        unsafe {
+            c.pre_exec(move || {
+                libc::umask(0o077);
+                for &fd in &hold {
+                    if libc::fcntl(fd, libc::F_SETFD, 0) < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
+                Ok(())
+            })
+        };
+        c
+    }
 
     /// Starts the VMM: in its own session if asked, with its readiness pipe
     /// if asked.
     pub fn spawn(&self) -> Result<Spawned, VmmProcessError> {
         let mut cmd = self.command()?;
         let spawn_err = |source| VmmProcessError::Spawn {
-            program: self.program.clone(),
+            program: self.started_program().to_path_buf(),
             source,
         };
         // setsid in the child between fork and exec (async-signal-safe).

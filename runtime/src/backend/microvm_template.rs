@@ -85,6 +85,11 @@ pub fn build_from_layout(
         cmdline: format!("{cmdline} quiet"),
     };
     sandbox::build_template(dir, &spec, &guest, vmm)?;
+    // Layers used where they are must be visible to jailed VMMs too.
+    crate::jail::write_files(dir, &spec.layers).map_err(|e| match e {
+        crate::jail::JailError::Io(p, e) => BuildError::Dir(p, e),
+        other => BuildError::Dir(dir.into(), std::io::Error::other(other.to_string())),
+    })?;
     Ok(())
 }
 
