@@ -383,6 +383,10 @@ fn child_steps(
         )
     };
     wait_go(alive).map_err(sys("the supervisor ended"))?;
+    // The jail's directories must be traversable by its user whatever
+    // umask the jailer was started with (the VMM's own is set below).
+    // SAFETY: umask cannot fail.
+    unsafe { libc::umask(0o022) };
     for p in procs {
         // "0": the writing process.
         std::fs::write(OsStr::from_bytes(p.as_bytes()), "0").map_err(sys(format!(

@@ -57,8 +57,16 @@ fn spec(id: &str, dir: &Path, script: &str) -> JailSpec {
 fn start(s: &JailSpec, pre: impl FnMut() -> std::io::Result<()> + Send + Sync + 'static) -> Child {
     let mut c = Command::new(env!("CARGO_BIN_EXE_shoal-jailer"));
     c.args(s.to_args()).env("SECRET", "daemon-only");
-    // SAFETY: the closure only calls async-signal-safe fcntl/dup2.
-    unsafe { c.pre_exec(pre) };
+    let mut pre = pre;
+    // SAFETY: the closures only call async-signal-safe umask/fcntl/dup2.
+    // A starter's umask 077 (the runtime's) must not make the jail's
+    // directories untraversable for its user.
+    unsafe {
+        c.pre_exec(move || {
+            libc::umask(0o077);
+            pre()
+        })
+    };
     c.spawn().unwrap()
 }
 
@@ -136,10 +144,10 @@ fn a_jailed_program_has_only_what_the_spec_gives_it() {
     let jpid = i32::try_from(c.id()).unwrap();
     let pid = inner_pid(&dir);
     assert_ne!(pid, jpid, "the program runs in a child of the supervisor");
-    wait_for("the program to run as its uid", || {
-        (status_field(pid, "Uid").split_whitespace().next()
-            == Some(&(uids::UID_BASE + 4000).to_string()))
-        .then_some(())
+    wait_for("the program to be executed", || {
+        std::fs::read_link(format!("/proc/{pid}/exe"))
+            .is_ok_and(|e| e == Path::new(BUSYBOX))
+            .then_some(())
     });
     let ids = format!("{0}\t{0}\t{0}\t{0}", uids::UID_BASE + 4000);
     assert_eq!(status_field(pid, "Uid"), ids);
@@ -149,6 +157,7 @@ fn a_jailed_program_has_only_what_the_spec_gives_it() {
         assert_eq!(status_field(pid, cap), "0000000000000000", "{cap}");
     }
     assert_eq!(status_field(pid, "NoNewPrivs"), "1");
+    assert_eq!(status_field(pid, "Umask"), "0077");
     assert_eq!(
         status_field(pid, "NSpid").split_whitespace().last(),
         Some("1"),

@@ -98,9 +98,14 @@ impl Proc {
 
     /// SIGKILL, only if the pid is still this process.
     pub fn kill(&self) {
+        self.signal(libc::SIGKILL);
+    }
+
+    /// Sends `sig`, only if the pid is still this process.
+    pub fn signal(&self, sig: i32) {
         if pid_start(self.pid) == Some(self.start) {
             // SAFETY: kill(2) on a pid whose start time we just checked.
-            unsafe { libc::kill(self.pid, libc::SIGKILL) };
+            unsafe { libc::kill(self.pid, sig) };
         }
     }
 

@@ -150,7 +150,10 @@ pub enum Io {
 impl Io {
     fn stdio(&self) -> Result<Stdio, VmmProcessError> {
         let open = |p: &Path, append: bool| {
+            use std::os::unix::fs::OpenOptionsExt;
+            // Logs and consoles are their owner's only (a new file).
             std::fs::OpenOptions::new()
+                .mode(0o600)
                 .create(true)
                 .write(true)
                 .append(append)

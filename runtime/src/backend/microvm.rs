@@ -5,7 +5,7 @@
 
 use super::microvm_template::build_from_layout;
 use super::{
-    end, BackendError, BackendState, Kind, Proc, Reattached, SandboxBackend, SandboxVm, Source,
+    BackendError, BackendState, Kind, Proc, Reattached, SandboxBackend, SandboxVm, Source,
     Transport, VmStats,
 };
 use crate::jail::{self, JailConfig};
@@ -180,6 +180,16 @@ fn spawn_restore(
     Ok((Proc { pid, start }, ready))
 }
 
+/// Ends a VMM or its jailer: SIGTERM, then SIGKILL if it is still there
+/// after `timeout`. The VMM has no SIGTERM handler, so it ends at once
+/// either way; a jailer ends its VMM on SIGTERM (SIGKILL in its place, as
+/// PID 1 of its namespace ignores signals it has no handler for), then
+/// removes the VMM's cgroup, which a SIGKILLed jailer would leave behind.
+fn stop(p: &Proc, timeout: Duration) {
+    p.signal(libc::SIGTERM);
+    p.wait_gone(timeout);
+}
+
 /// Guest RAM (the snapshot's memory file) and images (the `.erofs`
 /// files among `files` and in the directories there): what a jailed
 /// VMM's cgroup allows beyond its overhead.
@@ -207,7 +217,7 @@ fn wait_ready(p: &Proc, ready: &mut ReadyPipe, paths: &Paths) -> Result<(), Back
     if r == Readiness::Ready {
         return Ok(());
     }
-    end(p, Duration::from_secs(2));
+    stop(p, Duration::from_secs(2));
     let detail = log_tail(paths);
     Err(match r {
         Readiness::TimedOut => BackendError::NotReady {
@@ -301,7 +311,7 @@ impl SandboxBackend for MicroVm {
                 vm: Arc::new(vm),
             }),
             Err(e) => {
-                end(&proc, Duration::from_secs(2));
+                stop(&proc, Duration::from_secs(2));
                 Err(BackendError::Unusable {
                     pid,
                     detail: e.to_string(),
@@ -314,7 +324,7 @@ impl SandboxBackend for MicroVm {
         if let Ok(Saved::Running { pid, start, .. }) = state.decode::<Saved>() {
             let p = Proc { pid, start };
             if p.alive() {
-                end(&p, Duration::from_secs(2));
+                stop(&p, Duration::from_secs(2));
             }
         }
     }
@@ -331,9 +341,14 @@ impl SandboxBackend for MicroVm {
         for p in vm::processes_under(root, "shoal-vmm") {
             // A jailed VMM's tracked process is its jailer, its parent.
             if !keep(p.pid) && !vm::parent_of(p.pid).is_some_and(keep) {
-                end(&p, Duration::from_secs(2));
+                stop(&p, Duration::from_secs(2));
                 n += 1;
             }
+        }
+        if self.jailed() {
+            // Cgroups of jailers that were SIGKILLed (a live VMM's cgroup
+            // cannot be removed: rmdir refuses a cgroup with tasks).
+            shoal_jailer::cgroup::sweep(Duration::from_secs(60));
         }
         n
     }
@@ -485,11 +500,11 @@ impl SandboxVm for MicroVmSandbox {
     }
 
     fn kill(&self) {
-        self.proc.kill();
+        self.proc.signal(libc::SIGTERM);
     }
 
     fn destroy(&self, timeout: Duration) {
-        end(&self.proc, timeout);
+        stop(&self.proc, timeout);
     }
 
     fn exit_fd(&self) -> std::io::Result<OwnedFd> {

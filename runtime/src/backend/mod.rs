@@ -222,8 +222,8 @@ pub trait SandboxVm: Send + Sync + std::fmt::Debug {
     /// Writes a template of its kind into `dir` (created); the VM goes on
     /// running. On failure `dir` is removed and the VM is continued.
     fn snapshot(&self, dir: &Path) -> Result<(), BackendError>;
-    /// SIGKILL, now (the guest has nothing to save); its exit is reported
-    /// through [`Self::exit_fd`] as any other.
+    /// Ends it now, with no grace for the guest (it has nothing to save);
+    /// its exit is reported through [`Self::exit_fd`] as any other.
     fn kill(&self);
     /// Kills it and waits (at most `timeout`) until it is gone.
     fn destroy(&self, timeout: Duration);
