@@ -5,6 +5,7 @@
 pub mod boot;
 pub mod exec;
 pub mod hostmem;
+pub mod jail_ab;
 pub mod load;
 pub mod pmem;
 pub mod pmem_report;

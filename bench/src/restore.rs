@@ -6,6 +6,7 @@
 use super::{table, Row};
 use crate::stats::summarize;
 use serde::Serialize;
+use shoal_runtime::jail::{Jail, JailConfig};
 use shoal_runtime::launch::{monotonic_ns, BootSpec};
 use shoal_runtime::template::{self, first_run_ns, TemplateError};
 use shoal_runtime::vmm_process::{Io, VmmProcess};
@@ -32,6 +33,9 @@ pub struct RestoreBenchOpts {
     pub rate_restores: usize,
     /// Idle VMs kept alive for the PSS measurement.
     pub pss_vms: usize,
+    /// Also measure restores through this jailer, interleaved with
+    /// unjailed ones in the same run ([`crate::jail_ab`]).
+    pub jail: Option<JailConfig>,
 }
 
 /// Sustained rate at one concurrency.
@@ -76,6 +80,8 @@ pub struct RestoreReport {
     pub latency_errors: usize,
     /// Restores into pre-warmed VMs (no new KVM VM per restore).
     pub prewarmed: Option<super::prewarm::PrewarmReport>,
+    /// Jailed vs unjailed restores, interleaved in this run.
+    pub jail_ab: Option<crate::jail_ab::JailAb>,
 }
 
 fn pss_kib(pid: u32) -> Option<f64> {
@@ -88,14 +94,24 @@ fn pss_kib(pid: u32) -> Option<f64> {
         .ok()
 }
 
-fn one_restore_latency(vmm: &Path, tpl: &Path, sock: &Path) -> Result<(f64, f64), TemplateError> {
+/// One restore of `tpl` timed from the start (jailed: in `jail`, whose
+/// sandbox directory holds `sock`; the jail's set-up is in the time, as in
+/// the daemon): to vCPUs running and to the guest's first output (ms).
+pub(crate) fn one_restore_latency(
+    vmm: &Path,
+    tpl: &Path,
+    sock: &Path,
+    jail: Option<&JailConfig>,
+) -> Result<(f64, f64), TemplateError> {
     let t0 = monotonic_ns();
-    let mut r = template::spawn_restore(
-        VmmProcess::restore(vmm, tpl)
-            .api_sock(sock)
-            .stdout(Io::Piped)
-            .timings(true),
-    )?;
+    let mut p = VmmProcess::restore(vmm, tpl)
+        .api_sock(sock)
+        .stdout(Io::Piped)
+        .timings(true);
+    if let Some(j) = jail {
+        p = p.jail(jail_of(j, sock, tpl)?);
+    }
+    let mut r = template::spawn_restore(p)?;
     let mut out = r.child.stdout.take();
     let mut b = [0u8; 1];
     let got = out.as_mut().map(|o| o.read(&mut b)).transpose();
@@ -103,7 +119,11 @@ fn one_restore_latency(vmm: &Path, tpl: &Path, sock: &Path) -> Result<(f64, f64)
     drop(out);
     let err = r.shutdown();
     if !matches!(got, Ok(Some(1))) {
-        return Err(TemplateError::NotReady("output after restore".into()));
+        let last: Vec<&str> = err.lines().rev().take(3).collect();
+        return Err(TemplateError::NotReady(format!(
+            "output after restore (VMM said: {})",
+            last.join(" | ")
+        )));
     }
     let first = first_run_ns(&err).ok_or_else(|| TemplateError::NotReady("timing line".into()))?;
     Ok((
@@ -112,21 +132,49 @@ fn one_restore_latency(vmm: &Path, tpl: &Path, sock: &Path) -> Result<(f64, f64)
     ))
 }
 
+/// The jail of a bench VMM whose sockets are in `sock`'s directory,
+/// restoring template `tpl`.
+fn jail_of(j: &JailConfig, sock: &Path, tpl: &Path) -> Result<Jail, TemplateError> {
+    let dir = sock.parent().unwrap_or(Path::new("/"));
+    let mem = std::fs::metadata(tpl.join("memory")).map_or(0, |m| m.len());
+    j.jail_for(dir, &shoal_runtime::jail::template_files(tpl), mem)
+        .map_err(|e| TemplateError::NotReady(format!("jail: {e}")))
+}
+
 /// `total` restore + shutdown cycles of `tpl` by `k` workers, each with
 /// its own control and vsock socket paths in `dir`.
 pub fn rate(vmm: &Path, tpl: &Path, dir: &Path, k: usize, total: usize) -> Rate {
+    rate_with(vmm, tpl, dir, k, total, None)
+}
+
+/// [`rate`], jailed when `jail` is given (each worker's sockets in a
+/// directory of its own, the jail's sandbox directory).
+pub fn rate_with(
+    vmm: &Path,
+    tpl: &Path,
+    dir: &Path,
+    k: usize,
+    total: usize,
+    jail: Option<&JailConfig>,
+) -> Rate {
     let next = Arc::new(AtomicUsize::new(0));
     let errors = Arc::new(AtomicUsize::new(0));
     let t0 = Instant::now();
     let threads: Vec<_> = (0..k)
         .map(|w| {
             let (next, errors) = (next.clone(), errors.clone());
+            let wdir = match jail {
+                Some(_) => dir.join(format!("jail-rate-{w}")),
+                None => dir.to_path_buf(),
+            };
+            let _ = std::fs::create_dir_all(&wdir);
             let (vmm, tpl, sock) = (
                 vmm.to_path_buf(),
                 tpl.to_path_buf(),
-                dir.join(format!("rate-{w}.sock")),
+                wdir.join(format!("rate-{w}.sock")),
             );
-            let vsock = dir.join(format!("rate-{w}.vsock"));
+            let vsock = wdir.join(format!("rate-{w}.vsock"));
+            let jail = jail.cloned();
             std::thread::spawn(move || {
                 // The vsock socket is ignored by the VMM for a template
                 // without vsock.
@@ -135,7 +183,17 @@ pub fn rate(vmm: &Path, tpl: &Path, dir: &Path, k: usize, total: usize) -> Rate 
                     .vsock_uds(&vsock)
                     .stdout(Io::Null);
                 while next.fetch_add(1, Ordering::Relaxed) < total {
-                    let ok = template::spawn_restore(p.clone())
+                    let p = match &jail {
+                        Some(j) => match jail_of(j, &sock, &tpl) {
+                            Ok(jl) => p.clone().jail(jl),
+                            Err(_) => {
+                                errors.fetch_add(1, Ordering::Relaxed);
+                                continue;
+                            }
+                        },
+                        None => p.clone(),
+                    };
+                    let ok = template::spawn_restore(p)
                         .and_then(|mut r| {
                             let res = r.wait_ready(Duration::from_secs(30));
                             r.shutdown();
@@ -193,7 +251,7 @@ pub fn run(
     let sock = o.workdir.join("lat.sock");
     let (mut run_ms, mut out_ms, mut errors) = (vec![], vec![], 0);
     for i in 0..o.restores {
-        match one_restore_latency(&o.vmm, &printer_dir, &sock) {
+        match one_restore_latency(&o.vmm, &printer_dir, &sock, None) {
             Ok((a, b)) => {
                 run_ms.push(a);
                 out_ms.push(b);
@@ -249,6 +307,19 @@ pub fn run(
     for r in vms {
         r.shutdown();
     }
+    let jail_ab = match &o.jail {
+        Some(j) => {
+            progress("jailer A/B: restores with and without shoal-jailer, interleaved...");
+            Some(crate::jail_ab::run(
+                o,
+                j,
+                &printer_dir,
+                &idle_dir,
+                progress,
+            )?)
+        }
+        None => None,
+    };
     progress("restores into pre-warmed VMs...");
     let workers = o.concurrency.iter().copied().max().unwrap_or(2).clamp(1, 8);
     let prewarmed = super::prewarm::run(
@@ -279,6 +350,7 @@ pub fn run(
         pss_vms: pss.len(),
         latency_errors: errors,
         prewarmed,
+        jail_ab,
     })
 }
 
@@ -305,6 +377,9 @@ impl RestoreReport {
             self.pss_kib_mean / 1024.0,
             self.pss_kib_max / 1024.0
         ));
+        if let Some(ab) = &self.jail_ab {
+            s.push_str(&ab.render());
+        }
         if let Some(p) = &self.prewarmed {
             if let Some(r) = &p.restore_ms {
                 s.push_str(&format!(

@@ -201,12 +201,14 @@ fn io(p: &Path) -> impl FnOnce(std::io::Error) -> JailError + '_ {
 }
 
 /// Gives directory `dir` and everything in it to `uid` (its group the
-/// same), the directory 0700: the sandbox directory of a VMM that runs as
-/// `uid` (a pause snapshot written under an earlier uid included).
+/// same), the directory 0700: the sandbox (or template boot) directory of
+/// a VMM that runs as `uid` (a pause snapshot written under an earlier uid
+/// included). Files with other links (images pinned from the installed
+/// artifacts share their inode) are not the directory's to give away.
 pub fn own_dir(dir: &Path, uid: u32) -> Result<(), JailError> {
     fn walk(p: &Path, uid: u32) -> std::io::Result<()> {
         let m = std::fs::symlink_metadata(p)?;
-        if m.file_type().is_symlink() {
+        if m.file_type().is_symlink() || (m.is_file() && m.nlink() > 1) {
             return Ok(());
         }
         if m.uid() != uid || m.gid() != uid {
@@ -224,10 +226,9 @@ pub fn own_dir(dir: &Path, uid: u32) -> Result<(), JailError> {
 }
 
 /// Makes template directory `dir` readable by every jailed VMM and no one
-/// else: root and [`uids::SHARED_GID`] own it and the files a VMM wrote
-/// (0750 / 0640); files that are already world-readable (images linked
-/// from the installed artifacts, which share their inode) are left as
-/// they are.
+/// else: root and [`uids::SHARED_GID`] own it and its files (0750 /
+/// 0640); files with other links (images pinned from the installed
+/// artifacts, which share their inode) are left as they are.
 pub fn share_template(dir: &Path) -> Result<(), JailError> {
     fn walk(p: &Path) -> std::io::Result<()> {
         let m = std::fs::symlink_metadata(p)?;
@@ -240,7 +241,7 @@ pub fn share_template(dir: &Path) -> Result<(), JailError> {
             for e in std::fs::read_dir(p)? {
                 walk(&e?.path())?;
             }
-        } else if m.mode() & 0o004 == 0 {
+        } else if m.nlink() == 1 {
             std::os::unix::fs::lchown(p, Some(0), Some(uids::SHARED_GID))?;
             std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o640))?;
         }

@@ -24,8 +24,12 @@ fn template_files_list_what_is_outside_and_share_makes_them_group_readable() {
     std::fs::create_dir_all(&t).unwrap();
     std::fs::write(t.join("memory"), "m").unwrap();
     std::fs::set_permissions(t.join("memory"), PermissionsExt::from_mode(0o600)).unwrap();
-    std::fs::write(t.join("root.erofs"), "img").unwrap();
-    std::fs::set_permissions(t.join("root.erofs"), PermissionsExt::from_mode(0o644)).unwrap();
+    // An image pinned from elsewhere: a hard link, its inode shared.
+    let installed = tmp.path().join("installed.erofs");
+    std::fs::write(&installed, "img").unwrap();
+    std::fs::set_permissions(&installed, PermissionsExt::from_mode(0o644)).unwrap();
+    std::fs::hard_link(&installed, t.join("root.erofs")).unwrap();
+    std::fs::write(t.join("scratch.ext4"), "disk").unwrap();
     let outside = tmp.path().join("other/layer.erofs");
     std::fs::create_dir_all(outside.parent().unwrap()).unwrap();
     std::fs::write(&outside, "l").unwrap();
@@ -54,10 +58,17 @@ fn a_sandbox_dir_becomes_its_vmms() {
     let d = tmp.path().join("sb");
     std::fs::create_dir_all(d.join("snap-1")).unwrap();
     std::fs::write(d.join("snap-1/memory"), "m").unwrap();
+    std::fs::write(tmp.path().join("image"), "i").unwrap();
+    std::fs::hard_link(tmp.path().join("image"), d.join("root.erofs")).unwrap();
     let uid = uids::UID_BASE + 77;
     own_dir(&d, uid).unwrap();
     assert_eq!(mode(&d), (uid, uid, 0o700));
     assert_eq!(mode(&d.join("snap-1/memory")).0, uid);
+    assert_eq!(
+        mode(&d.join("root.erofs")).0,
+        0,
+        "a shared inode keeps its owner"
+    );
 }
 
 #[test]

@@ -52,8 +52,16 @@ fn cgroup_dirs(id: &str) -> Vec<PathBuf> {
 /// Checks one running jailed VMM; returns its uid.
 fn check_jailed(d: &Daemon, id: &str) -> u32 {
     let (jailer, pid) = vmm_of(d, id);
-    assert_ne!(jailer, pid, "the daemon tracks the jailer, the VMM is its child");
-    let uid: u32 = field(pid, "Uid").split_whitespace().next().unwrap().parse().unwrap();
+    assert_ne!(
+        jailer, pid,
+        "the daemon tracks the jailer, the VMM is its child"
+    );
+    let uid: u32 = field(pid, "Uid")
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
     assert!(uids::slot_of(uid).is_some(), "uid {uid} is a jail uid");
     assert_eq!(field(pid, "Uid"), format!("{uid}\t{uid}\t{uid}\t{uid}"));
     assert_eq!(field(pid, "Gid"), format!("{uid}\t{uid}\t{uid}\t{uid}"));
@@ -92,7 +100,10 @@ fn check_jailed(d: &Daemon, id: &str) -> u32 {
         } else {
             let outside = Path::new(point).starts_with(&d.dir)
                 && !Path::new(point).starts_with(d.dir.join("templates"));
-            assert!(!outside, "only templates of the state dir are bound read-only: {l}");
+            assert!(
+                !outside,
+                "only templates of the state dir are bound read-only: {l}"
+            );
         }
     }
     assert_eq!(rw, [sbdir.display().to_string()], "{mounts}");
@@ -111,7 +122,10 @@ fn check_jailed(d: &Daemon, id: &str) -> u32 {
     let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap();
     for kv in env.split(|b| *b == 0).filter(|kv| !kv.is_empty()) {
         let k = String::from_utf8_lossy(kv.split(|b| *b == b'=').next().unwrap()).into_owned();
-        assert!(k == "RUST_LOG" || k == "RUST_BACKTRACE", "environment has {k}");
+        assert!(
+            k == "RUST_LOG" || k == "RUST_BACKTRACE",
+            "environment has {k}"
+        );
     }
     // Its cgroup, with limits.
     let cg = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
@@ -147,7 +161,10 @@ fn check_jailed(d: &Daemon, id: &str) -> u32 {
 fn daemon_vmms_run_jailed_through_the_whole_lifecycle() {
     // SAFETY: geteuid cannot fail.
     let euid = unsafe { libc::geteuid() };
-    assert_eq!(euid, 0, "jailing needs a root daemon: run the tests as root");
+    assert_eq!(
+        euid, 0,
+        "jailing needs a root daemon: run the tests as root"
+    );
     let mut d = Daemon::start(&["--no-pools"]);
     assert!(d.log().contains("VMMs run jailed"), "{}", d.log());
     // State: the daemon's alone.
@@ -173,7 +190,12 @@ fn daemon_vmms_run_jailed_through_the_whole_lifecycle() {
     let snap = std::fs::read_dir(d.dir.join("sandboxes").join(&id))
         .unwrap()
         .map(|e| e.unwrap().path())
-        .find(|p| p.file_name().unwrap().to_string_lossy().starts_with("snap-"))
+        .find(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("snap-")
+        })
         .expect("a pause snapshot");
     assert_eq!(mode(&snap.join("memory")).2, 0o600);
     assert_eq!(mode(&snap.join("memory")).0, uid);
@@ -206,8 +228,11 @@ fn daemon_vmms_run_jailed_through_the_whole_lifecycle() {
     let (jailer, vmm) = vmm_of(&d, &s2.id);
     d.kill(&s2.id);
     wait_for("the jailed VMM to end", 10, || {
-        !Path::new(&format!("/proc/{vmm}")).exists() && !Path::new(&format!("/proc/{jailer}")).exists()
+        !Path::new(&format!("/proc/{vmm}")).exists()
+            && !Path::new(&format!("/proc/{jailer}")).exists()
     });
-    wait_for("its cgroup to be removed", 10, || cgroup_dirs(&s2.id).iter().all(|d| !d.exists()));
+    wait_for("its cgroup to be removed", 10, || {
+        cgroup_dirs(&s2.id).iter().all(|d| !d.exists())
+    });
     d.kill(&id);
 }

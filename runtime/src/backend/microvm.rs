@@ -244,8 +244,15 @@ impl SandboxBackend for MicroVm {
         layers: &[String],
         dir: &Path,
     ) -> Result<(), BackendError> {
-        build_from_layout(&self.artifacts, &self.vmm, dir, spec, layers)
-            .map_err(|e| BackendError::Build(Box::new(e)))?;
+        build_from_layout(
+            &self.artifacts,
+            &self.vmm,
+            dir,
+            spec,
+            layers,
+            self.jail.as_ref(),
+        )
+        .map_err(|e| BackendError::Build(Box::new(e)))?;
         if self.jailed() {
             jail::share_template(dir).map_err(|e| BackendError::Jail(e.to_string()))?;
         }
