@@ -6,12 +6,29 @@
 //! daemon does for it: the uid lease, the sandbox directory's owner, the
 //! jailer's namespaces, mounts, cgroup and credential changes.
 
-use crate::restore::{one_restore_latency, rate_with, RestoreBenchOpts};
+use crate::restore_rate::{one_restore_latency, rate_with};
 use crate::stats::{summarize, Summary};
 use serde::Serialize;
 use shoal_runtime::jail::{self, JailConfig};
 use shoal_runtime::template::TemplateError;
 use std::path::Path;
+
+/// What the A/B runs.
+#[derive(Debug, Clone)]
+pub struct AbOpts {
+    /// Our VMM.
+    pub vmm: std::path::PathBuf,
+    /// Scratch directory.
+    pub workdir: std::path::PathBuf,
+    /// Restores timed each way.
+    pub restores: usize,
+    /// Concurrency levels for the rate.
+    pub concurrency: Vec<usize>,
+    /// Restores per level each way.
+    pub rate_restores: usize,
+    /// The images the templates map (outside their directories).
+    pub images: Vec<std::path::PathBuf>,
+}
 
 /// One latency metric, both ways.
 #[derive(Debug, Serialize)]
@@ -53,17 +70,16 @@ pub struct JailAb {
 /// Runs the A/B on the bench's templates (made readable to jailed VMMs
 /// first, as the daemon makes its templates).
 pub fn run(
-    o: &RestoreBenchOpts,
+    o: &AbOpts,
     j: &JailConfig,
     printer: &Path,
     idle: &Path,
     progress: &mut dyn FnMut(&str),
 ) -> Result<JailAb, TemplateError> {
     // The images the templates map are outside their directories.
-    let mut images = vec![o.spec.root.clone()];
-    images.extend(o.spec.extra_pmem.iter().cloned());
+    let images = &o.images;
     for t in [printer, idle] {
-        jail::write_files(t, &images)
+        jail::write_files(t, images)
             .and_then(|()| jail::share_template(t))
             .map_err(|e| TemplateError::NotReady(format!("jail: {e}")))?;
     }

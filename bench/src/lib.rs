@@ -11,6 +11,7 @@ pub mod pmem;
 pub mod pmem_report;
 pub mod prewarm;
 pub mod restore;
+pub mod restore_rate;
 pub mod stats;
 
 use serde::Serialize;
