@@ -3,9 +3,11 @@
 //! readiness pipe) out. Every VMM Shoal starts (daemon sandboxes,
 //! daemon-less sandboxes, template boots, benchmarks, `shoal restore`) is
 //! built here, so the flags the VMM accepts are spelled once, and
-//! confinement (jailer, network namespace, cgroups, seccomp) has one place
-//! to plug in: [`VmmProcess::command`] hands the finished command to
-//! `confine` last.
+//! confinement has one place to plug in: [`VmmProcess::command`] builds
+//! every command through `confine` (umask 077 for every VMM; with a
+//! [`Jail`], `shoal-jailer <spec> -- shoal-vmm <the same args>`: its own
+//! uid, namespaces, files, cgroup; see [`crate::jail`]). Seccomp is the
+//! VMM's own.
 
 use crate::jail::Jail;
 use crate::ready::{ReadyPipe, READY_FD};
