@@ -339,6 +339,12 @@ fn signals_reach_the_program_and_the_jailer_ends_as_it_did() {
     wait_for("the program to die with its supervisor", || {
         (!Path::new(&format!("/proc/{pid}")).exists()).then_some(())
     });
+    // A SIGKILLed supervisor leaves its (now empty) cgroup: the daemon
+    // sweeps such leftovers; this test removes its own.
+    let plan = shoal_jailer::cgroup::plan_here(&s.id, &s.cgroup.unwrap()).unwrap();
+    for d in &plan.dirs {
+        let _ = std::fs::remove_dir(d);
+    }
 }
 
 #[test]
@@ -366,4 +372,42 @@ fn a_setup_failure_is_reported_and_leaves_no_cgroup() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--uid"));
+}
+
+#[test]
+fn a_named_network_namespace_is_joined_instead_of_a_new_one() {
+    prereqs();
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().to_path_buf();
+    // A process in a network namespace of its own stands in for a pooled
+    // netns; its /proc entry names the namespace.
+    let mut holder = Command::new("unshare")
+        .args(["--net", BUSYBOX, "sleep", "30"])
+        .spawn()
+        .unwrap();
+    let hp = i32::try_from(holder.id()).unwrap();
+    let ns = format!("/proc/{hp}/ns/net");
+    let want = wait_for("the holder's namespace", || {
+        let n = std::fs::read_link(&ns).ok()?;
+        (n != std::fs::read_link("/proc/self/ns/net").unwrap()).then_some(n)
+    });
+    let mut s = spec(
+        &format!("jn-{}", std::process::id()),
+        &dir,
+        "while :; do /usr/bin/busybox usleep 20000; done",
+    );
+    s.netns = Some(ns.into());
+    let mut c = start(&s, || Ok(()));
+    let pid = inner_pid(&dir);
+    let got = wait_for("the program to run", || {
+        std::fs::read_link(format!("/proc/{pid}/exe"))
+            .is_ok_and(|e| e == Path::new(BUSYBOX))
+            .then(|| std::fs::read_link(format!("/proc/{pid}/ns/net")).unwrap())
+    });
+    // SAFETY: kill on our child (SIGTERM: the jailer removes its cgroup).
+    unsafe { libc::kill(i32::try_from(c.id()).unwrap(), libc::SIGTERM) };
+    c.wait().unwrap();
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+    assert_eq!(got, want, "the jail joined the named namespace");
 }
