@@ -64,6 +64,12 @@ impl Lease {
     pub fn fd(&self) -> RawFd {
         self.fd.as_raw_fd()
     }
+
+    /// A new descriptor for the same lock (the same open file
+    /// description), to hand to a jailer.
+    pub fn file(&self) -> std::io::Result<File> {
+        Ok(File::from(self.fd.try_clone()?))
+    }
 }
 
 /// The slot of a jail user id, if it is one.

@@ -158,7 +158,9 @@ impl JailConfig {
             rw: vec![dir.into()],
             kvm: true,
             keep_fds: vec![],
-            hold_fds: vec![lease.fd()],
+            // The lease is placed among the passed descriptors when the
+            // command is built (`VmmProcess::confine`).
+            hold_fds: vec![],
             env,
             netns: None,
             cgroup: Some(CgroupSpec {

@@ -11,10 +11,13 @@
 
 use crate::jail::Jail;
 use crate::ready::{ReadyPipe, READY_FD};
+pub use fds::{open_image, PassedFd, FIRST_PASSED_FD};
 use std::ffi::{OsStr, OsString};
+use std::fs::File;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Errors building or starting a VMM process.
@@ -207,9 +210,16 @@ pub struct VmmProcess {
     stdin: Io,
     stdout: Io,
     stderr: Io,
-    keep_fds: Vec<i32>,
+    /// Descriptors passed at fixed numbers ([`fds`]).
+    passed: Vec<PassedFd>,
+    /// (index in `Start::Boot`'s pmem, descriptor number) of pmem images
+    /// passed as descriptors.
+    pmem_fds: Vec<(usize, std::os::fd::RawFd)>,
     jail: Option<Jail>,
 }
+
+#[path = "vmm_process_fds.rs"]
+mod fds;
 
 impl VmmProcess {
     fn new(program: &Path, start: Start) -> VmmProcess {
@@ -230,7 +240,8 @@ impl VmmProcess {
             stdin: Io::Inherit,
             stdout: Io::Inherit,
             stderr: Io::Inherit,
-            keep_fds: vec![],
+            passed: vec![],
+            pmem_fds: vec![],
             jail: None,
         }
     }
@@ -308,6 +319,53 @@ impl VmmProcess {
             pmem.push(p.into());
         }
         self
+    }
+
+    /// Adds a virtio-pmem image the VMM inherits as an open descriptor
+    /// (`--pmem fd:N=NAME`; `name` is what snapshots record), booting only.
+    pub fn pmem_file(mut self, name: impl Into<PathBuf>, file: Arc<File>) -> Self {
+        if let Start::Boot { pmem, .. } = &mut self.start {
+            pmem.push(name.into());
+            let idx = pmem.len() - 1;
+            let target = self.pass_fd(file);
+            self.pmem_fds.push((idx, target));
+        }
+        self
+    }
+
+    /// Passes `file` to the VMM; returns the descriptor number it has
+    /// there.
+    pub fn pass_fd(&mut self, file: Arc<File>) -> std::os::fd::RawFd {
+        let target = self
+            .passed
+            .iter()
+            .map(|p| p.target + 1)
+            .max()
+            .unwrap_or(FIRST_PASSED_FD);
+        self.passed.push(PassedFd { target, file });
+        target
+    }
+
+    /// The descriptors the VMM must keep open (beyond 0, 1 and 2): its
+    /// readiness pipe and every passed descriptor. A jailer closes all
+    /// others.
+    pub fn kept_fds(&self) -> Vec<std::os::fd::RawFd> {
+        let ready = self.ready_pipe.then_some(READY_FD);
+        ready
+            .into_iter()
+            .chain(self.passed.iter().map(|p| p.target))
+            .collect()
+    }
+
+    /// Runs the VMM in `jail` (see [`Self::confine`]).
+    pub fn jail(mut self, jail: Jail) -> Self {
+        self.jail = Some(jail);
+        self
+    }
+
+    /// Whether it runs jailed.
+    pub fn jailed(&self) -> bool {
+        self.jail.is_some()
     }
 
     /// Guest memory (MiB).
@@ -398,42 +456,6 @@ impl VmmProcess {
         self
     }
 
-    /// Passes descriptor `fd` (already at that number, without
-    /// close-on-exec, in the child) to the VMM on purpose: a jail keeps it
-    /// open where it closes every other descriptor above 2.
-    pub fn keep_fd(mut self, fd: i32) -> Self {
-        if !self.keep_fds.contains(&fd) {
-            self.keep_fds.push(fd);
-        }
-        self
-    }
-
-    /// The descriptors above 2 the VMM gets on purpose: its readiness pipe
-    /// and those given to [`Self::keep_fd`].
-    pub fn kept_fds(&self) -> Vec<i32> {
-        let mut v = vec![];
-        if self.ready_pipe {
-            v.push(READY_FD);
-        }
-        for &f in &self.keep_fds {
-            if !v.contains(&f) {
-                v.push(f);
-            }
-        }
-        v
-    }
-
-    /// Runs the VMM in `jail` (see [`Self::confine`]).
-    pub fn jail(mut self, jail: Jail) -> Self {
-        self.jail = Some(jail);
-        self
-    }
-
-    /// Whether it runs jailed.
-    pub fn jailed(&self) -> bool {
-        self.jail.is_some()
-    }
-
     /// Checks the combinations `shoal-vmm` refuses (its `clap` rules).
     fn check(&self) -> Result<(), VmmProcessError> {
         if self.start == Start::Prewarm && self.api_sock.is_none() {
@@ -467,8 +489,15 @@ impl VmmProcess {
                 if let Some(i) = initrd {
                     flag("--initrd", i.as_os_str());
                 }
-                for p in pmem {
-                    flag("--pmem", p.as_os_str());
+                for (i, p) in pmem.iter().enumerate() {
+                    match self.pmem_fds.iter().find(|(idx, _)| *idx == i) {
+                        Some((_, fd)) => {
+                            let mut v = OsString::from(format!("fd:{fd}="));
+                            v.push(p);
+                            flag("--pmem", &v);
+                        }
+                        None => flag("--pmem", p.as_os_str()),
+                    }
                 }
                 for d in disks {
                     flag("--disk", &d.arg());
@@ -520,13 +549,27 @@ impl VmmProcess {
     }
 
     /// The command that starts this VMM, confined as far as Shoal confines
-    /// VMMs (see [`Self::confine`]). The readiness pipe and the own session
-    /// are set up by [`Self::spawn`], not here.
+    /// VMMs (see `confine`). The readiness pipe and the own session are set
+    /// up by [`Self::spawn`], not here.
     pub fn command(&self) -> Result<Command, VmmProcessError> {
-        let mut c = self.confine(self.args()?);
+        self.command_with(vec![], None)
+    }
+
+    /// [`Self::command`], also passing `extra` descriptors, and running
+    /// `also` in the child before exec.
+    fn command_with(
+        &self,
+        extra: Vec<PassedFd>,
+        also: Option<fn() -> std::io::Result<()>>,
+    ) -> Result<Command, VmmProcessError> {
+        let mut passed: Vec<PassedFd> = self.passed.iter().cloned().chain(extra).collect();
+        let mut c = self.confine(self.args()?, &mut passed)?;
         c.stdin(self.stdin.stdio()?)
             .stdout(self.stdout.stdio()?)
             .stderr(self.stderr.stdio()?);
+        if !passed.is_empty() || also.is_some() {
+            fds::install(&mut c, passed, also);
+        }
         Ok(c)
     }
 
@@ -543,12 +586,17 @@ impl VmmProcess {
     /// when it runs as root) the command becomes `shoal-jailer <spec> --
     /// shoal-vmm <args>` (its own uid/gid, namespaces, a root holding only
     /// the files it needs at their own paths, no capabilities,
-    /// `no_new_privs`, rlimits, only [`Self::kept_fds`] above 2, a clean
-    /// environment, a cgroup: `shoal_jailer`); the VMM's arguments are the
-    /// same either way. Seccomp filters are installed by the VMM itself.
-    fn confine(&self, args: Vec<OsString>) -> Command {
+    /// `no_new_privs`, rlimits, only the passed descriptors above 2, a
+    /// clean environment, a cgroup: `shoal_jailer`); the VMM's arguments are
+    /// the same either way. The jail's uid lease joins `passed` (after the
+    /// others), for the jailer's supervisor alone to hold. Seccomp filters
+    /// are installed by the VMM itself.
+    fn confine(
+        &self,
+        args: Vec<OsString>,
+        passed: &mut Vec<PassedFd>,
+    ) -> Result<Command, VmmProcessError> {
         use std::os::unix::process::CommandExt;
-        let mut hold = vec![];
         let mut c = match &self.jail {
             None => {
                 let mut c = Command::new(&self.program);
@@ -559,35 +607,50 @@ impl VmmProcess {
                 let mut spec = j.spec.clone();
                 spec.exec.clone_from(&self.program);
                 spec.args = args;
-                spec.keep_fds = self.kept_fds();
-                hold.clone_from(&spec.hold_fds);
+                let mut keep = self.kept_fds();
+                for p in passed.iter() {
+                    if !keep.contains(&p.target) {
+                        keep.push(p.target);
+                    }
+                }
+                spec.keep_fds = keep;
+                spec.hold_fds.clear();
+                if let Some(l) = &j.lease {
+                    let file = l.file().map_err(|source| VmmProcessError::Spawn {
+                        program: j.jailer.clone(),
+                        source,
+                    })?;
+                    let target = passed
+                        .iter()
+                        .map(|p| p.target + 1)
+                        .max()
+                        .unwrap_or(FIRST_PASSED_FD)
+                        .max(FIRST_PASSED_FD);
+                    passed.push(PassedFd {
+                        target,
+                        file: Arc::new(file),
+                    });
+                    spec.hold_fds.push(target);
+                }
                 let mut c = Command::new(&j.jailer);
                 c.args(spec.to_args());
                 c
             }
         };
-        // SAFETY: between fork and exec the closure calls only umask and
-        // fcntl (async-signal-safe) on descriptors this process owns (the
-        // uid lease the jailer keeps, moved above 9 so that the readiness
-        // pipe's dup2 to 3 cannot land on it).
+        // SAFETY: between fork and exec the closure calls only umask
+        // (async-signal-safe, cannot fail).
         unsafe {
-            c.pre_exec(move || {
+            c.pre_exec(|| {
                 libc::umask(0o077);
-                for &fd in &hold {
-                    if libc::fcntl(fd, libc::F_SETFD, 0) < 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                }
                 Ok(())
             })
         };
-        c
+        Ok(c)
     }
 
     /// Starts the VMM: in its own session if asked, with its readiness pipe
     /// if asked.
     pub fn spawn(&self) -> Result<Spawned, VmmProcessError> {
-        let mut cmd = self.command()?;
         let spawn_err = |source| VmmProcessError::Spawn {
             program: self.started_program().to_path_buf(),
             source,
@@ -602,6 +665,28 @@ impl VmmProcess {
         let also = self
             .own_session
             .then_some(setsid as fn() -> std::io::Result<()>);
+        if !self.passed.is_empty() || self.jail.is_some() {
+            // Passed descriptors (a jail's uid lease among them) and the
+            // readiness pipe are placed together
+            // (one step that no numbering can trip up).
+            let mut extra = vec![];
+            let mut ready = None;
+            if self.ready_pipe {
+                let (read, write) = fds::ready_pipe().map_err(spawn_err)?;
+                extra.push(PassedFd {
+                    target: READY_FD,
+                    file: Arc::new(write),
+                });
+                ready = Some(ReadyPipe::from_read(read));
+            }
+            let mut cmd = self.command_with(extra, also)?;
+            let child = cmd.spawn().map_err(spawn_err)?;
+            // Our write end goes with the command: EOF then comes when the
+            // child closes its own.
+            drop(cmd);
+            return Ok(Spawned { child, ready });
+        }
+        let mut cmd = self.command()?;
         if self.ready_pipe {
             let (child, ready) = ReadyPipe::spawn(&mut cmd, also).map_err(spawn_err)?;
             return Ok(Spawned {
