@@ -5,11 +5,13 @@
 pub mod boot;
 pub mod exec;
 pub mod hostmem;
+pub mod jail_ab;
 pub mod load;
 pub mod pmem;
 pub mod pmem_report;
 pub mod prewarm;
 pub mod restore;
+pub mod restore_rate;
 pub mod stats;
 
 use serde::Serialize;

@@ -4,16 +4,16 @@
 //! memory (PSS) per restored idle VM.
 
 use super::{table, Row};
+use crate::restore_rate::one_restore_latency;
+pub use crate::restore_rate::{rate, rate_with, Rate};
 use crate::stats::summarize;
 use serde::Serialize;
-use shoal_runtime::launch::{monotonic_ns, BootSpec};
-use shoal_runtime::template::{self, first_run_ns, TemplateError};
+use shoal_runtime::jail::JailConfig;
+use shoal_runtime::launch::BootSpec;
+use shoal_runtime::template::{self, TemplateError};
 use shoal_runtime::vmm_process::{Io, VmmProcess};
-use std::io::Read;
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::path::PathBuf;
+use std::time::Duration;
 
 /// Options.
 #[derive(Debug, Clone)]
@@ -32,19 +32,9 @@ pub struct RestoreBenchOpts {
     pub rate_restores: usize,
     /// Idle VMs kept alive for the PSS measurement.
     pub pss_vms: usize,
-}
-
-/// Sustained rate at one concurrency.
-#[derive(Debug, Serialize)]
-pub struct Rate {
-    /// Concurrent restores in flight.
-    pub concurrency: usize,
-    /// Restores completed.
-    pub restores: usize,
-    /// Failures.
-    pub errors: usize,
-    /// Restores per second.
-    pub per_second: f64,
+    /// Also measure restores through this jailer, interleaved with
+    /// unjailed ones in the same run ([`crate::jail_ab`]).
+    pub jail: Option<JailConfig>,
 }
 
 /// The JSON report.
@@ -76,6 +66,8 @@ pub struct RestoreReport {
     pub latency_errors: usize,
     /// Restores into pre-warmed VMs (no new KVM VM per restore).
     pub prewarmed: Option<super::prewarm::PrewarmReport>,
+    /// Jailed vs unjailed restores, interleaved in this run.
+    pub jail_ab: Option<crate::jail_ab::JailAb>,
 }
 
 fn pss_kib(pid: u32) -> Option<f64> {
@@ -86,79 +78,6 @@ fn pss_kib(pid: u32) -> Option<f64> {
         .nth(1)?
         .parse()
         .ok()
-}
-
-fn one_restore_latency(vmm: &Path, tpl: &Path, sock: &Path) -> Result<(f64, f64), TemplateError> {
-    let t0 = monotonic_ns();
-    let mut r = template::spawn_restore(
-        VmmProcess::restore(vmm, tpl)
-            .api_sock(sock)
-            .stdout(Io::Piped)
-            .timings(true),
-    )?;
-    let mut out = r.child.stdout.take();
-    let mut b = [0u8; 1];
-    let got = out.as_mut().map(|o| o.read(&mut b)).transpose();
-    let t_out = monotonic_ns();
-    drop(out);
-    let err = r.shutdown();
-    if !matches!(got, Ok(Some(1))) {
-        return Err(TemplateError::NotReady("output after restore".into()));
-    }
-    let first = first_run_ns(&err).ok_or_else(|| TemplateError::NotReady("timing line".into()))?;
-    Ok((
-        first.saturating_sub(t0) as f64 / 1e6,
-        t_out.saturating_sub(t0) as f64 / 1e6,
-    ))
-}
-
-/// `total` restore + shutdown cycles of `tpl` by `k` workers, each with
-/// its own control and vsock socket paths in `dir`.
-pub fn rate(vmm: &Path, tpl: &Path, dir: &Path, k: usize, total: usize) -> Rate {
-    let next = Arc::new(AtomicUsize::new(0));
-    let errors = Arc::new(AtomicUsize::new(0));
-    let t0 = Instant::now();
-    let threads: Vec<_> = (0..k)
-        .map(|w| {
-            let (next, errors) = (next.clone(), errors.clone());
-            let (vmm, tpl, sock) = (
-                vmm.to_path_buf(),
-                tpl.to_path_buf(),
-                dir.join(format!("rate-{w}.sock")),
-            );
-            let vsock = dir.join(format!("rate-{w}.vsock"));
-            std::thread::spawn(move || {
-                // The vsock socket is ignored by the VMM for a template
-                // without vsock.
-                let p = VmmProcess::restore(&vmm, &tpl)
-                    .api_sock(&sock)
-                    .vsock_uds(&vsock)
-                    .stdout(Io::Null);
-                while next.fetch_add(1, Ordering::Relaxed) < total {
-                    let ok = template::spawn_restore(p.clone())
-                        .and_then(|mut r| {
-                            let res = r.wait_ready(Duration::from_secs(30));
-                            r.shutdown();
-                            res
-                        })
-                        .is_ok();
-                    if !ok {
-                        errors.fetch_add(1, Ordering::Relaxed);
-                    }
-                }
-            })
-        })
-        .collect();
-    for t in threads {
-        let _ = t.join();
-    }
-    let secs = t0.elapsed().as_secs_f64();
-    Rate {
-        concurrency: k,
-        restores: total,
-        errors: errors.load(Ordering::Relaxed),
-        per_second: total as f64 / secs,
-    }
 }
 
 /// Runs the benchmark.
@@ -193,7 +112,7 @@ pub fn run(
     let sock = o.workdir.join("lat.sock");
     let (mut run_ms, mut out_ms, mut errors) = (vec![], vec![], 0);
     for i in 0..o.restores {
-        match one_restore_latency(&o.vmm, &printer_dir, &sock) {
+        match one_restore_latency(&o.vmm, &printer_dir, &sock, None) {
             Ok((a, b)) => {
                 run_ms.push(a);
                 out_ms.push(b);
@@ -249,6 +168,29 @@ pub fn run(
     for r in vms {
         r.shutdown();
     }
+    let jail_ab = match &o.jail {
+        Some(j) => {
+            progress("jailer A/B: restores with and without shoal-jailer, interleaved...");
+            let mut images = vec![o.spec.root.clone()];
+            images.extend(o.spec.extra_pmem.iter().cloned());
+            let ab = crate::jail_ab::AbOpts {
+                vmm: o.vmm.clone(),
+                workdir: o.workdir.clone(),
+                restores: o.restores,
+                concurrency: o.concurrency.clone(),
+                rate_restores: o.rate_restores,
+                images,
+            };
+            Some(crate::jail_ab::run(
+                &ab,
+                j,
+                &printer_dir,
+                &idle_dir,
+                progress,
+            )?)
+        }
+        None => None,
+    };
     progress("restores into pre-warmed VMs...");
     let workers = o.concurrency.iter().copied().max().unwrap_or(2).clamp(1, 8);
     let prewarmed = super::prewarm::run(
@@ -279,6 +221,7 @@ pub fn run(
         pss_vms: pss.len(),
         latency_errors: errors,
         prewarmed,
+        jail_ab,
     })
 }
 
@@ -305,6 +248,9 @@ impl RestoreReport {
             self.pss_kib_mean / 1024.0,
             self.pss_kib_max / 1024.0
         ));
+        if let Some(ab) = &self.jail_ab {
+            s.push_str(&ab.render());
+        }
         if let Some(p) = &self.prewarmed {
             if let Some(r) = &p.restore_ms {
                 s.push_str(&format!(

@@ -11,6 +11,8 @@ pub struct Summary {
     pub min: f64,
     /// 50th percentile.
     pub median: f64,
+    /// 90th percentile (nearest rank).
+    pub p90: f64,
     /// 99th percentile (nearest rank).
     pub p99: f64,
     /// Largest.
@@ -34,6 +36,7 @@ pub fn summarize(samples: &[f64]) -> Option<Summary> {
         n: s.len(),
         min: s[0],
         median: rank(0.5),
+        p90: rank(0.9),
         p99: rank(0.99),
         max: s[s.len() - 1],
     })
@@ -50,6 +53,6 @@ mod tests {
         assert_eq!((s.min, s.median, s.p99, s.max), (1.0, 2.0, 3.0, 3.0));
         let v: Vec<f64> = (1..=100).map(f64::from).collect();
         let s = summarize(&v).unwrap();
-        assert_eq!((s.median, s.p99), (50.0, 99.0));
+        assert_eq!((s.median, s.p90, s.p99), (50.0, 90.0, 99.0));
     }
 }

@@ -13,9 +13,21 @@ pub fn restore(
     concurrency: &str,
     rate_restores: usize,
     pss_vms: usize,
+    jail: bool,
     memory: u32,
     json: &Path,
 ) -> Result<()> {
+    let vmm = artifacts::vmm_binary()?;
+    let jail = match jail {
+        true => {
+            let jailer = shoal_runtime::jail::JailConfig::find_jailer(&vmm)
+                .context("no shoal-jailer beside the VMM (cargo build --release -p shoal-jailer, or SHOAL_JAILER)")?;
+            let uids =
+                std::env::temp_dir().join(format!("shoal-bench-uids-{}", std::process::id()));
+            Some(shoal_runtime::jail::JailConfig::new(&jailer, &vmm, &uids)?)
+        }
+        false => None,
+    };
     let concurrency = concurrency
         .split(',')
         .map(|k| {
@@ -39,12 +51,13 @@ pub fn restore(
             upper_disk: None,
             upper_size_mib: None,
         },
-        vmm: artifacts::vmm_binary()?,
+        vmm,
         workdir: work.clone(),
         restores,
         concurrency,
         rate_restores,
         pss_vms,
+        jail,
     };
     let report = shoal_bench::restore::run(&opts, &mut |l| eprintln!("{l}"));
     let _ = std::fs::remove_dir_all(&work);

@@ -475,6 +475,10 @@ enum BenchCmd {
         /// Guest memory in MiB.
         #[arg(long, default_value_t = 128)]
         memory: u32,
+        /// Also restore through shoal-jailer, interleaved with unjailed
+        /// restores (A/B in one run; needs root).
+        #[arg(long)]
+        jail: bool,
         /// Where to write the JSON report.
         #[arg(long = "out", default_value = "bench-restore.json")]
         out: PathBuf,
@@ -699,6 +703,7 @@ fn main() {
                     rate_restores,
                     pss_vms,
                     memory,
+                    jail,
                     out: json,
                 },
         } => bench::restore(
@@ -706,6 +711,7 @@ fn main() {
             &concurrency,
             rate_restores,
             pss_vms,
+            jail,
             memory,
             &json,
         )

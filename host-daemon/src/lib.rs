@@ -36,6 +36,7 @@ pub mod listen;
 pub mod metrics;
 pub mod ops;
 pub mod pool;
+pub mod state_perms;
 pub mod supervisor;
 pub mod template_dirs;
 pub mod template_names;
@@ -371,9 +372,7 @@ impl Daemon {
     /// Opens the state and prepares the daemon, whose sandboxes `backend`
     /// runs (no tasks started yet).
     pub fn open(cfg: Config, backend: Arc<dyn SandboxBackend>) -> Result<Arc<Daemon>, String> {
-        for d in [&cfg.state_dir, &cfg.sandboxes_dir(), &cfg.templates_dir()] {
-            std::fs::create_dir_all(d).map_err(|e| format!("{}: {e}", d.display()))?;
-        }
+        state_perms::secure(&cfg)?;
         let db = Db::open(&cfg.state_dir.join("state.db")).map_err(|e| e.to_string())?;
         let permits = cfg.max_restores.max(1);
         Ok(Arc::new(Daemon {

@@ -197,10 +197,16 @@ fn main() -> Result<()> {
             missing.join(", ")
         );
     }
-    let backend = Arc::new(MicroVm::new(
-        shoal_images::artifacts::vmm_binary()?,
-        artifacts,
-    ));
+    let vmm = shoal_images::artifacts::vmm_binary()?;
+    // Every sandbox VMM through shoal-jailer when running as root
+    // (SHOAL_JAIL=0 to run them unjailed).
+    let jail =
+        shoal_runtime::jail::JailConfig::auto(&vmm, &cfg.state_dir).map_err(anyhow::Error::msg)?;
+    match &jail {
+        Some(j) => tracing::info!(jailer = %j.jailer.display(), "VMMs run jailed"),
+        None => tracing::warn!("VMMs run unjailed (not root, or SHOAL_JAIL=0)"),
+    }
+    let backend = Arc::new(MicroVm::new(vmm, artifacts).with_jail(jail));
     let d = Daemon::open(cfg, backend).map_err(anyhow::Error::msg)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -4,12 +4,13 @@
 //! lines ([`vmm_process`]); launching VMM processes that boot a kernel
 //! ([`launch`]); booting a template and snapshotting it ([`template`]);
 //! VM processes by pid and start time ([`vm`]); the VMM's readiness pipe
-//! ([`ready`]); fresh entropy and clock for restored guests ([`fresh`]);
+//! ([`ready`]); jailed VMMs ([`jail`]); fresh entropy and clock for restored guests ([`fresh`]);
 //! and daemon-less sandboxes for the CLI and tests ([`sandbox`]).
 
 pub mod backend;
 pub mod console_lines;
 pub mod fresh;
+pub mod jail;
 pub mod launch;
 pub mod ready;
 pub mod sandbox;

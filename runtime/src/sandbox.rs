@@ -197,7 +197,7 @@ pub fn template(
     ));
     let tmp = dir.with_extension(format!("tmp{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
-    build_template(&tmp, spec, &guest, &vmm)?;
+    build_template(&tmp, spec, &guest, &vmm, None)?;
     // Publish atomically; a concurrent creator may have won the race.
     match std::fs::rename(&tmp, &dir) {
         Ok(()) => {}
@@ -221,6 +221,7 @@ pub fn build_template(
     spec: &TemplateSpec,
     guest: &GuestFiles,
     vmm: &Path,
+    jail: Option<&crate::jail::JailConfig>,
 ) -> Result<(), SandboxError> {
     let (mut boot, _) = template_boot(spec, guest, vmm)?;
     std::fs::create_dir_all(dir).map_err(|e| SandboxError::Io(dir.into(), e))?;
@@ -235,7 +236,7 @@ pub fn build_template(
         boot.upper_disk = Some(p);
     }
     boot.vsock_uds = Some(dir.join("boot.vsock"));
-    let res = template::make(&boot, vmm, dir, INIT_MARKER, Duration::from_secs(900));
+    let res = template::make_jailed(&boot, vmm, dir, INIT_MARKER, Duration::from_secs(900), jail);
     let _ = std::fs::remove_file(dir.join("boot.vsock"));
     if let Err(e) = res {
         let _ = std::fs::remove_dir_all(dir);

@@ -4,6 +4,7 @@
 use crate::console_lines::ConsoleLines;
 #[cfg(test)]
 use crate::console_lines::MAX_CONSOLE_LINE;
+use crate::jail::JailConfig;
 use crate::launch::BootSpec;
 use crate::vmm_process::{Io, VmmProcess, VmmProcessError};
 use std::path::{Path, PathBuf};
@@ -63,10 +64,68 @@ pub fn make_with(
     timeout: Duration,
     wait_idle: bool,
 ) -> Result<SnapshotInfo, TemplateError> {
+    make_in(spec, vmm, dir, ready, timeout, wait_idle, None)
+}
+
+/// [`make`] with the VMM in `jail` (None: unjailed): it sees `dir`
+/// read-write and the kernel and images outside `dir` read-only.
+pub fn make_jailed(
+    spec: &BootSpec,
+    vmm: &Path,
+    dir: &Path,
+    ready: &str,
+    timeout: Duration,
+    jail: Option<&JailConfig>,
+) -> Result<SnapshotInfo, TemplateError> {
+    make_in(spec, vmm, dir, ready, timeout, true, jail)
+}
+
+/// The jail of a template boot of `spec` into `dir`.
+fn boot_jail(
+    spec: &BootSpec,
+    dir: &Path,
+    j: &JailConfig,
+) -> Result<crate::jail::Jail, TemplateError> {
+    let mut ro = vec![spec.kernel.clone()];
+    let writable_root = spec.root_kind == crate::launch::RootKind::BlkExt4Rw;
+    if writable_root && !spec.root.starts_with(dir) {
+        return Err(TemplateError::NotReady(format!(
+            "jail: a writable root outside {} cannot be bound",
+            dir.display()
+        )));
+    }
+    ro.push(spec.root.clone());
+    ro.extend(spec.extra_pmem.iter().cloned());
+    ro.extend(spec.upper_disk.iter().cloned());
+    let ro: Vec<_> = ro.into_iter().filter(|p| !p.starts_with(dir)).collect();
+    let size = |p: &Path| std::fs::metadata(p).map_or(0, |m| m.len());
+    let images: u64 = spec
+        .extra_pmem
+        .iter()
+        .chain([&spec.root])
+        .map(|p| size(p))
+        .sum();
+    let mem = u64::from(spec.memory_mib) * (1 << 20) + images;
+    j.jail_for(dir, &ro, mem)
+        .map_err(|e| TemplateError::NotReady(format!("jail: {e}")))
+}
+
+fn make_in(
+    spec: &BootSpec,
+    vmm: &Path,
+    dir: &Path,
+    ready: &str,
+    timeout: Duration,
+    wait_idle: bool,
+    jail: Option<&JailConfig>,
+) -> Result<SnapshotInfo, TemplateError> {
     std::fs::create_dir_all(dir).map_err(|e| TemplateError::Io(dir.into(), e))?;
     let sock = dir.join("template-boot.sock");
-    let mut child = spec
-        .vmm_process(vmm)
+    let mut p = spec.vmm_process(vmm);
+    if let Some(j) = jail {
+        p = p.jail(boot_jail(spec, dir, j)?);
+    }
+    let mut child = p
         .api_sock(&sock)
         .timeout(Duration::from_secs(timeout.as_secs()))
         .stdin(Io::Null)
@@ -105,7 +164,15 @@ pub fn make_with(
     // agent's set-up, kernel deferred work); every clone would redo that
     // work after its restore, so snapshot once the guest is idle.
     if wait_idle {
-        wait_until_idle(child.id(), QUIET_WINDOW, QUIET_MAX);
+        // A jailed VMM is the jailer's child.
+        let pid = match jail {
+            Some(_) => crate::vm::pid_of(&child),
+            None => 0,
+        };
+        let pid = crate::jail::vmm_pid(pid, dir)
+            .and_then(|p| u32::try_from(p).ok())
+            .unwrap_or(child.id());
+        wait_until_idle(pid, QUIET_WINDOW, QUIET_MAX);
     }
     let t = Duration::from_secs(60);
     let vmm = Client::new(&sock, t);

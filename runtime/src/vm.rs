@@ -100,9 +100,14 @@ impl Proc {
 
     /// SIGKILL, only if the pid is still this process.
     pub fn kill(&self) {
+        self.signal(libc::SIGKILL);
+    }
+
+    /// Sends `sig`, only if the pid is still this process.
+    pub fn signal(&self, sig: i32) {
         if pid_start(self.pid) == Some(self.start) {
             // SAFETY: kill(2) on a pid whose start time we just checked.
-            unsafe { libc::kill(self.pid, libc::SIGKILL) };
+            unsafe { libc::kill(self.pid, sig) };
         }
     }
 
@@ -176,15 +181,27 @@ pub fn with_exit_cause(status: Option<ExitStatus>, last_words: &str) -> String {
     }
 }
 
+/// The parent pid of process `pid`.
+pub fn parent_of(pid: i32) -> Option<i32> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    s.get(s.rfind(')')? + 1..)?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
 /// `shoal-vmm` processes whose command line names a path under `root`.
 pub fn vmms_under(root: &Path) -> Vec<Proc> {
     processes_under(root, "shoal-vmm")
 }
 
-/// Processes whose program name (argv[0]) ends in `program` and whose
-/// command line names a path under `root`: (pid, start time).
+/// Processes whose program name (argv\[0\]) ends in `program` and one of
+/// whose arguments is a path under `root` (or `KIND:PATH` with one), compared by components (so
+/// `/x/state` does not claim the VMMs of `/x/state2`, another daemon's
+/// state directory): (pid, start time).
 pub fn processes_under(root: &Path, program: &str) -> Vec<Proc> {
-    let needle = root.as_os_str().as_encoded_bytes();
+    use std::os::unix::ffi::OsStrExt;
     let mut out = Vec::new();
     for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
         let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
@@ -195,7 +212,15 @@ pub fn processes_under(root: &Path, program: &str) -> Vec<Proc> {
         };
         let mut args = cmd.split(|b| *b == 0);
         let is_it = args.next().is_some_and(|a| a.ends_with(program.as_bytes()));
-        if is_it && args.any(|a| a.windows(needle.len()).any(|w| w == needle)) {
+        // A path, or a `KIND:PATH` value (`unix:/…`, `file:/…`).
+        let under = |a: &[u8]| {
+            let after = a.iter().position(|b| *b == b':').map(|i| &a[i + 1..]);
+            [Some(a), after]
+                .into_iter()
+                .flatten()
+                .any(|p| Path::new(std::ffi::OsStr::from_bytes(p)).starts_with(root))
+        };
+        if is_it && args.any(under) {
             if let Some(start) = pid_start(pid) {
                 out.push(Proc { pid, start });
             }
@@ -270,6 +295,50 @@ mod tests {
             "start time mismatch means another process"
         );
         assert!(p.pidfd().is_ok());
+    }
+
+    /// A daemon whose state directory is a prefix of another's
+    /// (`/x/state` and `/x/state2`) must not take the other's VMMs for its
+    /// own (argument paths are matched by components, not by substring).
+    #[test]
+    fn a_prefix_state_dir_does_not_claim_another_daemons_vmm() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mine, other) = (dir.path().join("state"), dir.path().join("state2"));
+        let fake = dir.path().join("bin/shoal-vmm");
+        let mut c = Command::new("bash")
+            .arg("-c")
+            .arg(format!(
+                "exec -a {} /bin/sh -c 'sleep 30; :' x --api-sock {}/sandboxes/x/api.sock",
+                fake.display(),
+                other.display()
+            ))
+            .spawn()
+            .unwrap();
+        let pid = pid_of(&c);
+        // Found under its own state directory ...
+        let end = Instant::now() + Duration::from_secs(5);
+        while !processes_under(&other, "shoal-vmm")
+            .iter()
+            .any(|p| p.pid == pid)
+        {
+            assert!(
+                Instant::now() < end,
+                "the VMM is found under its own state dir"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // ... and not under the prefix.
+        let claimed = processes_under(&mine, "shoal-vmm")
+            .iter()
+            .any(|p| p.pid == pid);
+        let _ = c.kill();
+        let _ = c.wait();
+        assert!(
+            !claimed,
+            "{} claimed a VMM of {}",
+            mine.display(),
+            other.display()
+        );
     }
 
     #[test]

@@ -3,10 +3,13 @@
 //! readiness pipe) out. Every VMM Shoal starts (daemon sandboxes,
 //! daemon-less sandboxes, template boots, benchmarks, `shoal restore`) is
 //! built here, so the flags the VMM accepts are spelled once, and
-//! confinement (jailer, network namespace, cgroups, seccomp) has one place
-//! to plug in: [`VmmProcess::command`] hands the finished command to
-//! `confine` last.
+//! confinement has one place to plug in: [`VmmProcess::command`] builds
+//! every command through `confine` (umask 077 for every VMM; with a
+//! [`Jail`], `shoal-jailer <spec> -- shoal-vmm <the same args>`: its own
+//! uid, namespaces, files, cgroup; see [`crate::jail`]). Seccomp is the
+//! VMM's own.
 
+use crate::jail::Jail;
 use crate::ready::{ReadyPipe, READY_FD};
 pub use fds::{open_image, PassedFd, FIRST_PASSED_FD};
 use std::ffi::{OsStr, OsString};
@@ -152,7 +155,10 @@ pub enum Io {
 impl Io {
     fn stdio(&self) -> Result<Stdio, VmmProcessError> {
         let open = |p: &Path, append: bool| {
+            use std::os::unix::fs::OpenOptionsExt;
+            // Logs and consoles are their owner's only (a new file).
             std::fs::OpenOptions::new()
+                .mode(0o600)
                 .create(true)
                 .write(true)
                 .append(append)
@@ -210,6 +216,7 @@ pub struct VmmProcess {
     /// (index in `Start::Boot`'s pmem, descriptor number) of pmem images
     /// passed as descriptors.
     pmem_fds: Vec<(usize, std::os::fd::RawFd)>,
+    jail: Option<Jail>,
 }
 
 #[path = "vmm_process_fds.rs"]
@@ -237,6 +244,7 @@ impl VmmProcess {
             stderr: Io::Inherit,
             passed: vec![],
             pmem_fds: vec![],
+            jail: None,
         }
     }
 
@@ -349,6 +357,17 @@ impl VmmProcess {
             .into_iter()
             .chain(self.passed.iter().map(|p| p.target))
             .collect()
+    }
+
+    /// Runs the VMM in `jail` (see [`Self::confine`]).
+    pub fn jail(mut self, jail: Jail) -> Self {
+        self.jail = Some(jail);
+        self
+    }
+
+    /// Whether it runs jailed.
+    pub fn jailed(&self) -> bool {
+        self.jail.is_some()
     }
 
     /// Guest memory (MiB).
@@ -555,38 +574,97 @@ impl VmmProcess {
         extra: Vec<PassedFd>,
         also: Option<fn() -> std::io::Result<()>>,
     ) -> Result<Command, VmmProcessError> {
-        let mut c = Command::new(&self.program);
-        c.args(self.args()?)
-            .stdin(self.stdin.stdio()?)
+        let mut passed: Vec<PassedFd> = self.passed.iter().cloned().chain(extra).collect();
+        let mut c = self.confine(self.args()?, &mut passed)?;
+        c.stdin(self.stdin.stdio()?)
             .stdout(self.stdout.stdio()?)
             .stderr(self.stderr.stdio()?);
-        let passed: Vec<PassedFd> = self.passed.iter().cloned().chain(extra).collect();
         if !passed.is_empty() || also.is_some() {
             fds::install(&mut c, passed, also);
         }
-        self.confine(&mut c);
         Ok(c)
     }
 
-    /// **The confinement hook.** Every VMM command passes through here last,
-    /// so this is where the jailer (chroot into a per-VM directory holding
-    /// only the VM's files, dropping to an unprivileged uid/gid), the
-    /// network namespace (the sandbox's pooled netns with its TAP), the
-    /// cgroup (the sandbox's cgroup v2 directory, with memory and CPU
-    /// limits) and the seccomp filters (installed by the VMM itself, per
-    /// thread, once its devices are set up) plug in.
+    /// The program actually started: the jailer when jailed.
+    fn started_program(&self) -> &Path {
+        self.jail.as_ref().map_or(&self.program, |j| &j.jailer)
+    }
+
+    /// **The confinement hook.** Every VMM command is built here.
     ///
-    /// None of that exists yet: today a VMM runs as the starter's user, in
-    /// the host's network namespace and the starter's cgroup, with no
-    /// seccomp filter, and this function leaves the command unchanged. It
-    /// is a seam, not a sandbox.
-    fn confine(&self, _cmd: &mut Command) {}
+    /// Every VMM gets umask 077, so the files and sockets it makes (control
+    /// and vsock sockets, snapshot memory and state) are its owner's only,
+    /// whatever its starter's umask. With a [`Jail`] (the daemon's VMMs
+    /// when it runs as root) the command becomes `shoal-jailer <spec> --
+    /// shoal-vmm <args>` (its own uid/gid, namespaces, a root holding only
+    /// the files it needs at their own paths, no capabilities,
+    /// `no_new_privs`, rlimits, only the passed descriptors above 2, a
+    /// clean environment, a cgroup: `shoal_jailer`); the VMM's arguments are
+    /// the same either way. The jail's uid lease joins `passed` (after the
+    /// others), for the jailer's supervisor alone to hold. Seccomp filters
+    /// are installed by the VMM itself.
+    fn confine(
+        &self,
+        args: Vec<OsString>,
+        passed: &mut Vec<PassedFd>,
+    ) -> Result<Command, VmmProcessError> {
+        use std::os::unix::process::CommandExt;
+        let mut c = match &self.jail {
+            None => {
+                let mut c = Command::new(&self.program);
+                c.args(args);
+                c
+            }
+            Some(j) => {
+                let mut spec = j.spec.clone();
+                spec.exec.clone_from(&self.program);
+                spec.args = args;
+                let mut keep = self.kept_fds();
+                for p in passed.iter() {
+                    if !keep.contains(&p.target) {
+                        keep.push(p.target);
+                    }
+                }
+                spec.keep_fds = keep;
+                spec.hold_fds.clear();
+                if let Some(l) = &j.lease {
+                    let file = l.file().map_err(|source| VmmProcessError::Spawn {
+                        program: j.jailer.clone(),
+                        source,
+                    })?;
+                    let target = passed
+                        .iter()
+                        .map(|p| p.target + 1)
+                        .max()
+                        .unwrap_or(FIRST_PASSED_FD)
+                        .max(FIRST_PASSED_FD);
+                    passed.push(PassedFd {
+                        target,
+                        file: Arc::new(file),
+                    });
+                    spec.hold_fds.push(target);
+                }
+                let mut c = Command::new(&j.jailer);
+                c.args(spec.to_args());
+                c
+            }
+        };
+        // SAFETY: between fork and exec the closure calls only umask
+        // (async-signal-safe, cannot fail).
+        unsafe {
+            c.pre_exec(|| {
+                libc::umask(0o077);
+                Ok(())
+            })
+        };
+        Ok(c)
+    }
 
     /// Starts the VMM: in its own session if asked, with its readiness pipe
     /// if asked.
     pub fn spawn(&self) -> Result<Spawned, VmmProcessError> {
         let spawn_err = |source| VmmProcessError::Spawn {
-            program: self.program.clone(),
+            program: self.started_program().to_path_buf(),
             source,
         };
         // setsid in the child between fork and exec (async-signal-safe).
@@ -599,8 +677,9 @@ impl VmmProcess {
         let also = self
             .own_session
             .then_some(setsid as fn() -> std::io::Result<()>);
-        if !self.passed.is_empty() {
-            // Passed descriptors and the readiness pipe are placed together
+        if !self.passed.is_empty() || self.jail.is_some() {
+            // Passed descriptors (a jail's uid lease among them) and the
+            // readiness pipe are placed together
             // (one step that no numbering can trip up).
             let mut extra = vec![];
             let mut ready = None;

@@ -335,3 +335,76 @@ fn pmem_files_are_passed_at_fixed_numbers() {
     assert_eq!(lines.next(), Some("image-a"));
     assert_eq!(lines.next(), Some("image-b"));
 }
+
+#[test]
+fn a_jailed_command_is_the_jailer_with_the_vmm_arguments_unchanged() {
+    // SAFETY: geteuid cannot fail.
+    let euid = unsafe { libc::geteuid() };
+    assert_eq!(
+        euid, 0,
+        "this test changes file owners: run the tests as root"
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let vmm = Path::new("/bin/ls");
+    let cfg = crate::jail::JailConfig::new(
+        Path::new("/opt/shoal-jailer"),
+        vmm,
+        &tmp.path().join("uids"),
+    )
+    .unwrap();
+    assert!(cfg
+        .base_ro
+        .iter()
+        .any(|p| p.to_string_lossy().contains("ld-linux")));
+    let sb = tmp.path().join("sandboxes/abc");
+    std::fs::create_dir_all(&sb).unwrap();
+    let tpl = tmp.path().join("templates/t");
+    let j = cfg
+        .jail_for(&sb, std::slice::from_ref(&tpl), 128 << 20)
+        .unwrap();
+    let uid = j.spec.uid;
+    assert!(crate::jail::uids::slot_of(uid).is_some());
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!(
+        std::fs::metadata(&sb).unwrap().uid(),
+        uid,
+        "the sandbox dir is the jail user's"
+    );
+    let canon = std::fs::canonicalize(vmm).unwrap();
+    let mut plain = VmmProcess::restore(&canon, &tpl).ready_pipe(true);
+    let null = std::sync::Arc::new(std::fs::File::open("/dev/null").unwrap());
+    assert_eq!(plain.pass_fd(null), FIRST_PASSED_FD);
+    let jailed = plain.clone().jail(j.clone());
+    assert_eq!(jailed.kept_fds(), vec![3, FIRST_PASSED_FD]);
+    let pc = plain.command().unwrap();
+    let jc = jailed.command().unwrap();
+    assert_eq!(jc.get_program(), "/opt/shoal-jailer");
+    let ja: Vec<_> = jc.get_args().collect();
+    let dd = ja.iter().position(|a| *a == "--").unwrap();
+    assert_eq!(ja[dd + 1], canon.as_os_str());
+    let pa: Vec<_> = pc.get_args().collect();
+    assert_eq!(
+        &ja[dd + 2..],
+        &pa[..],
+        "the VMM's arguments are the same jailed"
+    );
+    let spec = crate::jail::JailSpec::parse(ja.iter().map(|a| a.to_os_string())).unwrap();
+    assert_eq!(spec.keep_fds, vec![3, FIRST_PASSED_FD]);
+    assert_eq!(spec.rw, vec![sb.clone()]);
+    assert!(spec.ro.contains(&tpl) && spec.ro.contains(&canon));
+    // The uid lease is passed after the VMM's descriptors, for the
+    // jailer's supervisor alone.
+    assert_eq!(spec.hold_fds, vec![FIRST_PASSED_FD + 1]);
+    assert_eq!(
+        spec.cgroup.unwrap().memory_bytes,
+        Some((128 << 20) + crate::jail::OVERHEAD_BYTES)
+    );
+    assert_eq!(spec.pid_file, Some(sb.join(crate::jail::PID_FILE)));
+    assert!(spec
+        .env
+        .iter()
+        .all(|(k, _)| k == "RUST_LOG" || k == "RUST_BACKTRACE"));
+    // Two jails at once never share a uid.
+    let j2 = cfg.jail_for(&sb, &[], 0).unwrap();
+    assert_ne!(j2.spec.uid, uid);
+}

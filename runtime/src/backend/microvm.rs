@@ -5,9 +5,10 @@
 
 use super::microvm_template::build_from_layout;
 use super::{
-    end, BackendError, BackendState, Kind, Proc, Reattached, SandboxBackend, SandboxVm, Source,
+    BackendError, BackendState, Kind, Proc, Reattached, SandboxBackend, SandboxVm, Source,
     Transport, VmStats,
 };
+use crate::jail::{self, JailConfig};
 use crate::ready::{Readiness, ReadyPipe};
 use crate::sandbox::TemplateSpec;
 use crate::vm::{self, Paths};
@@ -42,12 +43,19 @@ enum Saved {
         api_sock: PathBuf,
         /// Its vsock host socket.
         vsock: PathBuf,
+        /// The files outside its directory its snapshots need (those
+        /// of the snapshot it was restored from: [`jail::template_files`]).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        files: Vec<PathBuf>,
     },
     /// Paused to disk: no VMM; the snapshot is in the sandbox's directory.
     Paused {
         /// The snapshot (absent: the newest `snap-*` in the directory).
         #[serde(default)]
         snapshot: Option<PathBuf>,
+        /// The files outside the directory the snapshot needs.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        files: Vec<PathBuf>,
     },
 }
 
@@ -56,6 +64,7 @@ enum Saved {
 pub struct MicroVm {
     vmm: PathBuf,
     artifacts: Layout,
+    jail: Option<JailConfig>,
 }
 
 impl MicroVm {
@@ -65,7 +74,19 @@ impl MicroVm {
         MicroVm {
             vmm: vmm.into(),
             artifacts,
+            jail: None,
         }
+    }
+
+    /// Starts every sandbox VMM through the jailer (`None`: unjailed).
+    pub fn with_jail(mut self, jail: Option<JailConfig>) -> MicroVm {
+        self.jail = jail;
+        self
+    }
+
+    /// Whether sandbox VMMs run jailed.
+    pub fn jailed(&self) -> bool {
+        self.jail.is_some()
     }
 
     /// The state of a sandbox recorded by a daemon from before backend
@@ -80,12 +101,16 @@ impl MicroVm {
     ) -> Option<BackendState> {
         let paths = Paths::new(dir);
         let saved = match (paused, pid, start) {
-            (true, _, _) => Saved::Paused { snapshot: None },
+            (true, _, _) => Saved::Paused {
+                snapshot: None,
+                files: vec![],
+            },
             (false, Some(pid), Some(start)) => Saved::Running {
                 pid,
                 start,
                 api_sock: paths.api_sock,
                 vsock: paths.vsock,
+                files: vec![],
             },
             _ => return None,
         };
@@ -105,10 +130,13 @@ impl MicroVm {
 /// scratch disk (`snapshot/scratch.ext4`) gives the sandbox its own copy of
 /// it in its directory, which the VMM then uses; a sandbox's own pause
 /// snapshot names that copy already.
+/// Jailed (`jail`), it sees `files` read-only besides its directory.
 fn spawn_restore(
     vmm: &Path,
     snapshot: &Path,
     paths: &Paths,
+    jail: Option<&JailConfig>,
+    files: &[PathBuf],
 ) -> Result<(Proc, ReadyPipe), BackendError> {
     std::fs::create_dir_all(&paths.dir).map_err(|source| BackendError::Io {
         path: paths.dir.clone(),
@@ -123,6 +151,13 @@ fn spawn_restore(
         let _ = std::fs::remove_file(&own);
         layers::clone_file(&src, &own)?;
         p = p.disk(Disk::rw(own));
+    }
+    if let Some(j) = jail {
+        let _ = std::fs::remove_file(paths.dir.join(jail::PID_FILE));
+        let j = j
+            .jail_for(&paths.dir, files, guest_bytes(snapshot, files))
+            .map_err(|e| BackendError::Jail(e.to_string()))?;
+        p = p.jail(j);
     }
     let s = p
         .api_sock(&paths.api_sock)
@@ -145,6 +180,36 @@ fn spawn_restore(
     Ok((Proc { pid, start }, ready))
 }
 
+/// Ends a VMM or its jailer: SIGTERM, then SIGKILL if it is still there
+/// after `timeout`. The VMM has no SIGTERM handler, so it ends at once
+/// either way; a jailer ends its VMM on SIGTERM (SIGKILL in its place, as
+/// PID 1 of its namespace ignores signals it has no handler for), then
+/// removes the VMM's cgroup, which a SIGKILLed jailer would leave behind.
+fn stop(p: &Proc, timeout: Duration) -> Option<std::process::ExitStatus> {
+    p.signal(libc::SIGTERM);
+    p.wait_gone(timeout)
+}
+
+/// Guest RAM (the snapshot's memory file) and images (the `.erofs`
+/// files among `files` and in the directories there): what a jailed
+/// VMM's cgroup allows beyond its overhead.
+fn guest_bytes(snapshot: &Path, files: &[PathBuf]) -> u64 {
+    let size = |p: &Path| std::fs::metadata(p).map_or(0, |m| m.len());
+    let mut n = size(&snapshot.join("memory"));
+    for f in files {
+        if f.is_dir() {
+            for e in std::fs::read_dir(f).into_iter().flatten().flatten() {
+                if e.path().extension().is_some_and(|x| x == "erofs") {
+                    n += size(&e.path());
+                }
+            }
+        } else {
+            n += size(f);
+        }
+    }
+    n
+}
+
 /// Waits until the VMM reports its vCPUs running (its control socket is up
 /// by then) on its ready pipe; kills it if it does not, and says why.
 fn wait_ready(p: &Proc, ready: &mut ReadyPipe, paths: &Paths) -> Result<(), BackendError> {
@@ -152,7 +217,7 @@ fn wait_ready(p: &Proc, ready: &mut ReadyPipe, paths: &Paths) -> Result<(), Back
     if r == Readiness::Ready {
         return Ok(());
     }
-    let status = end(p, Duration::from_secs(2));
+    let status = stop(p, Duration::from_secs(2));
     let detail = vm::with_exit_cause(status, &log_tail(paths));
     Err(match r {
         Readiness::TimedOut => BackendError::NotReady {
@@ -179,25 +244,46 @@ impl SandboxBackend for MicroVm {
         layers: &[shoal_images::layer_files::Layer],
         dir: &Path,
     ) -> Result<(), BackendError> {
-        build_from_layout(&self.artifacts, &self.vmm, dir, spec, layers)
-            .map_err(|e| BackendError::Build(Box::new(e)))
+        build_from_layout(
+            &self.artifacts,
+            &self.vmm,
+            dir,
+            spec,
+            layers,
+            self.jail.as_ref(),
+        )
+        .map_err(|e| BackendError::Build(Box::new(e)))?;
+        if self.jailed() {
+            jail::share_template(dir).map_err(|e| BackendError::Jail(e.to_string()))?;
+        }
+        Ok(())
     }
 
     fn restore(&self, dir: &Path, from: &Source) -> Result<Arc<dyn SandboxVm>, BackendError> {
-        let snapshot = match from {
-            Source::Template(t) if t.join("state").is_file() => t.clone(),
+        let (snapshot, files) = match from {
+            Source::Template(t) if t.join("state").is_file() => {
+                (t.clone(), jail::template_files(t))
+            }
             Source::Template(t) => return Err(BackendError::NoSource(t.clone())),
             Source::Paused(s) => match s.decode::<Saved>()? {
-                Saved::Paused { snapshot } => self
-                    .snapshot_of(dir, snapshot.as_deref())
-                    .ok_or_else(|| BackendError::NoSource(dir.into()))?,
+                Saved::Paused { snapshot, files } => (
+                    self.snapshot_of(dir, snapshot.as_deref())
+                        .ok_or_else(|| BackendError::NoSource(dir.into()))?,
+                    files,
+                ),
                 Saved::Running { .. } => return Err(BackendError::NoSource(dir.into())),
             },
         };
         let paths = Paths::new(dir);
-        let (p, mut ready) = spawn_restore(&self.vmm, &snapshot, &paths)?;
+        let (p, mut ready) =
+            spawn_restore(&self.vmm, &snapshot, &paths, self.jail.as_ref(), &files)?;
         wait_ready(&p, &mut ready, &paths)?;
-        Ok(Arc::new(MicroVmSandbox { proc: p, paths }))
+        Ok(Arc::new(MicroVmSandbox {
+            proc: p,
+            paths,
+            files,
+            jailed: self.jailed(),
+        }))
     }
 
     fn reattach(&self, dir: &Path, state: &BackendState) -> Result<Reattached, BackendError> {
@@ -206,6 +292,7 @@ impl SandboxBackend for MicroVm {
             start,
             api_sock,
             vsock,
+            files,
         } = state.decode::<Saved>()?
         else {
             return Err(BackendError::NoSource(dir.into()));
@@ -221,6 +308,8 @@ impl SandboxBackend for MicroVm {
                 api_sock,
                 vsock,
             },
+            files,
+            jailed: self.jailed(),
         };
         // Running, or frozen (vCPUs paused by the freezer).
         match vm.stats() {
@@ -229,7 +318,7 @@ impl SandboxBackend for MicroVm {
                 vm: Arc::new(vm),
             }),
             Err(e) => {
-                end(&proc, Duration::from_secs(2));
+                stop(&proc, Duration::from_secs(2));
                 Err(BackendError::Unusable {
                     pid,
                     detail: e.to_string(),
@@ -242,7 +331,7 @@ impl SandboxBackend for MicroVm {
         if let Ok(Saved::Running { pid, start, .. }) = state.decode::<Saved>() {
             let p = Proc { pid, start };
             if p.alive() {
-                end(&p, Duration::from_secs(2));
+                stop(&p, Duration::from_secs(2));
             }
         }
     }
@@ -250,17 +339,23 @@ impl SandboxBackend for MicroVm {
     fn can_resume(&self, dir: &Path, state: &BackendState) -> bool {
         matches!(
             state.decode::<Saved>(),
-            Ok(Saved::Paused { snapshot }) if self.snapshot_of(dir, snapshot.as_deref()).is_some()
+            Ok(Saved::Paused { snapshot, .. }) if self.snapshot_of(dir, snapshot.as_deref()).is_some()
         )
     }
 
     fn reclaim_strays(&self, root: &Path, keep: &dyn Fn(i32) -> bool) -> usize {
         let mut n = 0;
         for p in vm::processes_under(root, "shoal-vmm") {
-            if !keep(p.pid) {
-                end(&p, Duration::from_secs(2));
+            // A jailed VMM's tracked process is its jailer, its parent.
+            if !keep(p.pid) && !vm::parent_of(p.pid).is_some_and(keep) {
+                stop(&p, Duration::from_secs(2));
                 n += 1;
             }
+        }
+        if self.jailed() {
+            // Cgroups of jailers that were SIGKILLed (a live VMM's cgroup
+            // cannot be removed: rmdir refuses a cgroup with tasks).
+            shoal_jailer::cgroup::sweep(Duration::from_secs(60));
         }
         n
     }
@@ -269,8 +364,13 @@ impl SandboxBackend for MicroVm {
 /// One restored `shoal-vmm`.
 #[derive(Debug)]
 struct MicroVmSandbox {
+    /// The VMM, or its jailer.
     proc: Proc,
     paths: Paths,
+    /// What its snapshots need outside its directory.
+    files: Vec<PathBuf>,
+    /// Whether `proc` is a jailer.
+    jailed: bool,
 }
 
 impl MicroVmSandbox {
@@ -289,12 +389,20 @@ impl SandboxVm for MicroVmSandbox {
         self.proc.pid
     }
 
+    fn vmm_pid(&self) -> i32 {
+        match self.jailed {
+            true => jail::vmm_pid(self.proc.pid, &self.paths.dir).unwrap_or(self.proc.pid),
+            false => self.proc.pid,
+        }
+    }
+
     fn state(&self) -> BackendState {
         BackendState::encode(&Saved::Running {
             pid: self.proc.pid,
             start: self.proc.start,
             api_sock: self.paths.api_sock.clone(),
             vsock: self.paths.vsock.clone(),
+            files: self.files.clone(),
         })
     }
 
@@ -348,14 +456,28 @@ impl SandboxVm for MicroVmSandbox {
         let _ = std::fs::remove_file(&paths.vsock);
         Ok(BackendState::encode(&Saved::Paused {
             snapshot: Some(snap),
+            files: self.files.clone(),
         }))
     }
 
     fn snapshot(&self, dir: &Path) -> Result<(), BackendError> {
         let c = self.control(SNAPSHOT);
+        // A jailed VMM writes only inside its own directory: the snapshot
+        // is made there, then moved into place on the host side.
+        let out = match self.jailed {
+            true => self.paths.dir.join(".snapshot-new"),
+            false => dir.to_path_buf(),
+        };
+        if self.jailed {
+            let _ = std::fs::remove_dir_all(&out);
+        }
         let res = c
-            .snapshot(dir, false)
+            .snapshot(&out, false)
             .map_err(BackendError::from)
+            .and_then(|_| match self.jailed {
+                true => move_dir(&out, dir),
+                false => Ok(()),
+            })
             .and_then(|_| {
                 // The scratch disk as it is at the snapshot (the VM stays
                 // paused until the copy is made): the template's own, which
@@ -368,18 +490,28 @@ impl SandboxVm for MicroVmSandbox {
                 }
             });
         let resumed = c.resume().map_err(BackendError::from);
+        // Restoring it needs what this VM's snapshot needed, and itself.
+        let res = res.and_then(|()| {
+            jail::write_files(dir, &self.files)
+                .and_then(|()| match self.jailed {
+                    true => jail::share_template(dir),
+                    false => Ok(()),
+                })
+                .map_err(|e| BackendError::Jail(e.to_string()))
+        });
         if res.is_err() {
             let _ = std::fs::remove_dir_all(dir);
+            let _ = std::fs::remove_dir_all(self.paths.dir.join(".snapshot-new"));
         }
         res.and(resumed).map(drop)
     }
 
     fn kill(&self) {
-        self.proc.kill();
+        self.proc.signal(libc::SIGTERM);
     }
 
     fn destroy(&self, timeout: Duration) {
-        end(&self.proc, timeout);
+        stop(&self.proc, timeout);
     }
 
     fn exit_fd(&self) -> std::io::Result<OwnedFd> {
@@ -399,6 +531,24 @@ impl SandboxVm for MicroVmSandbox {
     }
 }
 
+/// Moves directory `from` to `to` (renamed; copied file by file across
+/// file systems).
+fn move_dir(from: &Path, to: &Path) -> Result<(), BackendError> {
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| BackendError::Io { path, source }
+    };
+    if std::fs::rename(from, to).is_ok() {
+        return Ok(());
+    }
+    std::fs::create_dir_all(to).map_err(io(to))?;
+    for e in std::fs::read_dir(from).map_err(io(from))? {
+        let e = e.map_err(io(from))?;
+        layers::clone_file(&e.path(), &to.join(e.file_name()))?;
+    }
+    std::fs::remove_dir_all(from).map_err(io(from))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -410,6 +560,7 @@ mod tests {
             start: 7,
             api_sock: "/d/api.sock".into(),
             vsock: "/d/vsock.sock".into(),
+            files: vec![],
         });
         assert_eq!(
             s.as_str(),
@@ -419,7 +570,10 @@ mod tests {
         let p = BackendState::from_stored(r#"{"state":"paused"}"#);
         assert_eq!(
             p.decode::<Saved>().unwrap(),
-            Saved::Paused { snapshot: None }
+            Saved::Paused {
+                snapshot: None,
+                files: vec![]
+            }
         );
         assert!(BackendState::from_stored("{}").decode::<Saved>().is_err());
     }
@@ -437,6 +591,7 @@ mod tests {
             start: 1,
             api_sock: dir.path().join("api.sock"),
             vsock: dir.path().join("vsock.sock"),
+            files: vec![],
         });
         assert!(matches!(
             b.reattach(dir.path(), &s),

@@ -83,6 +83,7 @@ pub fn build_from_layout(
     dir: &Path,
     mut spec: TemplateSpec,
     layers: &[Layer],
+    jail: Option<&crate::jail::JailConfig>,
 ) -> Result<(), BuildError> {
     // Everything is checked before anything is written.
     let kernel = artifacts.kernel()?;
@@ -126,7 +127,12 @@ pub fn build_from_layout(
         // console byte is a VM exit (errors still print).
         cmdline: format!("{cmdline} quiet"),
     };
-    sandbox::build_template(dir, &spec, &guest, vmm)?;
+    sandbox::build_template(dir, &spec, &guest, vmm, jail)?;
+    // Layers used where they are must be visible to jailed VMMs too.
+    crate::jail::write_files(dir, &spec.layers).map_err(|e| match e {
+        crate::jail::JailError::Io(p, e) => BuildError::Dir(p, e),
+        other => BuildError::Dir(dir.into(), std::io::Error::other(other.to_string())),
+    })?;
     Ok(())
 }
 
@@ -140,9 +146,16 @@ mod tests {
         let inst = tmp.path().join("artifacts");
         let dir = tmp.path().join("t.0123456789ab");
         let spec = TemplateSpec::new("tiny", 1, 128);
-        let e = build_from_layout(&Layout::at(&inst), Path::new("/x"), &dir, spec.clone(), &[])
-            .unwrap_err()
-            .to_string();
+        let e = build_from_layout(
+            &Layout::at(&inst),
+            Path::new("/x"),
+            &dir,
+            spec.clone(),
+            &[],
+            None,
+        )
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("the guest kernel is not installed"), "{e}");
         assert!(e.contains("shoal artifacts build"), "{e}");
         assert!(!dir.exists(), "nothing is written before the checks pass");
@@ -156,6 +169,7 @@ mod tests {
             &dir,
             spec,
             &[Layer::Image("base".into())],
+            None,
         )
         .unwrap_err()
         .to_string();

@@ -117,6 +117,9 @@ pub enum BackendError {
     /// The VM process could not be started.
     #[error(transparent)]
     Spawn(#[from] crate::vmm_process::VmmProcessError),
+    /// The VMM's jail could not be set up.
+    #[error("jail: {0}")]
+    Jail(String),
     /// File system.
     #[error("{path}: {source}")]
     Io {
@@ -183,7 +186,10 @@ impl BackendError {
     /// Whether the fault is this host's (the VM could not even be started),
     /// not the sandbox's.
     pub fn is_host_fault(&self) -> bool {
-        matches!(self, BackendError::Spawn(_) | BackendError::Io { .. })
+        matches!(
+            self,
+            BackendError::Spawn(_) | BackendError::Io { .. } | BackendError::Jail(_)
+        )
     }
 }
 
@@ -191,8 +197,14 @@ impl BackendError {
 pub trait SandboxVm: Send + Sync + std::fmt::Debug {
     /// Its kind.
     fn kind(&self) -> Kind;
-    /// The VM process's id.
+    /// The VM process's id (a jailed VMM's: its jailer's, the process
+    /// that is started, watched and killed).
     fn pid(&self) -> i32;
+    /// The VMM's own host pid (for what reads its /proc entry: memory,
+    /// threads); [`Self::pid`] where it is not jailed.
+    fn vmm_pid(&self) -> i32 {
+        self.pid()
+    }
     /// What the backend needs to find this VM again after a restart.
     fn state(&self) -> BackendState;
     /// Where its agent listens: a hybrid-vsock socket and port for a
@@ -211,8 +223,8 @@ pub trait SandboxVm: Send + Sync + std::fmt::Debug {
     /// Writes a template of its kind into `dir` (created); the VM goes on
     /// running. On failure `dir` is removed and the VM is continued.
     fn snapshot(&self, dir: &Path) -> Result<(), BackendError>;
-    /// SIGKILL, now (the guest has nothing to save); its exit is reported
-    /// through [`Self::exit_fd`] as any other.
+    /// Ends it now, with no grace for the guest (it has nothing to save);
+    /// its exit is reported through [`Self::exit_fd`] as any other.
     fn kill(&self);
     /// Kills it and waits (at most `timeout`) until it is gone.
     fn destroy(&self, timeout: Duration);

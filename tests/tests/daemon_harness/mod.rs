@@ -28,7 +28,9 @@ fn shoald_bin() -> PathBuf {
         // Always build: cargo is a no-op when it is up to date, and a stale
         // daemon would test old code.
         let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
-        c.args(["build", "-q", "-p", "shoald", "--bin", "shoald"]);
+        // The jailer too: a root daemon starts every VMM through it.
+        c.args(["build", "-q", "-p", "shoald", "--bin", "shoald"])
+            .args(["-p", "shoal-jailer", "--bin", "shoal-jailer"]);
         if !debug {
             c.arg("--release");
         }
@@ -82,7 +84,9 @@ impl Daemon {
             .append(true)
             .open(self.dir.join("shoald.log"))
             .unwrap();
-        let mut cmd = Command::new(shoald_bin());
+        let bin = shoald_bin();
+        let mut cmd = Command::new(&bin);
+        cmd.env("SHOAL_JAILER", bin.with_file_name("shoal-jailer"));
         cmd.envs(self.env.iter().map(|(k, v)| (k, v)));
         let child = cmd
             .arg("--state-dir")
