@@ -15,13 +15,16 @@ pub mod fuzzing {
     use std::path::Path;
 
     /// Decodes a snapshot `state` file's bytes and runs restore's checks
-    /// on it (everything before guest memory is mapped): the error restore
-    /// would report, or the configuration it would restore.
+    /// on it (everything before guest memory is mapped, with no disk files
+    /// from the caller): the error restore would report, or the
+    /// configuration it would restore.
     pub fn check_state_file(bytes: &[u8]) -> Result<crate::VmConfig, super::VmError> {
         let dir = Path::new("/fuzz/snapshot");
         let st: crate::persist::SnapshotState =
             snapshot::read_from(&mut &bytes[..], &dir.join("state"))?;
-        super::restore::check_state(dir, &st)
+        let mut cfg = super::restore::check_state(dir, &st)?;
+        super::restore::override_disks(dir, &mut cfg, &[])?;
+        Ok(cfg)
     }
 }
 pub use run::{profile_kernel_args, RunOptions, RunOutcome};
