@@ -219,3 +219,19 @@ fn the_unedited_states_are_judged_as_restore_would() {
         .to_string();
     assert!(e.contains("is writable"), "{e}");
 }
+
+/// A state file that declares the largest body allowed (64 MiB) but holds
+/// a few bytes: reported truncated, after allocating about what is there.
+#[test]
+fn a_huge_length_prefix_allocates_nothing() {
+    let mut f = seal(&good_body(false), true);
+    f[12..20].copy_from_slice(&snapshot::MAX_STATE_BYTES.to_le_bytes());
+    let (r, peak) = shoal_fuzz::peak_alloc(|| vmm::vm::fuzzing::check_state_file(&f));
+    let e = r.unwrap_err().to_string();
+    assert!(e.contains("truncated"), "{e}");
+    assert!(
+        peak < 4 << 20,
+        "a {}-byte file made the loader allocate {peak} bytes",
+        f.len()
+    );
+}
