@@ -77,7 +77,7 @@ fn run(input: &Input) {
                     complete = false;
                     break;
                 }
-                let payload: Vec<u8> = (0..len).map(|i| (i as u8) ^ *kind).collect();
+                let payload: Vec<u8> = (0..len).map(|i| i.to_le_bytes()[0] ^ *kind).collect();
                 stream.extend_from_slice(&payload);
                 encoded.push(RawFrame { header: h, payload });
             }

@@ -92,7 +92,7 @@ impl Json {
             Json::Bool(b) => Value::Bool(*b),
             Json::Int(i) => Value::Number((*i).into()),
             Json::Limit(l) => {
-                let v: [u64; 8] = [0, 1, 254, 255, 256, 1 << 20, u32::MAX as u64, u64::MAX];
+                let v: [u64; 8] = [0, 1, 254, 255, 256, 1 << 20, u64::from(u32::MAX), u64::MAX];
                 Value::Number(v[usize::from(*l % 8)].into())
             }
             Json::Float(f) => Number::from_f64(*f).map_or(Value::Null, Value::Number),

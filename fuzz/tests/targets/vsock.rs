@@ -68,7 +68,7 @@ impl Header {
             1 => (CID, u64::from(self.buf_alloc)),
             _ => (CID, 2),
         };
-        let dst_port = if self.dst_port % 4 == 0 {
+        let dst_port = if self.dst_port.is_multiple_of(4) {
             self.dst_port
         } else {
             LISTEN_PORT
@@ -79,7 +79,11 @@ impl Header {
         } else {
             self.len
         };
-        let ty = if self.ty % 8 == 0 { self.ty } else { 1 };
+        let ty = if self.ty.is_multiple_of(8) {
+            self.ty
+        } else {
+            1
+        };
         let op = if self.op % 16 < 8 {
             self.op % 8
         } else {
@@ -189,7 +193,7 @@ fn run(input: &Input) {
                     if let Ok(mut s) = UnixStream::connect(&w.path) {
                         s.set_nonblocking(true).unwrap();
                         let port = if *port < 200 { 5000 } else { u32::from(*port) };
-                        let _ = write!(s, "CONNECT {port}\n");
+                        let _ = writeln!(s, "CONNECT {port}");
                         w.host.push(s);
                     }
                 }
