@@ -30,5 +30,7 @@ pub use agent_proto::{
 pub use aio::{AsyncClient, AsyncDownload, AsyncExecHandle, AsyncExecStdin, AsyncUpload, Config};
 pub use blocking::{Client, ExecHandle, ExecStdin};
 pub use error::{ClientError, Result};
-pub use session::{ExecEvent, ExecOutput, Limits, UploadOptions, CHANNEL_FRAMES};
+pub use session::{
+    ExecEvent, ExecOutput, Limits, UploadOptions, CHANNEL_FRAMES, DIR_ENTRY_OVERHEAD,
+};
 pub use transport::Transport;

@@ -30,6 +30,9 @@ pub struct Limits {
     pub max_read_file: usize,
     /// Most entries a directory listing may have.
     pub max_dir_entries: usize,
+    /// Most bytes a directory listing may hold: its names, and
+    /// [`DIR_ENTRY_OVERHEAD`] per entry.
+    pub max_dir_bytes: usize,
     /// Most requests in flight at once on one connection.
     pub max_in_flight: usize,
 }
@@ -40,10 +43,15 @@ impl Default for Limits {
             max_collected_output: 1 << 30,
             max_read_file: 1 << 30,
             max_dir_entries: 1 << 20,
+            max_dir_bytes: 64 << 20,
             max_in_flight: 1 << 16,
         }
     }
 }
+
+/// What one directory entry counts against [`Limits::max_dir_bytes`]
+/// besides its name (what holding it costs).
+pub const DIR_ENTRY_OVERHEAD: usize = 32;
 
 /// Frames buffered per request before the connection's reader waits.
 pub const CHANNEL_FRAMES: usize = 64;
@@ -486,18 +494,23 @@ pub(crate) fn upload_done(f: Frame, sent: u64) -> Result<u64> {
     Ok(done.bytes)
 }
 
-/// The parts of a directory listing, accumulated within a cap.
+/// The parts of a directory listing, accumulated within caps on entries
+/// and bytes.
 #[derive(Debug)]
 pub(crate) struct Listing {
     entries: Vec<DirEntry>,
+    bytes: usize,
     cap: usize,
+    max_bytes: usize,
 }
 
 impl Listing {
-    pub(crate) fn new(cap: usize) -> Self {
+    pub(crate) fn new(limits: &Limits) -> Self {
         Listing {
             entries: Vec::new(),
-            cap,
+            bytes: 0,
+            cap: limits.max_dir_entries,
+            max_bytes: limits.max_dir_bytes,
         }
     }
 
@@ -508,6 +521,16 @@ impl Listing {
             return Err(ClientError::Limit(format!(
                 "directory listing above {} entries",
                 self.cap
+            )));
+        }
+        let part_bytes = part.entries.iter().fold(0usize, |n, e| {
+            n.saturating_add(e.name.len() + DIR_ENTRY_OVERHEAD)
+        });
+        self.bytes = self.bytes.saturating_add(part_bytes);
+        if self.bytes > self.max_bytes {
+            return Err(ClientError::Limit(format!(
+                "directory listing above {} bytes",
+                self.max_bytes
             )));
         }
         self.entries.extend(part.entries);

@@ -149,7 +149,11 @@ fn listing_accumulates_parts_within_the_cap() {
         file_type: FileType::File,
         ino: 1,
     };
-    let mut l = Listing::new(3);
+    let entries = |n| Limits {
+        max_dir_entries: n,
+        ..Limits::default()
+    };
+    let mut l = Listing::new(&entries(3));
     let part = DirEntries {
         entries: vec![e("a"), e("b")],
         last: false,
@@ -160,11 +164,35 @@ fn listing_accumulates_parts_within_the_cap() {
         last: true,
     };
     assert_eq!(l.on_frame(frame(&last)).unwrap().unwrap().len(), 3);
-    let mut l = Listing::new(1);
+    let mut l = Listing::new(&entries(1));
     assert!(matches!(
         l.on_frame(frame(&part)),
         Err(ClientError::Limit(_))
     ));
+}
+
+#[test]
+fn listing_parts_that_never_end_are_capped_in_bytes() {
+    let limits = Limits {
+        max_dir_bytes: 10 * (1000 + DIR_ENTRY_OVERHEAD),
+        ..Limits::default()
+    };
+    let mut l = Listing::new(&limits);
+    let part = DirEntries {
+        entries: vec![DirEntry {
+            name: vec![b'x'; 1000],
+            file_type: FileType::File,
+            ino: 1,
+        }],
+        last: false,
+    };
+    for _ in 0..10 {
+        assert!(l.on_frame(frame(&part)).unwrap().is_none());
+    }
+    match l.on_frame(frame(&part)) {
+        Err(ClientError::Limit(m)) => assert!(m.contains("listing"), "{m}"),
+        other => panic!("expected a limit error, got {other:?}"),
+    }
 }
 
 #[test]

@@ -12,15 +12,23 @@ pub enum ErrorCode {
     BadRequest,
     /// 401: missing or wrong bearer token (TCP only).
     Unauthorized,
+    /// 403: the caller may not do this (a template it does not own, a
+    /// name reserved for the daemon).
+    Forbidden,
     /// 404: no such sandbox, template, file or route.
     NotFound,
     /// 409: not possible in the current state.
     Conflict,
+    /// 413: the request body is larger than the route takes.
+    PayloadTooLarge,
     /// 429: admission quota full; retry after removing sandboxes
     /// (`Retry-After`).
     HostFull,
     /// 503: the host is short of memory (`Retry-After`).
     HostMemoryLow,
+    /// 429: the sandbox has as many agent calls in flight as it may
+    /// (`Retry-After`); more are refused, never queued.
+    SandboxBusy,
     /// 502: the sandbox (its VMM or agent) failed.
     SandboxError,
     /// 504: a deadline passed.
@@ -31,13 +39,16 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code.
-    pub const ALL: [ErrorCode; 9] = [
+    pub const ALL: [ErrorCode; 12] = [
         ErrorCode::BadRequest,
         ErrorCode::Unauthorized,
+        ErrorCode::Forbidden,
         ErrorCode::NotFound,
         ErrorCode::Conflict,
+        ErrorCode::PayloadTooLarge,
         ErrorCode::HostFull,
         ErrorCode::HostMemoryLow,
+        ErrorCode::SandboxBusy,
         ErrorCode::SandboxError,
         ErrorCode::DeadlineExceeded,
         ErrorCode::Internal,
@@ -48,10 +59,13 @@ impl ErrorCode {
         match self {
             ErrorCode::BadRequest => 400,
             ErrorCode::Unauthorized => 401,
+            ErrorCode::Forbidden => 403,
             ErrorCode::NotFound => 404,
             ErrorCode::Conflict => 409,
+            ErrorCode::PayloadTooLarge => 413,
             ErrorCode::HostFull => 429,
             ErrorCode::HostMemoryLow => 503,
+            ErrorCode::SandboxBusy => 429,
             ErrorCode::SandboxError => 502,
             ErrorCode::DeadlineExceeded => 504,
             ErrorCode::Internal => 500,
@@ -63,10 +77,13 @@ impl ErrorCode {
         match self {
             ErrorCode::BadRequest => "bad_request",
             ErrorCode::Unauthorized => "unauthorized",
+            ErrorCode::Forbidden => "forbidden",
             ErrorCode::NotFound => "not_found",
             ErrorCode::Conflict => "conflict",
+            ErrorCode::PayloadTooLarge => "payload_too_large",
             ErrorCode::HostFull => "host_full",
             ErrorCode::HostMemoryLow => "host_memory_low",
+            ErrorCode::SandboxBusy => "sandbox_busy",
             ErrorCode::SandboxError => "sandbox_error",
             ErrorCode::DeadlineExceeded => "deadline_exceeded",
             ErrorCode::Internal => "internal",
@@ -76,7 +93,10 @@ impl ErrorCode {
     /// Whether the same request may succeed later (429, 503): the daemon
     /// sends `Retry-After` with these.
     pub fn retryable(self) -> bool {
-        matches!(self, ErrorCode::HostFull | ErrorCode::HostMemoryLow)
+        matches!(
+            self,
+            ErrorCode::HostFull | ErrorCode::HostMemoryLow | ErrorCode::SandboxBusy
+        )
     }
 }
 

@@ -118,8 +118,15 @@ pub struct ExecResult {
     pub stderr: String,
     /// Encoding of both streams.
     pub encoding: Encoding,
-    /// Output beyond the limit (16 MiB per stream) was dropped.
+    /// Output beyond the limit (16 MiB per stream by default) was dropped,
+    /// from either stream.
     pub truncated: bool,
+    /// Standard output was cut at the limit.
+    #[serde(default)]
+    pub stdout_truncated: bool,
+    /// Standard error was cut at the limit.
+    #[serde(default)]
+    pub stderr_truncated: bool,
     /// Request to exit (ms).
     pub duration_ms: f64,
 }

@@ -119,10 +119,12 @@ pub struct CreateSandbox {
     /// Paused after this many seconds without API activity (0: never).
     #[serde(default)]
     pub idle_timeout_s: u64,
-    /// Free-form labels (list filters match them).
+    /// Free-form labels (list filters match them): at most 64 keys of at
+    /// most 128 bytes, values of at most 1024 bytes, 16 KiB in all.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub metadata: BTreeMap<String, String>,
-    /// Environment for every exec in the sandbox.
+    /// Environment for every exec in the sandbox: at most 256 names of at
+    /// most 256 bytes, values of at most 32 KiB, 256 KiB in all.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub env: BTreeMap<String, String>,
     /// Never freeze it while idle (background processes keep running; it

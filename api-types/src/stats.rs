@@ -17,6 +17,12 @@ pub struct Usage {
     pub vcpus: u64,
     /// Their guest memory (MiB).
     pub memory_mib: u64,
+    /// Disk reserved on the state filesystem by every sandbox but failed
+    /// ones, paused and pooled ones too (MiB): each may fill its scratch
+    /// disk and write its memory when paused; and by every template (its
+    /// memory file and scratch disk).
+    #[serde(default)]
+    pub disk_mib: u64,
 }
 
 /// Admission limits (from the daemon's command line): a new VMM is
@@ -40,6 +46,17 @@ pub struct Limits {
     pub min_available_mib: u64,
     /// Most sandboxes holding a VMM (each holds a process and a few fds).
     pub max_vms: u64,
+    /// Disk sandboxes and templates may reserve on the state filesystem
+    /// (MiB; each reserves its guest memory, for a pause or its snapshot,
+    /// and its scratch disk's size; 0: no budget). By default what was
+    /// free at start, and what sandboxes and templates held then, less
+    /// `min_free_disk_mib`.
+    #[serde(default)]
+    pub disk_budget_mib: u64,
+    /// Refuse (503) a sandbox whose reservation would leave less than
+    /// this free on the state filesystem (MiB).
+    #[serde(default)]
+    pub min_free_disk_mib: u64,
 }
 
 impl Limits {
@@ -141,6 +158,8 @@ mod tests {
             cpu_overcommit: 4.0,
             min_available_mib: 0,
             max_vms: 1,
+            disk_budget_mib: 0,
+            min_free_disk_mib: 0,
         };
         assert_eq!((l.memory_budget_mib(), l.vcpu_budget()), (2560, 8));
         let q = EventQuery {

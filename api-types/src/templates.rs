@@ -167,6 +167,13 @@ pub struct Template {
     pub created_at: f64,
     /// The daemon owns `dir` (removed with the template).
     pub owned: bool,
+    /// Who made it, the only caller (with the daemon's admin) that may
+    /// delete it or change its pool: `uid:N` (a Unix socket caller),
+    /// `token:NAME` (a TCP caller's token), `daemon` (the templates of
+    /// `{"image": ...}` creates, whose names are reserved); null for
+    /// templates of older daemons.
+    #[serde(default)]
+    pub owner: Option<String>,
     /// Further read-only layers over the image, lowest first.
     #[schema(max_items = 8)]
     pub layers: Vec<String>,
@@ -221,6 +228,7 @@ mod tests {
             error: None,
             created_at: 1.0,
             owned: false,
+            owner: Some("token:a".into()),
             layers: vec![],
             upper_size_mib: Some(64),
             upper_disk_mib: None,

@@ -61,7 +61,8 @@ pub struct SandboxArgs {
 pub struct RootArgs {
     /// A further read-only layer over the image, lowest first (repeatable;
     /// /dev/pmem1, ...): an image file built with `shoal image build DIR -o
-    /// OUT --no-agent`, or an image name (tiny, base).
+    /// OUT --no-agent` (the daemon takes files only from its layers
+    /// directory, `shoald --layers-dir`), or an image name (tiny, base).
     #[arg(long = "layer", value_name = "IMG")]
     pub layers: Vec<String>,
     /// The overlay's upper layer (where writes go) on tmpfs of this many

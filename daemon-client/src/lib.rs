@@ -314,27 +314,48 @@ impl DaemonClient {
             ),
         }
         s.write_all(head.as_bytes()).map_err(io)?;
+        // The daemon may answer before taking the whole body (413 for one
+        // past its limit) and close: a failed write is then followed by
+        // that answer, which is the error to give.
+        let mut broken: Option<std::io::Error> = None;
         match body {
             Body::Empty => {}
-            Body::Json(b) => s.write_all(&b).map_err(io)?,
+            Body::Json(b) => broken = s.write_all(&b).err(),
             Body::Stream(r) => {
                 let mut buf = vec![0u8; 256 * 1024];
                 loop {
                     let n = r.read(&mut buf).map_err(io)?;
+                    let w = if n == 0 {
+                        s.write_all(b"0\r\n\r\n")
+                    } else {
+                        s.write_all(format!("{n:x}\r\n").as_bytes())
+                            .and_then(|()| s.write_all(&buf[..n]))
+                            .and_then(|()| s.write_all(b"\r\n"))
+                    };
+                    if let Err(e) = w {
+                        broken = Some(e);
+                        break;
+                    }
                     if n == 0 {
                         break;
                     }
-                    s.write_all(format!("{n:x}\r\n").as_bytes()).map_err(io)?;
-                    s.write_all(&buf[..n]).map_err(io)?;
-                    s.write_all(b"\r\n").map_err(io)?;
                 }
-                s.write_all(b"0\r\n\r\n").map_err(io)?;
             }
         }
-        s.flush().map_err(io)?;
+        if broken.is_none() {
+            broken = s.flush().err();
+        }
         let mut r = BufReader::with_capacity(64 * 1024, s);
         let mut line = String::new();
-        r.read_line(&mut line).map_err(io)?;
+        match r.read_line(&mut line) {
+            Err(e) => return Err(io(broken.unwrap_or(e))),
+            Ok(0) => {
+                if let Some(e) = broken {
+                    return Err(io(e));
+                }
+            }
+            Ok(_) => {}
+        }
         let status: u16 = line
             .split_whitespace()
             .nth(1)

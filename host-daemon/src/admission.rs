@@ -1,11 +1,15 @@
 //! Admission: a new VMM is admitted only while the reserved guest memory
 //! and vCPUs stay within the host's size times an overcommit ratio, the
-//! host still has real memory available, and the sandbox count is under
-//! its cap. A full host answers 429 (quota: retry after removing
-//! sandboxes) or 503 (the host itself is short of memory) instead of
-//! degrading every sandbox on it.
+//! host still has real memory available, the sandbox count is under its
+//! cap, and the disk every sandbox may fill (its scratch disk, and its
+//! memory when paused: paused sandboxes hold theirs, [`disk_need_mib`])
+//! stays within the disk budget and leaves the reserve free on the state
+//! filesystem. A full host answers 429 (quota: retry after removing
+//! sandboxes) or 503 (the host itself is short of memory or disk) instead
+//! of degrading every sandbox on it.
 
 use super::db::Usage;
+use std::path::Path;
 
 /// Limits, from the daemon's command line (the type `GET /v1/stats`
 /// shows).
@@ -26,9 +30,11 @@ impl Refusal {
     /// Label for the refusals metric.
     pub fn reason(&self) -> &'static str {
         match self {
+            Refusal::Quota(m) if m.contains("disk") => "disk_quota",
             Refusal::Quota(m) if m.contains("memory") => "memory_quota",
             Refusal::Quota(m) if m.contains("vCPU") => "cpu_quota",
             Refusal::Quota(_) => "max_sandboxes",
+            Refusal::HostPressure(m) if m.contains("disk") => "host_disk",
             Refusal::HostPressure(_) => "host_memory",
         }
     }
@@ -81,6 +87,80 @@ pub fn admit(
     Ok(())
 }
 
+/// The disk a sandbox of `memory_mib` with a scratch disk of
+/// `upper_disk_mib` may fill on the state filesystem: the disk, and its
+/// memory when paused.
+pub fn disk_need_mib(memory_mib: u32, upper_disk_mib: Option<u32>) -> u64 {
+    u64::from(memory_mib) + u64::from(upper_disk_mib.unwrap_or(0))
+}
+
+/// Whether a sandbox needing `need_mib` of disk fits: `usage.disk_mib`
+/// (what the others reserve) plus it within the disk budget, and it
+/// leaves `l.min_free_disk_mib` of the filesystem's `free_mib` free
+/// (`u64::MAX`: not checked).
+pub fn admit_disk(l: &Limits, usage: &Usage, need_mib: u64, free_mib: u64) -> Result<(), Refusal> {
+    if l.disk_budget_mib > 0 && usage.disk_mib + need_mib > l.disk_budget_mib {
+        return Err(Refusal::Quota(format!(
+            "host is full: disk reserved {} MiB + {need_mib} MiB requested exceeds the disk \
+             budget of {} MiB (paused sandboxes hold theirs); remove sandboxes or retry later",
+            usage.disk_mib, l.disk_budget_mib
+        )));
+    }
+    if free_mib < need_mib + l.min_free_disk_mib {
+        return Err(Refusal::HostPressure(format!(
+            "host disk is low: {free_mib} MiB free on the state filesystem, {need_mib} MiB \
+             needed and {} MiB kept free; not starting more sandboxes",
+            l.min_free_disk_mib
+        )));
+    }
+    Ok(())
+}
+
+/// Free space for unprivileged users on the filesystem of `p` (MiB;
+/// `u64::MAX` when it cannot be read: nothing is refused for it).
+pub fn free_disk_mib(p: &Path) -> u64 {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(c) = std::ffi::CString::new(p.as_os_str().as_bytes()) else {
+        return u64::MAX;
+    };
+    // SAFETY: statvfs with a NUL-terminated path and a zeroed struct it
+    // fills; its result is checked.
+    let (r, st) = unsafe {
+        let mut st: libc::statvfs = std::mem::zeroed();
+        (libc::statvfs(c.as_ptr(), &mut st), st)
+    };
+    if r != 0 {
+        return u64::MAX;
+    }
+    #[allow(clippy::useless_conversion)] // c_ulong / fsblkcnt_t widths differ by target
+    let (blocks, size) = (u64::from(st.f_bavail), u64::from(st.f_frsize));
+    blocks.saturating_mul(size) >> 20
+}
+
+/// Disk the files under `dir` hold (MiB; allocated blocks, so a sparse
+/// disk counts what it holds).
+pub fn du_mib(dir: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    fn walk(d: &Path, depth: u32) -> u64 {
+        let Ok(rd) = std::fs::read_dir(d) else {
+            return 0;
+        };
+        let mut n = 0u64;
+        for e in rd.flatten() {
+            let Ok(m) = e.path().symlink_metadata() else {
+                continue;
+            };
+            if m.is_dir() && depth < 4 {
+                n += walk(&e.path(), depth + 1);
+            } else if m.is_file() {
+                n += m.blocks() * 512;
+            }
+        }
+        n
+    }
+    walk(dir, 0) >> 20
+}
+
 /// A /proc/meminfo field in KiB.
 pub fn meminfo_kib(field: &str) -> Option<u64> {
     std::fs::read_to_string("/proc/meminfo")
@@ -110,6 +190,8 @@ mod tests {
             cpu_overcommit: 4.0,
             min_available_mib: 100,
             max_vms: 10,
+            disk_budget_mib: 0,
+            min_free_disk_mib: 0,
         }
     }
 
@@ -144,6 +226,54 @@ mod tests {
         let e = admit(&l, &usage(0, 0, 0), 1, 128, 50).unwrap_err();
         assert!(matches!(e, Refusal::HostPressure(_)));
         assert_eq!(e.reason(), "host_memory");
+    }
+
+    #[test]
+    fn disk_counts_every_reservation_and_keeps_the_reserve_free() {
+        let l = Limits {
+            disk_budget_mib: 1000,
+            min_free_disk_mib: 100,
+            ..limits()
+        };
+        let with_disk = |d| Usage {
+            disk_mib: d,
+            ..usage(0, 0, 0)
+        };
+        assert_eq!(disk_need_mib(128, Some(512)), 640);
+        assert_eq!(admit_disk(&l, &with_disk(360), 640, 5000), Ok(()));
+        let e = admit_disk(&l, &with_disk(361), 640, 5000).unwrap_err();
+        assert!(
+            matches!(&e, Refusal::Quota(m) if m.contains("1000 MiB")),
+            "{e}"
+        );
+        assert_eq!(e.reason(), "disk_quota");
+        let e = admit_disk(&l, &with_disk(0), 640, 739).unwrap_err();
+        assert!(matches!(e, Refusal::HostPressure(_)), "{e}");
+        assert_eq!(e.reason(), "host_disk");
+        let unbudgeted = Limits {
+            disk_budget_mib: 0,
+            ..l
+        };
+        assert_eq!(
+            admit_disk(&unbudgeted, &with_disk(1 << 40), 640, 740),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn measures_disk() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = std::fs::File::create(dir.path().join("sparse")).unwrap();
+        f.set_len(1 << 30).unwrap();
+        std::fs::create_dir(dir.path().join("d")).unwrap();
+        std::fs::write(dir.path().join("d/full"), vec![1u8; 3 << 20]).unwrap();
+        let n = du_mib(dir.path());
+        assert!(
+            (3..5).contains(&n),
+            "{n} MiB: a sparse file counts what it holds"
+        );
+        let free = free_disk_mib(dir.path());
+        assert!(free > 0 && free < u64::MAX, "{free}");
     }
 
     #[test]

@@ -13,6 +13,8 @@
 mod handlers;
 mod wire;
 
+use crate::auth::{Principal, Tokens};
+use crate::listen::Peer;
 use crate::{ApiError, Daemon};
 use axum::extract::{Request, State as AxState};
 use axum::http::header;
@@ -141,41 +143,56 @@ async fn not_found() -> ApiError {
     ApiError::NotFound("no such route (see GET /openapi.json)".into())
 }
 
-/// The API router (on TCP, `token` is required as a bearer token).
-pub fn router(d: Arc<Daemon>, token: Option<String>) -> Router {
+/// The API router: on TCP (`tokens`) every route but `/healthz` needs one
+/// of the bearer tokens, whose name is the caller's
+/// [`Principal`]; on the Unix socket the caller is
+/// the peer's uid ([`crate::listen::Peer`]).
+pub fn router(d: Arc<Daemon>, tokens: Option<Tokens>) -> Router {
     let (r, _) = routes().split_for_parts();
     let r = r
         .fallback(not_found)
         .method_not_allowed_fallback(|| async {
             ApiError::BadRequest("method not allowed on this route (see GET /openapi.json)".into())
         })
+        // Bodies are read by the handlers, each within its own limit
+        // (`wire::json_body`, uploads streamed with theirs).
         .layer(axum::extract::DefaultBodyLimit::disable())
         .layer(middleware::from_fn_with_state(d.clone(), count_status))
         .with_state(d);
-    match token {
-        None => r,
-        Some(t) => r.layer(middleware::from_fn(move |req: Request, next: Next| {
-            let want = format!("Bearer {t}");
-            async move {
-                let ok = req.uri().path() == "/healthz"
-                    || req
+    match tokens {
+        None => r.layer(middleware::from_fn(
+            |mut req: Request, next: Next| async move {
+                if let Some(Peer::Unix(Some(uid))) = req.extensions().get::<Peer>().cloned() {
+                    req.extensions_mut().insert(Principal::Uid(uid));
+                }
+                next.run(req).await
+            },
+        )),
+        Some(t) => {
+            let t = Arc::new(t);
+            r.layer(middleware::from_fn(move |mut req: Request, next: Next| {
+                let t = t.clone();
+                async move {
+                    let who = req
                         .headers()
                         .get(header::AUTHORIZATION)
-                        .and_then(|v| v.to_str().ok())
-                        .is_some_and(|v| constant_eq(v.as_bytes(), want.as_bytes()));
-                if ok {
-                    next.run(req).await
-                } else {
-                    ApiError::Unauthorized("missing or wrong 'Authorization: Bearer TOKEN'".into())
-                        .into_response()
+                        .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "))
+                        .and_then(|b| t.principal(b));
+                    match who {
+                        Some(p) => {
+                            req.extensions_mut().insert(p);
+                            next.run(req).await
+                        }
+                        None if req.uri().path() == "/healthz" => next.run(req).await,
+                        None => ApiError::Unauthorized(
+                            "missing or wrong 'Authorization: Bearer TOKEN'".into(),
+                        )
+                        .into_response(),
+                    }
                 }
-            }
-        })),
+            }))
+        }
     }
-}
-
-fn constant_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 #[cfg(test)]

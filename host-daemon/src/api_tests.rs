@@ -26,12 +26,17 @@ fn daemon(dir: &std::path::Path) -> Arc<Daemon> {
                 cpu_overcommit: 1.0,
                 min_available_mib: 0,
                 max_vms: 1,
+                disk_budget_mib: 0,
+                min_free_disk_mib: 0,
             },
             agent_timeout: Duration::from_secs(1),
             sweep_interval: Duration::from_secs(1),
             pools: false,
             freeze_after: None,
             max_restores: 1,
+            agent: Default::default(),
+            http: Default::default(),
+            layers_dir: None,
         },
         Arc::new(shoal_runtime::backend::microvm::MicroVm::new(
             "/nonexistent/shoal-vmm",
@@ -515,6 +520,7 @@ fn every_field_is_documented() {
         error: Some("e".into()),
         created_at: 1.0,
         owned: true,
+        owner: Some("token:a".into()),
         layers: vec!["base".into()],
         upper_size_mib: Some(8),
         upper_disk_mib: Some(64),
@@ -645,6 +651,23 @@ fn layer_limits_are_the_daemons() {
         s["Template"]["properties"]["layers"]["maxItems"],
         layers::MAX_LAYERS
     );
+    // The bounds of metadata and env are the ones the daemon checks.
+    let p = &s["CreateSandbox"]["properties"];
+    for (k, b, what) in [
+        ("metadata", crate::inputs::METADATA, "keys"),
+        ("env", crate::inputs::ENV, "names"),
+    ] {
+        let d = p[k]["description"]
+            .as_str()
+            .unwrap_or("")
+            .replace('\n', " ");
+        let want = format!("at most {} {what} of at most {} bytes", b.keys, b.key_bytes);
+        assert!(d.contains(&want), "{k}: {want:?} not in {d:?}");
+        assert!(
+            d.contains(&format!("{} KiB in all", b.total_bytes >> 10)),
+            "{k}: {d}"
+        );
+    }
     assert_eq!(
         s["SetPool"]["properties"]["target"]["description"]
             .as_str()

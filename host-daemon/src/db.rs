@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 /// Current schema version (stored in `PRAGMA user_version`).
-pub const SCHEMA_VERSION: i64 = 3;
+pub const SCHEMA_VERSION: i64 = 4;
 
 /// Errors of the state database.
 #[derive(Debug, thiserror::Error)]
@@ -98,6 +98,10 @@ pub struct TemplateRow {
     /// The daemon owns `dir` (under its state directory, removed with the
     /// template; rows of older daemons may name a directory elsewhere).
     pub owned: bool,
+    /// Who made it ([`crate::auth::Principal::id`]; None: made before
+    /// owners were recorded, changed by admins only).
+    #[serde(default)]
+    pub owner: Option<String>,
     /// Its layers and upper layer (`upper_size_mib` holds the tmpfs size
     /// actually used, `upper_disk_mib` the scratch disk's).
     #[serde(flatten)]
@@ -122,7 +126,7 @@ const SANDBOX_COLS: &str = "id, template, state, vcpus, memory_mib, pid, backend
      keep_running, kind";
 
 const TEMPLATE_COLS: &str = "name, source, vcpus, memory_mib, dir, state, error, created_at, \
-     owned, layers, upper_size_mib, upper_disk_mib, kind";
+     owned, layers, upper_size_mib, upper_disk_mib, kind, owner";
 
 /// A stored count or duration (never negative; SQLite has only i64).
 fn count(v: i64) -> u64 {
@@ -195,6 +199,7 @@ fn template_row(r: &Row<'_>) -> rusqlite::Result<TemplateRow> {
             upper_disk_mib: r.get(11)?,
         },
         kind: kind(r, 12)?,
+        owner: r.get(13)?,
     })
 }
 
@@ -414,7 +419,25 @@ impl Db {
                 u.memory_mib += count(mem);
             }
         }
+        u.disk_mib = self.reserved_disk_mib(None)?;
         Ok(u)
+    }
+
+    /// Disk reserved by every sandbox but failed ones (and but the sandbox
+    /// `except`): its memory (written when paused) and its template's
+    /// scratch disk ([`crate::admission::disk_need_mib`]; a sandbox whose
+    /// template was deleted counts its memory only); and by every template
+    /// but failed ones: its memory file and scratch disk.
+    pub fn reserved_disk_mib(&self, except: Option<&str>) -> Result<u64> {
+        let mut st = self.conn.prepare_cached(
+            "SELECT
+               (SELECT COALESCE(SUM(s.memory_mib + COALESCE(t.upper_disk_mib, 0)), 0)
+                FROM sandboxes s LEFT JOIN templates t ON t.name = s.template
+                WHERE s.state != 'failed' AND (?1 IS NULL OR s.id != ?1))
+             + (SELECT COALESCE(SUM(memory_mib + COALESCE(upper_disk_mib, 0)), 0)
+                FROM templates WHERE state != 'failed')",
+        )?;
+        Ok(count(st.query_row([except], |r| r.get(0))?))
     }
 
     /// Pooled sandboxes per template.
@@ -431,7 +454,7 @@ impl Db {
         self.conn.execute(
             &format!(
                 "INSERT OR REPLACE INTO templates ({TEMPLATE_COLS})
-                 VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13)"
+                 VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14)"
             ),
             params![
                 t.name,
@@ -447,6 +470,7 @@ impl Db {
                 t.root.upper_size_mib,
                 t.root.upper_disk_mib,
                 t.kind.as_str(),
+                t.owner,
             ],
         )?;
         Ok(())

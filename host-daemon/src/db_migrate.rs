@@ -17,6 +17,9 @@ pub(super) fn run(tx: &Transaction<'_>, from: i64) -> Result<()> {
     if from < 3 {
         v3(tx)?;
     }
+    if from < 4 {
+        v4(tx)?;
+    }
     Ok(())
 }
 
@@ -92,5 +95,24 @@ fn v3(tx: &Transaction<'_>) -> Result<()> {
         )?;
     }
     tx.execute_batch("ALTER TABLE sandboxes DROP COLUMN pid_start;")?;
+    Ok(())
+}
+
+/// Templates' owners. Rows of older daemons that are what the daemon
+/// itself makes for `{"image": ...}` creates (named `IMAGE-Nc-Mm`, or that
+/// and a 12-character hash of the root, for their own image and shape)
+/// are the daemon's; every other row keeps no owner (admins only may
+/// change it), so a derived name squatted before this version is not
+/// taken for the daemon's (and is made again on its next use).
+fn v4(tx: &Transaction<'_>) -> Result<()> {
+    tx.execute_batch(
+        "ALTER TABLE templates ADD COLUMN owner TEXT;
+         UPDATE templates SET owner = 'daemon'
+         WHERE source LIKE 'image:%' AND (
+            name = substr(source, 7) || '-' || vcpus || 'c-' || memory_mib || 'm'
+            OR (substr(name, 1, length(name) - 13)
+                    = substr(source, 7) || '-' || vcpus || 'c-' || memory_mib || 'm'
+                AND substr(name, length(name) - 12, 1) = '-'));",
+    )?;
     Ok(())
 }

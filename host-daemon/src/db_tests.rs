@@ -179,7 +179,7 @@ fn version_2_migrates_every_row_to_microvm_kinds_and_backend_states() {
         .unwrap();
     }
     let db = Db::open(&p).unwrap();
-    assert_eq!(db.version().unwrap(), 3);
+    assert_eq!(db.version().unwrap(), SCHEMA_VERSION);
     let all = db
         .list_sandboxes(&Filter {
             include_pooled: true,
@@ -349,6 +349,7 @@ fn templates_pools_events() {
         error: None,
         created_at: 1.0,
         owned: false,
+        owner: Some("token:t".into()),
         root: shoal_api::RootRequest {
             layers: vec!["/l/kit.img".into(), "tiny".into()],
             upper_size_mib: None,
@@ -367,4 +368,53 @@ fn templates_pools_events() {
     let ev = db.events(0, Some("b"), 10).unwrap();
     assert_eq!(ev.len(), 1);
     assert_eq!(ev[0].kind, "killed");
+}
+
+#[test]
+fn version_3_templates_get_owners_only_where_the_daemon_made_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("state.db");
+    {
+        let c = Connection::open(&p).unwrap();
+        c.execute_batch(V2).unwrap();
+        for (name, source, vcpus, mem) in [
+            ("tiny-2c-256m", "image:tiny", 2, 256),
+            ("tiny-1c-128m-0123456789ab", "image:tiny", 1, 128),
+            // Squatted: a snapshot, or another image or shape, under a
+            // derived name.
+            ("tiny-1c-128m", "sandbox:0123456789ab", 1, 128),
+            ("base-1c-128m", "image:tiny", 1, 128),
+            ("tiny-4c-128m", "image:tiny", 1, 128),
+            ("tiny-1c-128m-0123", "image:tiny", 1, 128),
+            ("mine", "image:tiny", 1, 128),
+        ] {
+            c.execute(
+                "INSERT INTO templates VALUES (?1, ?2, ?3, ?4, '/t', 'ready', NULL, 1.0, 1,
+                 '[]', NULL, NULL)",
+                params![name, source, vcpus, mem],
+            )
+            .unwrap();
+        }
+    }
+    let db = Db::open(&p).unwrap();
+    assert_eq!(db.version().unwrap(), SCHEMA_VERSION);
+    let owners: Vec<(String, Option<String>)> = db
+        .templates()
+        .unwrap()
+        .into_iter()
+        .map(|t| (t.name, t.owner))
+        .collect();
+    let daemon = Some("daemon".to_string());
+    assert_eq!(
+        owners,
+        vec![
+            ("base-1c-128m".into(), None),
+            ("mine".into(), None),
+            ("tiny-1c-128m".into(), None),
+            ("tiny-1c-128m-0123".into(), None),
+            ("tiny-1c-128m-0123456789ab".into(), daemon.clone()),
+            ("tiny-2c-256m".into(), daemon),
+            ("tiny-4c-128m".into(), None),
+        ]
+    );
 }

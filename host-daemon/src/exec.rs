@@ -20,8 +20,6 @@ use tokio::sync::mpsc;
 
 /// Default limit on a command's run time (s).
 pub const DEFAULT_EXEC_TIMEOUT_S: f64 = 300.0;
-/// Most output a one-shot exec returns per stream.
-pub const ONESHOT_OUTPUT_LIMIT: usize = 16 << 20;
 
 struct Prepared {
     req: ExecRequest,
@@ -98,32 +96,53 @@ fn status_fields(s: ExitStatus) -> (Option<i32>, Option<i32>) {
     }
 }
 
-/// Slack over the command's own timeout before the daemon gives up on a
-/// stuck guest.
-const SLACK: Duration = Duration::from_secs(30);
+/// Output of one stream of a one-shot exec, kept up to a limit; the rest
+/// is read (the command goes on to its exit) and dropped.
+struct Capped {
+    bytes: Vec<u8>,
+    limit: usize,
+    truncated: bool,
+}
 
-/// One-shot exec: waits for the exit and returns all output.
+impl Capped {
+    fn new(limit: usize) -> Capped {
+        Capped {
+            bytes: Vec::new(),
+            limit,
+            truncated: false,
+        }
+    }
+
+    fn push(&mut self, x: &[u8]) {
+        let room = self.limit.saturating_sub(self.bytes.len());
+        if x.len() > room {
+            self.truncated = true;
+        }
+        self.bytes
+            .extend_from_slice(x.get(..room.min(x.len())).unwrap_or_default());
+    }
+}
+
+/// One-shot exec: waits for the exit and returns the output, at most
+/// [`crate::agent_limits::AgentLimits::exec_output_limit`] bytes per stream
+/// (the result says which were truncated).
 pub async fn exec(d: &Arc<Daemon>, id: &str, b: api::ExecRequest) -> ApiResult<api::ExecResult> {
     let t0 = Instant::now();
     let (row, live, _busy) = ensure_running(d, id).await?;
     let p = prepare(&row.env, b)?;
     let c = agent(d, &live).await?;
+    let limit = d.cfg.agent.exec_output_limit;
     let work = async {
         let mut h = c.exec(&p.req).await?;
         // The request's own deadline below governs (same error as before).
         h.set_deadline(None);
         feed(&h, p.stdin).await?;
-        let (mut out, mut err, mut truncated) = (Vec::new(), Vec::new(), false);
+        let (mut out, mut err) = (Capped::new(limit), Capped::new(limit));
         loop {
             match h.next_event().await? {
-                Some(ExecEvent::Stdout(x)) | Some(ExecEvent::Stderr(x))
-                    if out.len() + err.len() + x.len() > 2 * ONESHOT_OUTPUT_LIMIT =>
-                {
-                    truncated = true;
-                }
-                Some(ExecEvent::Stdout(x)) => out.extend_from_slice(&x),
-                Some(ExecEvent::Stderr(x)) => err.extend_from_slice(&x),
-                Some(ExecEvent::Exit(r)) => return Ok((out, err, r, truncated)),
+                Some(ExecEvent::Stdout(x)) => out.push(&x),
+                Some(ExecEvent::Stderr(x)) => err.push(&x),
+                Some(ExecEvent::Exit(r)) => return Ok((out, err, r)),
                 None => {
                     return Err(ApiError::Sandbox(
                         "the sandbox ended the command's stream early".into(),
@@ -132,10 +151,13 @@ pub async fn exec(d: &Arc<Daemon>, id: &str, b: api::ExecRequest) -> ApiResult<a
             }
         }
     };
-    let out = within("exec", p.timeout + SLACK, work).await;
-    let (out, err, r, truncated) = out?;
+    let out = within("exec", p.timeout + d.cfg.agent.exec_slack, work).await;
+    let (out, err, r) = out?;
     let (exit_code, signal) = status_fields(r.status);
-    let encoding = match (Encoding::encode(&out).1, Encoding::encode(&err).1) {
+    let encoding = match (
+        Encoding::encode(&out.bytes).1,
+        Encoding::encode(&err.bytes).1,
+    ) {
         (Encoding::Utf8, Encoding::Utf8) => Encoding::Utf8,
         _ => Encoding::Base64,
     };
@@ -145,10 +167,12 @@ pub async fn exec(d: &Arc<Daemon>, id: &str, b: api::ExecRequest) -> ApiResult<a
         exit_code,
         signal,
         timed_out: r.timed_out,
-        stdout: encoding.encode_as(&out),
-        stderr: encoding.encode_as(&err),
+        stdout: encoding.encode_as(&out.bytes),
+        stderr: encoding.encode_as(&err.bytes),
         encoding,
-        truncated,
+        truncated: out.truncated || err.truncated,
+        stdout_truncated: out.truncated,
+        stderr_truncated: err.truncated,
         duration_ms: secs * 1e3,
     })
 }
@@ -163,6 +187,74 @@ fn error_line(message: impl Into<String>) -> Bytes {
     })
 }
 
+/// Runs a streamed exec into `tx`, noting its id in `started`. Returns
+/// whether the command must be killed (its client left or stopped
+/// reading).
+async fn stream_exec(
+    c: &AsyncClient,
+    p: Prepared,
+    tx: &mpsc::Sender<Bytes>,
+    d: &Daemon,
+    t0: Instant,
+    stall: Duration,
+    started: &std::sync::Mutex<Option<u64>>,
+) -> bool {
+    // A client that takes no event for `stall` is gone as far as the
+    // sandbox is concerned: its stream must not hold the agent connection.
+    let send = |b: Bytes| async move {
+        matches!(tokio::time::timeout(stall, tx.send(b)).await, Ok(Ok(())))
+    };
+    let mut h = match c.exec(&p.req).await {
+        Ok(h) => h,
+        Err(e) => {
+            send(error_line(e.to_string())).await;
+            return false;
+        }
+    };
+    let exec_id = h.exec_id();
+    *started.lock().unwrap_or_else(|e| e.into_inner()) = Some(exec_id);
+    // The stream's own deadline governs.
+    h.set_deadline(None);
+    if !send(line(api::ExecEvent::Start {
+        pid: h.pid(),
+        exec_id,
+    }))
+    .await
+    {
+        return true;
+    }
+    if let Err(e) = feed(&h, p.stdin).await {
+        send(error_line(e.to_string())).await;
+        return false;
+    }
+    loop {
+        let ok = match h.next_event().await {
+            Ok(Some(ExecEvent::Stdout(x))) => send(line(api::ExecEvent::stdout(&x))).await,
+            Ok(Some(ExecEvent::Stderr(x))) => send(line(api::ExecEvent::stderr(&x))).await,
+            Ok(Some(ExecEvent::Exit(r))) => {
+                let (code, sig) = status_fields(r.status);
+                d.metrics.exec.observe(t0.elapsed().as_secs_f64());
+                send(line(api::ExecEvent::Exit {
+                    exit_code: code,
+                    signal: sig,
+                    timed_out: r.timed_out,
+                }))
+                .await;
+                return false;
+            }
+            Ok(None) => return false,
+            Err(e) => {
+                send(error_line(format!("sandbox agent: {e}"))).await;
+                return false;
+            }
+        };
+        if !ok {
+            // The client went away: end the command.
+            return true;
+        }
+    }
+}
+
 /// Streamed exec: newline-delimited JSON events (`start`, `stdout`,
 /// `stderr`, then `exit` or `error`).
 pub async fn exec_stream(d: &Arc<Daemon>, id: &str, b: api::ExecRequest) -> ApiResult<Body> {
@@ -170,59 +262,30 @@ pub async fn exec_stream(d: &Arc<Daemon>, id: &str, b: api::ExecRequest) -> ApiR
     let (row, live, busy) = ensure_running(d, id).await?;
     let p = prepare(&row.env, b)?;
     let c = agent(d, &live).await?;
-    let deadline = tokio::time::Instant::now() + p.timeout + SLACK;
+    let deadline = tokio::time::Instant::now() + p.timeout + d.cfg.agent.exec_slack;
     let (tx, rx) = mpsc::channel::<Bytes>(64);
     let d2 = d.clone();
+    let agent_limits = d.cfg.agent;
+    // Ends with the exec, when its HTTP client leaves or stops reading, or
+    // at the deadline (a second after the body's, which says why): never
+    // later, whatever the guest does, and with it the agent route and the
+    // sandbox's busy mark.
     tokio::spawn(async move {
         let _busy = busy;
-        let send = |b: Bytes| {
-            let tx = tx.clone();
-            async move { tx.send(b).await.is_ok() }
+        let started = std::sync::Mutex::new(None);
+        let run = stream_exec(&c, p, &tx, &d2, t0, agent_limits.stall_timeout, &started);
+        let end = deadline + Duration::from_secs(1);
+        let kill = tokio::select! {
+            kill = run => kill,
+            () = tx.closed() => true,
+            () = tokio::time::sleep_until(end) => true,
         };
-        let mut h = match c.exec(&p.req).await {
-            Ok(h) => h,
-            Err(e) => {
-                send(error_line(e.to_string())).await;
-                return;
-            }
-        };
-        // The stream's own deadline below governs.
-        h.set_deadline(None);
-        send(line(api::ExecEvent::Start {
-            pid: h.pid(),
-            exec_id: h.exec_id(),
-        }))
-        .await;
-        if let Err(e) = feed(&h, p.stdin).await {
-            send(error_line(e.to_string())).await;
-            return;
-        }
-        loop {
-            let ok = match h.next_event().await {
-                Ok(Some(ExecEvent::Stdout(x))) => send(line(api::ExecEvent::stdout(&x))).await,
-                Ok(Some(ExecEvent::Stderr(x))) => send(line(api::ExecEvent::stderr(&x))).await,
-                Ok(Some(ExecEvent::Exit(r))) => {
-                    let (code, sig) = status_fields(r.status);
-                    d2.metrics.exec.observe(t0.elapsed().as_secs_f64());
-                    send(line(api::ExecEvent::Exit {
-                        exit_code: code,
-                        signal: sig,
-                        timed_out: r.timed_out,
-                    }))
-                    .await;
-                    return;
-                }
-                Ok(None) => return,
-                Err(e) => {
-                    send(error_line(format!("sandbox agent: {e}"))).await;
-                    return;
-                }
-            };
-            if !ok {
-                // The client went away: end the command.
-                let _ = h.signal(libc::SIGKILL, true).await;
-                return;
-            }
+        // Gone, stalled or past its deadline: end the command, within a
+        // call's deadline (a silent guest does not hold the task).
+        let exec_id = *started.lock().unwrap_or_else(|e| e.into_inner());
+        if let (true, Some(exec_id)) = (kill, exec_id) {
+            let signal = c.signal(exec_id, libc::SIGKILL, true);
+            let _ = tokio::time::timeout(agent_limits.call_timeout, signal).await;
         }
     });
     let stream = futures_util::stream::unfold(Some(rx), move |rx| async move {
@@ -268,14 +331,12 @@ fn check_path(p: &str) -> ApiResult<()> {
     Ok(())
 }
 
-const FILE_OP: Duration = Duration::from_secs(120);
-
 /// `stat`.
 pub async fn stat(d: &Arc<Daemon>, id: &str, path: String) -> ApiResult<api::FileStat> {
     check_path(&path)?;
     let (_, live, _busy) = ensure_running(d, id).await?;
     let c = agent(d, &live).await?;
-    within("stat", FILE_OP, async {
+    within("stat", d.cfg.agent.file_op_timeout, async {
         Ok(stat_view(c.stat(&path).await?))
     })
     .await
@@ -286,7 +347,7 @@ pub async fn list(d: &Arc<Daemon>, id: &str, path: String) -> ApiResult<Vec<api:
     check_path(&path)?;
     let (_, live, _busy) = ensure_running(d, id).await?;
     let c = agent(d, &live).await?;
-    within("list", FILE_OP, async {
+    within("list", d.cfg.agent.file_op_timeout, async {
         let mut v: Vec<api::DirEntry> = c
             .list_dir(&path)
             .await?
@@ -307,7 +368,7 @@ pub async fn remove(d: &Arc<Daemon>, id: &str, path: String, recursive: bool) ->
     check_path(&path)?;
     let (_, live, _busy) = ensure_running(d, id).await?;
     let c = agent(d, &live).await?;
-    within("remove", FILE_OP, async {
+    within("remove", d.cfg.agent.file_op_timeout, async {
         Ok(c.remove(&path, recursive).await?)
     })
     .await
@@ -342,7 +403,7 @@ pub async fn upload(
 /// Where a download's body stream is.
 enum Download {
     /// Not asked of the agent yet.
-    Opening(AsyncClient, String),
+    Opening(AsyncClient, String, u64),
     /// Chunks coming.
     Open(AsyncDownload),
     /// Ended by an error.
@@ -372,14 +433,16 @@ pub async fn download(d: &Arc<Daemon>, id: &str, path: String) -> ApiResult<(u64
     let (_, live, busy) = ensure_running(d, id).await?;
     let c = agent(d, &live).await?;
     // Opened when the body is first polled; each chunk within the client's
-    // 120 s call timeout. An error after the status went out ends the body
-    // with that error, as before.
-    let first = Download::Opening(c, path);
+    // call timeout, and no more bytes than the size the body was announced
+    // with (a guest that sends more, or never ends, ends the body with an
+    // error). An error after the status went out ends the body with that
+    // error, as before.
+    let first = Download::Opening(c, path, st.size);
     let stream = futures_util::stream::unfold((first, busy), |(state, busy)| async move {
         let mut dl = match state {
             Download::Done => return None,
             Download::Open(dl) => dl,
-            Download::Opening(c, path) => match c.open_download(&path, 0, None).await {
+            Download::Opening(c, path, size) => match c.open_download(&path, 0, Some(size)).await {
                 Ok(dl) => dl,
                 Err(e) => return Some((Err(download_error(e)), (Download::Done, busy))),
             },

@@ -4,10 +4,14 @@
 //!
 //! - [`api`]: HTTP/JSON routes (axum), served on a Unix socket and
 //!   optionally on TCP with a bearer token, and the OpenAPI document
-//!   generated from the same route table and the [`shoal_api`] types.
+//!   generated from the same route table and the [`shoal_api`] types;
+//!   [`listen`]: the listeners' connection cap, header and idle timeouts;
+//!   [`auth`]: who calls ([`auth::Principal`]: Unix peer uid, TCP token);
+//!   [`inputs`]: bounds on what a request may ask for.
 //! - [`lifecycle`]: create, pause, resume, snapshot; built on [`ops`], the
 //!   operations on one sandbox (row, admission, its VM, its agent);
-//!   [`templates`] and [`template_dirs`]: templates and their directories.
+//!   [`templates`] and [`template_dirs`]: templates and their directories;
+//!   [`template_names`]: the daemon's derived names and templates' owners.
 //! - [`db`]: state in SQLite (WAL).
 //! - [`watch`]: VM exits (pidfd) noticed and reclaimed; [`supervisor`]:
 //!   TTL and idle sweeps, recovery on start (reattach or reclaim).
@@ -19,16 +23,22 @@
 //! microVM backend in production, the fake one in tests without KVM).
 
 pub mod admission;
+pub mod agent_limits;
 pub mod api;
+pub mod auth;
 pub mod db;
 pub mod exec;
 pub mod freeze;
+pub mod inputs;
+pub mod layer_files;
 pub mod lifecycle;
+pub mod listen;
 pub mod metrics;
 pub mod ops;
 pub mod pool;
 pub mod supervisor;
 pub mod template_dirs;
+pub mod template_names;
 pub mod templates;
 pub mod watch;
 
@@ -62,6 +72,13 @@ pub struct Config {
     pub freeze_after: Option<Duration>,
     /// VMM restores in flight at most.
     pub max_restores: usize,
+    /// Deadlines and bounds of calls into sandboxes' agents.
+    pub agent: agent_limits::AgentLimits,
+    /// Connection and body limits of the API's listeners.
+    pub http: listen::HttpLimits,
+    /// The only directory layer files may come from (`None`: `layers` in
+    /// the state directory); see [`Config::layers_dir`].
+    pub layers_dir: Option<PathBuf>,
 }
 
 impl Config {
@@ -73,6 +90,15 @@ impl Config {
     /// Where sandbox directories live.
     pub fn sandboxes_dir(&self) -> PathBuf {
         self.state_dir.join("sandboxes")
+    }
+
+    /// The only directory callers' layer files may come from (the daemon
+    /// opens files in it as root, beneath it, following no symbolic link;
+    /// see [`layer_files`]).
+    pub fn layers_dir(&self) -> PathBuf {
+        self.layers_dir
+            .clone()
+            .unwrap_or_else(|| layer_files::default_layers_dir(&self.state_dir))
     }
 
     /// Where templates live: every template the daemon builds or
@@ -117,6 +143,12 @@ pub enum ApiError {
     /// 401: missing or wrong bearer token.
     #[error("{0}")]
     Unauthorized(String),
+    /// 403: the caller may not do this.
+    #[error("{0}")]
+    Forbidden(String),
+    /// 413: the request body is larger than the route takes.
+    #[error("{0}")]
+    TooLarge(String),
     /// 404: no such sandbox, template, file.
     #[error("{0}")]
     NotFound(String),
@@ -196,6 +228,8 @@ impl ApiError {
                 ErrorCode::BadRequest
             }
             ApiError::Unauthorized(_) => ErrorCode::Unauthorized,
+            ApiError::Forbidden(_) => ErrorCode::Forbidden,
+            ApiError::TooLarge(_) => ErrorCode::PayloadTooLarge,
             ApiError::NotFound(_) => ErrorCode::NotFound,
             ApiError::Conflict(_) => ErrorCode::Conflict,
             ApiError::Refused(Refusal::Quota(_)) => ErrorCode::HostFull,
@@ -208,6 +242,7 @@ impl ApiError {
             }
             ApiError::Agent(C::Remote { .. }) => ErrorCode::BadRequest,
             ApiError::Agent(C::Timeout) | ApiError::Timeout(_) => ErrorCode::DeadlineExceeded,
+            ApiError::Agent(C::Busy(_)) => ErrorCode::SandboxBusy,
             ApiError::Backend { source, .. } if source.is_host_fault() => ErrorCode::Internal,
             ApiError::Agent(_)
             | ApiError::AgentUnreachable { .. }
@@ -249,6 +284,9 @@ pub struct Live {
     pub needs_post_restore: AtomicBool,
     /// The cached agent connection.
     pub client: tokio::sync::Mutex<Option<AsyncClient>>,
+    /// The last failed attempt to connect to the agent: when it ended and
+    /// why (calls that waited for it fail with it; see [`ops::agent`]).
+    pub connect_failed: Mutex<Option<(std::time::Instant, String)>>,
     /// Serializes lifecycle operations (pause, resume, snapshot, kill).
     pub op: tokio::sync::Mutex<()>,
     /// Operations in flight (a busy sandbox is never frozen).
@@ -276,6 +314,7 @@ impl Live {
             expect_exit: AtomicBool::new(false),
             needs_post_restore: AtomicBool::new(post_restore),
             client: tokio::sync::Mutex::new(None),
+            connect_failed: Mutex::new(None),
             op: tokio::sync::Mutex::new(()),
             busy: AtomicUsize::new(0),
             frozen: tokio::sync::Mutex::new(false),
@@ -418,10 +457,11 @@ pub async fn within<T>(
 
 /// Serves the API until SIGTERM or SIGINT: recovers state, starts the
 /// supervisor, sweeps and pool filler, listens on the Unix socket (and on
-/// `tcp` with its bearer token). VMMs keep running when it stops.
+/// `tcp` for callers with one of its bearer tokens). VMMs keep running
+/// when it stops.
 pub async fn serve(
     d: Arc<Daemon>,
-    tcp: Option<(std::net::SocketAddr, String)>,
+    tcp: Option<(std::net::SocketAddr, auth::Tokens)>,
 ) -> Result<(), String> {
     let stop = async {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
@@ -436,9 +476,11 @@ pub async fn serve(
 
 /// [`serve`], until `stop` completes instead of a signal (tests stop a
 /// daemon this way and start another over the same state directory).
+/// Each listener is served by [`listen::serve`] with the limits of
+/// [`Config::http`] (its own connection cap each).
 pub async fn serve_until(
     d: Arc<Daemon>,
-    tcp: Option<(std::net::SocketAddr, String)>,
+    tcp: Option<(std::net::SocketAddr, auth::Tokens)>,
     stop: impl std::future::Future<Output = ()>,
 ) -> Result<(), String> {
     let sock = d.cfg.socket();
@@ -455,6 +497,15 @@ pub async fn serve_until(
         use std::os::unix::fs::PermissionsExt;
         let _ = std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o600));
     }
+    let tcp = match tcp {
+        None => None,
+        Some((addr, tokens)) => {
+            let l = tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|e| format!("{addr}: {e}"))?;
+            Some((l, tokens))
+        }
+    };
     tokio::spawn(supervisor::sweep_loop(d.clone()));
     if d.cfg.pools {
         tokio::spawn(pool::run(d.clone()));
@@ -464,33 +515,23 @@ pub async fn serve_until(
     }
     let (tx, rx) = tokio::sync::watch::channel(false);
     let mut tasks = tokio::task::JoinSet::new();
-    {
-        let app = api::router(d.clone(), None);
-        let mut rx = rx.clone();
-        tasks.spawn(async move {
-            axum::serve(unix, app)
-                .with_graceful_shutdown(async move {
-                    let _ = rx.changed().await;
-                })
-                .await
-                .map_err(|e| e.to_string())
-        });
-    }
-    if let Some((addr, token)) = tcp {
-        let l = tokio::net::TcpListener::bind(addr)
-            .await
-            .map_err(|e| format!("{addr}: {e}"))?;
-        let app = api::router(d.clone(), Some(token));
-        let mut rx = rx.clone();
-        tasks.spawn(async move {
-            axum::serve(l, app)
-                .with_graceful_shutdown(async move {
-                    let _ = rx.changed().await;
-                })
-                .await
-                .map_err(|e| e.to_string())
-        });
-        tracing::info!(%addr, "listening on TCP (bearer token required)");
+    tasks.spawn(listen::serve(
+        listen::Listener::Unix(unix),
+        api::router(d.clone(), None),
+        d.cfg.http.clone(),
+        d.metrics.unix_conns.clone(),
+        rx.clone(),
+    ));
+    if let Some((l, tokens)) = tcp {
+        let addr = l.local_addr().map_err(|e| e.to_string())?;
+        tracing::info!(%addr, ?tokens, "listening on TCP (bearer token required)");
+        tasks.spawn(listen::serve(
+            listen::Listener::Tcp(l),
+            api::router(d.clone(), Some(tokens)),
+            d.cfg.http.clone(),
+            d.metrics.tcp_conns.clone(),
+            rx.clone(),
+        ));
     }
     tracing::info!(socket = %sock.display(), "shoald ready");
     stop.await;

@@ -244,8 +244,14 @@ pub async fn resume(d: &Arc<Daemon>, id: &str) -> ApiResult<SandboxView> {
     }
 }
 
-/// Snapshots a running sandbox into a new template (the sandbox goes on).
-pub async fn snapshot(d: &Arc<Daemon>, id: &str, req: SnapshotRequest) -> ApiResult<TemplateRow> {
+/// Snapshots a running sandbox into a new template of `owner` (the
+/// sandbox goes on).
+pub async fn snapshot(
+    d: &Arc<Daemon>,
+    id: &str,
+    req: SnapshotRequest,
+    owner: &crate::auth::Principal,
+) -> ApiResult<TemplateRow> {
     let name = req.template.unwrap_or_else(|| {
         let secs = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -269,18 +275,10 @@ pub async fn snapshot(d: &Arc<Daemon>, id: &str, req: SnapshotRequest) -> ApiRes
         error: None,
         created_at: db::now(),
         owned: true,
+        owner: Some(owner.id()),
         root: from.map(|f| f.root).unwrap_or_default(),
     };
-    let inserted = d.db(|db| {
-        if db.template(&name)?.is_some() {
-            return Ok(false);
-        }
-        db.put_template(&t)?;
-        Ok(true)
-    })?;
-    if !inserted {
-        return Err(ApiError::Conflict(format!("template '{name}' exists")));
-    }
+    super::templates::insert_template(d, &t)?;
     let _g = live.op.lock().await;
     *live.client.lock().await = None;
     let dir = t.dir.clone();

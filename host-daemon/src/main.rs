@@ -1,6 +1,6 @@
 //! `shoald`: the Shoal host daemon (the library `shoald`).
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use clap::Parser;
 use shoal_runtime::backend::microvm::MicroVm;
 use shoald::{self as daemon, admission::Limits, Config, Daemon};
@@ -25,12 +25,35 @@ struct Args {
     /// else ~/.cache/shoal/artifacts.
     #[arg(long, value_name = "DIR")]
     artifacts: Option<PathBuf>,
+    /// The only directory layer files may come from (`layers` in a
+    /// create's request: image names, or erofs files under this
+    /// directory). Default: STATE_DIR/layers.
+    #[arg(long, value_name = "DIR")]
+    layers_dir: Option<PathBuf>,
     /// Also listen on TCP (e.g. 127.0.0.1:7070); needs --token-file.
     #[arg(long)]
     listen: Option<std::net::SocketAddr>,
-    /// File holding the bearer token TCP clients must send.
+    /// File holding the bearer token TCP clients must send: one line (the
+    /// token), or `NAME:TOKEN` lines, one per tenant (templates are their
+    /// maker's; the token named `admin` may change anyone's). Must be
+    /// owned by the daemon's user and not readable by group or others.
     #[arg(long)]
     token_file: Option<PathBuf>,
+    /// A request's head must arrive within this many seconds (also how
+    /// long an idle keep-alive connection is kept).
+    #[arg(long, default_value_t = 10)]
+    header_timeout_s: u64,
+    /// A request body or response making no progress this many seconds
+    /// ends its connection.
+    #[arg(long, default_value_t = 120)]
+    idle_timeout_s: u64,
+    /// Open connections per listener (Unix socket, TCP) at most; more wait
+    /// to be accepted.
+    #[arg(long, default_value_t = 512)]
+    max_connections: usize,
+    /// Largest upload (MiB; streamed).
+    #[arg(long, default_value_t = 16 * 1024)]
+    max_upload_mib: u64,
     /// Guest memory reservable per MiB of host memory.
     #[arg(long, default_value_t = 8.0)]
     memory_overcommit: f64,
@@ -43,6 +66,16 @@ struct Args {
     /// Most sandboxes holding a VMM at once.
     #[arg(long, default_value_t = 4000)]
     max_sandboxes: u64,
+    /// Disk sandboxes and templates may reserve on the state filesystem
+    /// (MiB; each reserves its memory, for a pause or its snapshot, and its
+    /// scratch disk). Default: what is free at start plus what sandboxes
+    /// and templates hold, less the reserve.
+    #[arg(long)]
+    disk_budget_mib: Option<u64>,
+    /// Refuse sandboxes (503) that would leave less than this free on the
+    /// state filesystem (MiB).
+    #[arg(long, default_value_t = 2048)]
+    min_free_disk_mib: u64,
     /// Host memory to plan with (MiB; default: MemTotal).
     #[arg(long)]
     host_memory_mib: Option<u64>,
@@ -60,6 +93,13 @@ struct Args {
     /// Do not refill warm pools.
     #[arg(long)]
     no_pools: bool,
+    /// Most bytes per stream (stdout, stderr) a one-shot exec returns
+    /// (MiB); the rest is dropped and the result says `truncated`.
+    #[arg(long, default_value_t = 16)]
+    exec_output_limit_mib: usize,
+    /// Agent calls one sandbox may have in flight; more are refused (429).
+    #[arg(long, default_value_t = 1024)]
+    max_agent_calls: usize,
     /// Log as JSON lines (default: key=value text).
     #[arg(long)]
     log_json: bool,
@@ -83,19 +123,7 @@ fn main() -> Result<()> {
         (Some(_), None) => {
             bail!("--listen needs --token-file (TCP clients must send a bearer token)")
         }
-        (Some(addr), Some(f)) => {
-            let t = std::fs::read_to_string(f)
-                .with_context(|| format!("cannot read {}", f.display()))?
-                .trim()
-                .to_string();
-            if t.len() < 16 {
-                bail!(
-                    "the token in {} is too short (at least 16 characters)",
-                    f.display()
-                );
-            }
-            Some((addr, t))
-        }
+        (Some(addr), Some(f)) => Some((addr, daemon::auth::Tokens::load(f)?)),
     };
     // Each VMM costs the daemon a pidfd and a few short-lived sockets.
     raise_nofile();
@@ -105,8 +133,19 @@ fn main() -> Result<()> {
         .artifacts
         .map(shoal_images::artifacts::Layout::at)
         .unwrap_or_else(shoal_images::artifacts::Layout::default_location);
+    let state_dir = a.state_dir.unwrap_or_else(daemon::default_state_dir);
+    std::fs::create_dir_all(&state_dir)?;
+    let disk_budget_mib = a.disk_budget_mib.unwrap_or_else(|| {
+        let free = daemon::admission::free_disk_mib(&state_dir);
+        // What sandboxes and templates hold is reserved again by them.
+        let held = daemon::admission::du_mib(&state_dir.join("sandboxes"))
+            + daemon::admission::du_mib(&state_dir.join("templates"));
+        free.saturating_add(held)
+            .saturating_sub(a.min_free_disk_mib)
+            .max(1)
+    });
     let cfg = Config {
-        state_dir: a.state_dir.unwrap_or_else(daemon::default_state_dir),
+        state_dir,
         limits: Limits {
             host_memory_mib: a
                 .host_memory_mib
@@ -116,6 +155,8 @@ fn main() -> Result<()> {
             cpu_overcommit: a.cpu_overcommit,
             min_available_mib: a.min_available_mib,
             max_vms: a.max_sandboxes,
+            disk_budget_mib,
+            min_free_disk_mib: a.min_free_disk_mib,
         },
         agent_timeout: Duration::from_secs(a.agent_timeout),
         sweep_interval: Duration::from_secs(1),
@@ -124,6 +165,19 @@ fn main() -> Result<()> {
             .max_restores
             .unwrap_or_else(|| 2 * std::thread::available_parallelism().map_or(1, |n| n.get())),
         freeze_after: (a.freeze_idle_ms > 0).then(|| Duration::from_millis(a.freeze_idle_ms)),
+        agent: daemon::agent_limits::AgentLimits {
+            exec_output_limit: a.exec_output_limit_mib.saturating_mul(1 << 20),
+            max_in_flight: a.max_agent_calls,
+            ..Default::default()
+        },
+        http: daemon::listen::HttpLimits {
+            header_timeout: Duration::from_secs(a.header_timeout_s.max(1)),
+            idle_timeout: Duration::from_secs(a.idle_timeout_s.max(1)),
+            max_connections: a.max_connections.max(1),
+            max_upload: a.max_upload_mib.saturating_mul(1 << 20),
+            ..Default::default()
+        },
+        layers_dir: a.layers_dir,
     };
     let missing: Vec<String> = artifacts
         .status()

@@ -65,8 +65,21 @@ pub struct Metrics {
     pub pool_misses: AtomicU64,
     /// VMMs that died unexpectedly.
     pub vmm_deaths: AtomicU64,
+    /// Connections of the Unix socket listener.
+    pub unix_conns: std::sync::Arc<Conns>,
+    /// Connections of the TCP listener.
+    pub tcp_conns: std::sync::Arc<Conns>,
     refusals: Mutex<BTreeMap<&'static str, u64>>,
     requests: Mutex<BTreeMap<u16, u64>>,
+}
+
+/// One listener's connections ([`crate::listen`]).
+#[derive(Default)]
+pub struct Conns {
+    /// Open now.
+    pub open: AtomicU64,
+    /// Ended by a timeout (a late request head, a stalled body or reader).
+    pub timed_out: AtomicU64,
 }
 
 /// Values read at scrape time.
@@ -175,6 +188,25 @@ impl Metrics {
             "vCPUs admission admits.",
             g.budget.1,
         );
+        let _ = writeln!(
+            o,
+            "# HELP shoal_http_connections Open API connections per listener.\n\
+             # TYPE shoal_http_connections gauge"
+        );
+        let listeners = [("unix", &self.unix_conns), ("tcp", &self.tcp_conns)];
+        for (l, c) in listeners {
+            let n = c.open.load(Ordering::Relaxed);
+            let _ = writeln!(o, "shoal_http_connections{{listener=\"{l}\"}} {n}");
+        }
+        let _ = writeln!(
+            o,
+            "# HELP shoal_http_timeouts_total API connections ended by a timeout (late \
+             request head, stalled body or reader).\n# TYPE shoal_http_timeouts_total counter"
+        );
+        for (l, c) in listeners {
+            let n = c.timed_out.load(Ordering::Relaxed);
+            let _ = writeln!(o, "shoal_http_timeouts_total{{listener=\"{l}\"}} {n}");
+        }
         let counter = |o: &mut String, name: &str, help: &str, v: u64| {
             let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
         };

@@ -6,7 +6,7 @@
 
 use super::db::{SandboxRow, State, TemplateRow};
 use super::{admission, blocking, watch, within, ApiError, ApiResult, Daemon, Live};
-use agent_client::{AsyncClient, ClientError, Config};
+use agent_client::{AsyncClient, ClientError};
 use shoal_api::TemplateState;
 use shoal_runtime::backend::Source;
 use shoal_runtime::fresh::{entropy, unix_nanos};
@@ -56,15 +56,28 @@ pub fn row(d: &Daemon, id: &str) -> ApiResult<SandboxRow> {
 /// refusal is counted in the metrics).
 pub fn admit_and_insert(d: &Daemon, r: &SandboxRow, count: bool) -> ApiResult<()> {
     let avail = admission::available_mib();
+    let free_disk = admission::free_disk_mib(&d.cfg.state_dir);
     let res = d.db(|db| {
-        let u = db.usage()?;
+        let mut u = db.usage()?;
+        // A paused sandbox resuming already holds its reservation and its
+        // files: it needs no more free disk.
+        u.disk_mib = db.reserved_disk_mib(Some(&r.id))?;
+        let free_disk = match db.sandbox(&r.id)? {
+            Some(_) => u64::MAX,
+            None => free_disk,
+        };
+        let upper = db
+            .template(&r.template)?
+            .and_then(|t| t.root.upper_disk_mib);
+        let need = admission::disk_need_mib(r.memory_mib, upper);
         let ok = admission::admit(
             &d.cfg.limits,
             &u,
             u64::from(r.vcpus),
             u64::from(r.memory_mib),
             avail,
-        );
+        )
+        .and_then(|()| admission::admit_disk(&d.cfg.limits, &u, need, free_disk));
         if ok.is_ok() {
             db.put_sandbox(r)?;
         }
@@ -222,29 +235,39 @@ pub async fn kill(d: &Arc<Daemon>, id: &str, reason: &str) -> ApiResult<()> {
     Ok(())
 }
 
-/// How the daemon talks to agents: the connection within the agent
-/// timeout; each call, and each frame of a transfer, within 120 s; an
-/// exec's events within its own timeout plus 30 s; a stream the daemon
-/// does not take (an HTTP client not reading) for 120 s is dropped instead
-/// of holding up the sandbox's other requests.
-pub fn agent_config(connect: Duration) -> Config {
-    Config {
-        connect_timeout: connect,
-        call_timeout: Duration::from_secs(120),
-        exec_slack: Duration::from_secs(30),
-        stall_timeout: Duration::from_secs(120),
-        ..Config::default()
-    }
-}
-
 /// The agent connection of a running sandbox (connecting, and after a
 /// restore sending fresh entropy and time, on first use). One tokio
-/// connection per sandbox carries all its requests: no thread.
+/// connection per sandbox carries all its requests: no thread. Calls that
+/// waited while an attempt to connect failed fail with it at once, so a
+/// guest that never answers costs each queued call nothing more than the
+/// one attempt (not one agent timeout per call, in turn).
 pub async fn agent(d: &Daemon, live: &Live) -> ApiResult<AsyncClient> {
+    let asked = Instant::now();
     let mut g = live.client.lock().await;
     if let Some(c) = g.as_ref().filter(|c| !c.is_closed()) {
         return Ok(c.clone());
     }
+    let failed = live
+        .connect_failed
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone();
+    if let Some((_, why)) = failed.filter(|(at, _)| *at >= asked) {
+        return Err(ApiError::Sandbox(why));
+    }
+    let res = connect(d, live).await;
+    if let Err(e) = &res {
+        *live
+            .connect_failed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some((Instant::now(), e.to_string()));
+    }
+    let c = res?;
+    *g = Some(c.clone());
+    Ok(c)
+}
+
+async fn connect(d: &Daemon, live: &Live) -> ApiResult<AsyncClient> {
     let post = live.needs_post_restore.load(Ordering::Acquire);
     let t = d.cfg.agent_timeout;
     let transport = live
@@ -252,7 +275,7 @@ pub async fn agent(d: &Daemon, live: &Live) -> ApiResult<AsyncClient> {
         .ok_or_else(|| ApiError::Internal(format!("sandbox '{}' has no VM", live.id)))?
         .agent();
     let connect = async {
-        let c = AsyncClient::connect_retry(&transport, agent_config(t), t).await?;
+        let c = AsyncClient::connect_retry(&transport, d.cfg.agent.client_config(t), t).await?;
         if post {
             // The first connection after a restore: clones never share
             // randomness or a stale clock.
@@ -281,6 +304,5 @@ pub async fn agent(d: &Daemon, live: &Live) -> ApiResult<AsyncClient> {
             Ok(())
         })?;
     }
-    *g = Some(c.clone());
     Ok(c)
 }

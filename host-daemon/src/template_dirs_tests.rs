@@ -26,12 +26,17 @@ pub(crate) fn daemon(state: &Path, artifacts: &Path) -> Arc<Daemon> {
                 cpu_overcommit: 1.0,
                 min_available_mib: 0,
                 max_vms: 100,
+                disk_budget_mib: 0,
+                min_free_disk_mib: 0,
             },
             agent_timeout: Duration::from_secs(1),
             sweep_interval: Duration::from_secs(1),
             pools: false,
             freeze_after: None,
             max_restores: 1,
+            agent: Default::default(),
+            http: Default::default(),
+            layers_dir: None,
         },
         Arc::new(backend),
     )
@@ -51,6 +56,7 @@ fn template(name: &str, dir: PathBuf, state: &str) -> TemplateRow {
         error: None,
         created_at: db::now(),
         owned: true,
+        owner: None,
         root: shoal_api::RootRequest::default(),
     }
 }

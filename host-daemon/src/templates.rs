@@ -3,17 +3,20 @@
 //! [`crate::template_dirs`].
 
 use super::db::{self, State, TemplateRow};
+use super::layer_files::{open_root, CheckedRoot};
 use super::ops::{self, check_name};
-use super::{ApiError, ApiResult, Daemon};
+use super::{admission, template_names, ApiError, ApiResult, Daemon};
+use crate::auth::Principal;
 use shoal_api::{CreateTemplate, Pool, RootRequest, SetPool, Template, TemplateState};
-use shoal_images::layers::{self, Upper};
+use shoal_images::layer_files::Layer;
+use shoal_images::layers;
 use shoal_runtime::sandbox::{self, TemplateSpec};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
 /// Images the daemon can boot templates from.
-pub const IMAGES: [&str; 2] = ["tiny", "base"];
+pub const IMAGES: [&str; 2] = shoal_images::artifacts::IMAGES;
 
 impl From<TemplateRow> for Template {
     fn from(t: TemplateRow) -> Self {
@@ -27,6 +30,7 @@ impl From<TemplateRow> for Template {
             error: t.error,
             created_at: t.created_at,
             owned: t.owned,
+            owner: t.owner,
             layers: t.root.layers,
             upper_size_mib: t.root.upper_size_mib,
             upper_disk_mib: t.root.upper_disk_mib,
@@ -34,19 +38,43 @@ impl From<TemplateRow> for Template {
     }
 }
 
-/// Checks a root request's layers and sizes for a guest of `memory_mib`;
-/// returns the upper layer.
-pub fn check_root(root: &RootRequest, memory_mib: u32) -> ApiResult<Upper> {
-    layers::check_layers(&root.layers, &IMAGES).map_err(ApiError::Layers)?;
-    Upper::from_request(root.upper_size_mib, root.upper_disk_mib, memory_mib)
-        .map_err(ApiError::Layers)
-}
-
 /// The name of the template `POST /v1/sandboxes` with `image` uses:
 /// `IMAGE-Nc-Mm`, plus a hash of the layers (each file's identity, so a
 /// rebuilt layer gets a new template) and the upper layer when there are
 /// any.
 pub fn image_template_name(image: &str, vcpus: u32, mem: u32, root: &RootRequest) -> String {
+    let ids = root
+        .layers
+        .iter()
+        .map(|l| layers::file_identity(std::path::Path::new(l)));
+    name_from_ids(image, vcpus, mem, root, ids)
+}
+
+/// [`image_template_name`] as the daemon makes it: each file's identity
+/// taken from the file it opened, not by looking its path up again.
+fn opened_template_name(
+    image: &str,
+    vcpus: u32,
+    mem: u32,
+    root: &RootRequest,
+    checked: &CheckedRoot,
+) -> String {
+    let ids = checked.layers.iter().map(|l| match l {
+        Layer::Image(n) => n.clone(),
+        Layer::File(f) => f.identity(),
+    });
+    name_from_ids(image, vcpus, mem, root, ids)
+}
+
+/// The name from `root` and one identity per layer (used for the layers
+/// that are not image names).
+fn name_from_ids(
+    image: &str,
+    vcpus: u32,
+    mem: u32,
+    root: &RootRequest,
+    ids: impl Iterator<Item = String>,
+) -> String {
     let base = format!("{image}-{vcpus}c-{mem}m");
     if root.is_default() {
         return base;
@@ -54,11 +82,12 @@ pub fn image_template_name(image: &str, vcpus: u32, mem: u32, root: &RootRequest
     let mut parts: Vec<String> = root
         .layers
         .iter()
-        .map(|l| {
+        .zip(ids)
+        .map(|(l, id)| {
             if IMAGES.contains(&l.as_str()) {
                 format!("image:{l}")
             } else {
-                layers::file_identity(std::path::Path::new(l))
+                id
             }
         })
         .collect();
@@ -91,14 +120,37 @@ fn check_shape(image: &str, vcpus: u32, mem: u32) -> ApiResult<()> {
     Ok(())
 }
 
-/// Registers a template and builds it in the background (booting the
-/// image once; cached by content, so usually instant after the first).
-pub fn create_template(d: &Arc<Daemon>, req: CreateTemplate) -> ApiResult<TemplateRow> {
+/// Registers a template for `who` (its owner; derived names are the
+/// daemon's, [`template_names`]) and builds it in the background (booting
+/// the image once; cached by content, so usually instant after the first).
+pub async fn create_template(
+    d: &Arc<Daemon>,
+    req: CreateTemplate,
+    who: &Principal,
+) -> ApiResult<TemplateRow> {
     check_name("template", &req.name)?;
     let (vcpus, mem) = (req.vcpus.unwrap_or(1), req.memory_mib.unwrap_or(128));
     check_shape(&req.image, vcpus, mem)?;
+    crate::inputs::check_servable(&d.cfg.limits, vcpus, mem)?;
+    crate::inputs::check_disk_servable(&d.cfg.limits, mem, req.upper_disk_mib)?;
+    let checked = open_root(d, &req.root(), mem).await?;
+    create_checked(d, req, checked, who)
+}
+
+/// [`create_template`] once the root is checked and its layers are open.
+fn create_checked(
+    d: &Arc<Daemon>,
+    req: CreateTemplate,
+    checked: CheckedRoot,
+    who: &Principal,
+) -> ApiResult<TemplateRow> {
+    check_name("template", &req.name)?;
+    let (vcpus, mem) = (req.vcpus.unwrap_or(1), req.memory_mib.unwrap_or(128));
     let root = req.root();
-    let upper = check_root(&root, mem)?;
+    // The name the daemon would give exactly this template.
+    let derived = opened_template_name(&req.image, vcpus, mem, &root, &checked);
+    let owner = template_names::owner_for_create(who, &req.name, &derived)?;
+    let upper = checked.upper;
     let t = TemplateRow {
         name: req.name.clone(),
         source: format!("image:{}", req.image),
@@ -110,22 +162,14 @@ pub fn create_template(d: &Arc<Daemon>, req: CreateTemplate) -> ApiResult<Templa
         error: None,
         created_at: db::now(),
         owned: true,
+        owner: Some(owner),
         root: RootRequest {
             layers: root.layers.clone(),
             upper_size_mib: upper.disk_mib().is_none().then(|| upper.tmpfs_mib(mem)),
             upper_disk_mib: upper.disk_mib(),
         },
     };
-    let inserted = d.db(|db| {
-        if db.template(&t.name)?.is_some() {
-            return Ok(false);
-        }
-        db.put_template(&t)?;
-        Ok(true)
-    })?;
-    if !inserted {
-        return Err(ApiError::Conflict(format!("template '{}' exists", t.name)));
-    }
+    insert_template(d, &t)?;
     d.event(&t.name, "template_building", &t.source);
     let d2 = d.clone();
     let vcpus8 = u8::try_from(vcpus).map_err(|_| {
@@ -135,18 +179,42 @@ pub fn create_template(d: &Arc<Daemon>, req: CreateTemplate) -> ApiResult<Templa
         upper,
         ..TemplateSpec::new(&req.image, vcpus8, mem)
     };
-    let (name, dir, layers) = (t.name.clone(), t.dir.clone(), root.layers);
+    let (name, dir, layers) = (t.name.clone(), t.dir.clone(), checked.layers);
     tokio::spawn(async move { build(d2, name, dir, spec, layers).await });
     Ok(t)
 }
 
-async fn build(
-    d: Arc<Daemon>,
-    name: String,
-    dir: PathBuf,
-    spec: TemplateSpec,
-    layers: Vec<String>,
-) {
+/// Records `t` (being built or written) unless its name is taken (409)
+/// or its disk (its memory file and scratch disk) does not fit
+/// ([`admission::admit_disk`]: 429 or 503).
+pub(crate) fn insert_template(d: &Daemon, t: &TemplateRow) -> ApiResult<()> {
+    let free = admission::free_disk_mib(&d.cfg.state_dir);
+    let need = admission::disk_need_mib(t.memory_mib, t.root.upper_disk_mib);
+    let r = d.db(|db| {
+        if db.template(&t.name)?.is_some() {
+            return Ok(Err(ApiError::Conflict(format!(
+                "template '{}' exists",
+                t.name
+            ))));
+        }
+        let u = db::Usage {
+            disk_mib: db.reserved_disk_mib(None)?,
+            ..Default::default()
+        };
+        if let Err(e) = admission::admit_disk(&d.cfg.limits, &u, need, free) {
+            return Ok(Err(e.into()));
+        }
+        db.put_template(t)?;
+        Ok(Ok(()))
+    })?;
+    if let Err(ApiError::Refused(e)) = &r {
+        d.metrics.refused(e.reason());
+        tracing::warn!(template = %t.name, "admission refused: {e}");
+    }
+    r
+}
+
+async fn build(d: Arc<Daemon>, name: String, dir: PathBuf, spec: TemplateSpec, layers: Vec<Layer>) {
     let _g = d.building.lock().await;
     let t0 = Instant::now();
     tracing::info!(template = %name, dir = %dir.display(), "booting the template");
@@ -191,10 +259,15 @@ async fn build(
     d.pool_wake.notify_one();
 }
 
+/// Longest a create waits for its image's template to be built (a boot
+/// and a snapshot: ~20-60 s on PVM hosts; builds queue one at a time).
+pub const IMAGE_TEMPLATE_WAIT: std::time::Duration = std::time::Duration::from_secs(120);
+
 /// The template of `image` at this shape and root
 /// ([`image_template_name`]), built on first use (again, if it failed
-/// before); waits for it as long as it is being built (a boot and a
-/// snapshot: ~20-60 s on PVM hosts; the build's own deadlines bound it).
+/// before, or if the name holds a template the daemon did not make);
+/// waits for it while it is being built, at most [`IMAGE_TEMPLATE_WAIT`]
+/// (then 504: the build goes on, a retry finds it).
 pub async fn image_template(
     d: &Arc<Daemon>,
     image: &str,
@@ -203,19 +276,22 @@ pub async fn image_template(
     root: &RootRequest,
 ) -> ApiResult<TemplateRow> {
     check_shape(image, vcpus, mem)?;
-    check_root(root, mem)?;
-    let name = image_template_name(image, vcpus, mem, root);
+    crate::inputs::check_servable(&d.cfg.limits, vcpus, mem)?;
+    let checked = open_root(d, root, mem).await?;
+    let name = opened_template_name(image, vcpus, mem, root, &checked);
     // A failed image template is retried: what failed (missing artifacts,
-    // a boot on an overloaded host) may be fixed by now.
-    if d.db(|db| db.template(&name))?
-        .is_some_and(|t| t.state == TemplateState::Failed)
-    {
-        match delete_template(d, &name).await {
+    // a boot on an overloaded host) may be fixed by now. One the daemon
+    // did not make (squatted before owners were recorded) is never used.
+    if d.db(|db| db.template(&name))?.is_some_and(|t| {
+        t.state == TemplateState::Failed
+            || (!template_names::is_daemons(&t) && t.state != TemplateState::Building)
+    }) {
+        match delete_template(d, &name, &Principal::Daemon).await {
             Ok(()) | Err(ApiError::NotFound(_)) => {}
             Err(e) => return Err(e),
         }
     }
-    match create_template(
+    match create_checked(
         d,
         CreateTemplate {
             vcpus: Some(vcpus),
@@ -223,25 +299,40 @@ pub async fn image_template(
             ..CreateTemplate::new(name.clone(), image)
         }
         .with_root(root.clone()),
+        checked,
+        &Principal::Daemon,
     ) {
         Ok(_) | Err(ApiError::Conflict(_)) => {}
         Err(e) => return Err(e),
     }
+    let until = Instant::now() + IMAGE_TEMPLATE_WAIT;
     loop {
         match ops::ready_template(d, &name) {
+            Ok(t) if !template_names::is_daemons(&t) => {
+                return Err(ApiError::Conflict(format!(
+                    "template '{name}' was not made by the daemon; retry"
+                )))
+            }
             Err(ApiError::Conflict(m)) if m.contains("still being built") => {}
             other => return other,
+        }
+        if Instant::now() >= until {
+            return Err(ApiError::Timeout(format!(
+                "template '{name}' is still being built after {IMAGE_TEMPLATE_WAIT:?} \
+                 (builds run one at a time); retry later"
+            )));
         }
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
 }
 
 /// Deletes a template, its pool and the pool's sandboxes (sandboxes
-/// already created from it keep running).
-pub async fn delete_template(d: &Arc<Daemon>, name: &str) -> ApiResult<()> {
+/// already created from it keep running), if `who` may.
+pub async fn delete_template(d: &Arc<Daemon>, name: &str, who: &Principal) -> ApiResult<()> {
     let t = d
         .db(|db| db.template(name))?
         .ok_or_else(|| ApiError::NotFound(format!("no template '{name}'")))?;
+    template_names::check_owner(who, &t, false)?;
     drain_pool(d, name).await?;
     d.db(|db| db.delete_template(name))?;
     // Its directory goes now unless a sandbox restored from it is left
@@ -265,8 +356,14 @@ pub async fn delete_template(d: &Arc<Daemon>, name: &str) -> ApiResult<()> {
 /// Most sandboxes one pool may hold.
 pub const MAX_POOL: u32 = 10_000;
 
-/// Sets a pool's target; the filler does the rest in the background.
-pub async fn set_pool(d: &Arc<Daemon>, template: &str, req: SetPool) -> ApiResult<Pool> {
+/// Sets a pool's target, if `who` may (the daemon's templates' pools are
+/// everyone's); the filler does the rest in the background.
+pub async fn set_pool(
+    d: &Arc<Daemon>,
+    template: &str,
+    req: SetPool,
+    who: &Principal,
+) -> ApiResult<Pool> {
     if req.target > MAX_POOL {
         return Err(ApiError::BadRequest(format!(
             "target {}: at most {MAX_POOL}",
@@ -276,6 +373,7 @@ pub async fn set_pool(d: &Arc<Daemon>, template: &str, req: SetPool) -> ApiResul
     let t = d
         .db(|db| db.template(template))?
         .ok_or_else(|| ApiError::NotFound(format!("no template '{template}'")))?;
+    template_names::check_owner(who, &t, true)?;
     if t.state == TemplateState::Failed {
         return Err(ApiError::Conflict(format!("template '{template}' failed")));
     }
@@ -328,6 +426,7 @@ pub fn pools(d: &Daemon) -> ApiResult<Vec<Pool>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use shoal_images::layers::Upper;
 
     fn root(layers: &[&str], size: Option<u32>, disk: Option<u32>) -> RootRequest {
         RootRequest {
@@ -337,35 +436,54 @@ mod tests {
         }
     }
 
-    fn message(r: ApiResult<Upper>) -> (u16, String) {
-        let e = r.expect_err("refused");
-        (e.status(), e.to_string())
+    async fn check(d: &Daemon, r: &RootRequest) -> ApiResult<Upper> {
+        open_root(d, r, 128).await.map(|c| c.upper)
     }
 
-    #[test]
-    fn root_requests_are_checked_with_clear_400s() {
+    #[tokio::test]
+    async fn root_requests_are_checked_with_clear_400s() {
+        use crate::template_dirs::tests::daemon;
+        let tmp = tempfile::tempdir().unwrap();
+        let d = daemon(&tmp.path().join("state"), &tmp.path().join("none"));
         assert_eq!(
-            check_root(&root(&[], None, None), 128).unwrap(),
+            check(&d, &root(&[], None, None)).await.unwrap(),
             Upper::default()
         );
         assert_eq!(
-            check_root(&root(&["tiny"], None, Some(64)), 128).unwrap(),
+            check(&d, &root(&["tiny"], None, Some(64))).await.unwrap(),
             Upper::Disk { size_mib: 64 }
         );
+        let layers = d.cfg.layers_dir();
+        std::fs::create_dir_all(&layers).unwrap();
+        let inside = |n: &str| layers.join(n).display().to_string();
+        std::fs::write(layers.join("short.img"), "x").unwrap();
+        let (missing, short) = (inside("missing.img"), inside("short.img"));
         let cases = [
             (root(&[], Some(8), Some(64)), "not both"),
             (root(&[], Some(0), None), "upper_size_mib 0"),
             (root(&[], Some(129), None), "at most the guest's memory"),
             (root(&[], None, Some(4)), "upper_disk_mib 4"),
             (root(&["kit.img"], None, None), "absolute path"),
-            (root(&["/nonexistent/kit.img"], None, None), "cannot open"),
-            (root(&["/dev/null"], None, None), "not a regular file"),
+            (
+                root(&["/nonexistent/kit.img"], None, None),
+                "not an allowed layer",
+            ),
+            (root(&["/dev/null"], None, None), "not an allowed layer"),
+            (root(&[&missing], None, None), "not an allowed layer"),
+            (root(&[&short], None, None), "not a multiple of"),
+            (root(&["tiny"; 9], None, None), "at most 8"),
         ];
         for (r, want) in cases {
-            let (status, m) = message(check_root(&r, 128));
+            let e = check(&d, &r).await.expect_err("refused");
+            let (status, m) = (e.status(), e.to_string());
             assert_eq!(status, 400, "{m}");
             assert!(m.contains(want), "{want:?} not in {m:?}");
         }
+    }
+
+    #[test]
+    fn layer_image_names_are_the_templates_images() {
+        assert_eq!(shoal_images::artifacts::IMAGES, IMAGES);
     }
 
     #[test]
@@ -414,7 +532,7 @@ mod tests {
             upper_size_mib: None,
             upper_disk_mib: None,
         };
-        let t = create_template(&d, req).unwrap();
+        let t = create_template(&d, req, &Principal::Uid(0)).await.unwrap();
         assert_eq!(t.state, TemplateState::Building);
         assert!(
             t.dir.starts_with(d.cfg.templates_dir()),
@@ -459,5 +577,39 @@ mod tests {
         let row2 = d.db(|db| db.template("tiny-1c-128m")).unwrap().unwrap();
         assert_ne!(row1.dir, row2.dir, "built again, in a new directory");
         assert!(!row1.dir.exists() && !row2.dir.exists());
+    }
+
+    /// A derived name squatted before owners were recorded (a snapshot, no
+    /// owner) is never handed out for `{"image": ...}` creates: it is made
+    /// again, by the daemon.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_squatted_derived_template_is_not_used() {
+        use crate::template_dirs::tests::daemon;
+        let tmp = tempfile::tempdir().unwrap();
+        let d = daemon(&tmp.path().join("state"), &tmp.path().join("none"));
+        let squat = TemplateRow {
+            name: "tiny-1c-128m".into(),
+            source: "sandbox:0123456789ab".into(),
+            kind: d.backend.kind(),
+            vcpus: 1,
+            memory_mib: 128,
+            dir: tmp.path().join("backdoor"),
+            state: shoal_api::TemplateState::Ready,
+            error: None,
+            created_at: 1.0,
+            owned: false,
+            owner: None,
+            root: shoal_api::RootRequest::default(),
+        };
+        d.db(|db| db.put_template(&squat)).unwrap();
+        let r = image_template(&d, "tiny", 1, 128, &shoal_api::RootRequest::default()).await;
+        // Made again (here it fails: no artifacts), never the squatter's.
+        let e = r.expect_err("the squatted template was handed out");
+        assert!(e.to_string().contains("is not installed"), "{e}");
+        let t = d.db(|db| db.template("tiny-1c-128m")).unwrap().unwrap();
+        assert_eq!(
+            (t.source.as_str(), t.owner.as_deref()),
+            ("image:tiny", Some(template_names::DAEMON))
+        );
     }
 }

@@ -6,7 +6,11 @@
 
 #[path = "fake_daemon/harness.rs"]
 mod harness;
+#[path = "fake_daemon/layers.rs"]
+mod layers;
 #[path = "fake_daemon/lifecycle.rs"]
 mod lifecycle;
+#[path = "fake_daemon/limits.rs"]
+mod limits;
 #[path = "fake_daemon/supervision.rs"]
 mod supervision;

@@ -24,6 +24,7 @@
 //! (as unpacking it would).
 
 use crate::artifacts::{self, ArtifactError};
+use root_fs::{Dir, Kind};
 use std::path::{Component, Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -115,6 +116,15 @@ pub enum ImageError {
     /// Padding or checking the result failed.
     #[error(transparent)]
     Pmem(#[from] pmem::ImageError),
+    /// The source's tree has a link where the build writes (`/dev`).
+    #[error(
+        "the image's /{name} is a symbolic link (or not a directory); the build writes into it, \
+         so it must be a directory"
+    )]
+    LinkInRoot {
+        /// The name in the root.
+        name: String,
+    },
     /// The result is not a DAX-capable erofs image.
     #[error("built image {path} is not a DAX-capable erofs file system: {why}")]
     NotDax {
@@ -237,7 +247,12 @@ impl Stage {
             .map_or_else(|| "image".into(), |n| n.to_string_lossy().into_owned());
         for n in 0..100u32 {
             let dir = parent.join(format!(".{name}.build-{}-{n}", std::process::id()));
-            match std::fs::create_dir(&dir) {
+            // Ours alone: the tree unpacked in it keeps its modes (setuid
+            // files, device nodes), which no other local user may reach.
+            let made =
+                std::os::unix::fs::DirBuilderExt::mode(&mut std::fs::DirBuilder::new(), 0o700)
+                    .create(&dir);
+            match made {
                 Ok(()) => return Ok(Stage { dir }),
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
                 Err(e) => return Err(io("cannot create", &dir)(e)),
@@ -329,9 +344,12 @@ fn resolve_in_root(root: &Path, rel: &Path) -> PathBuf {
     root.join(cur)
 }
 
-/// Adds the mount points the agent uses and the agent itself.
+/// Adds the mount points the agent uses and the agent itself, never
+/// following a link of the tree ([`root_fs`]): a `/dev` that is not a
+/// directory is refused, the agent goes where `/sbin` leads inside the
+/// root.
 fn prepare_root(root: &Path, agent: Option<&Path>) -> Result<(), ImageError> {
-    use std::os::unix::fs::PermissionsExt;
+    let rootdir = Dir::open(root).map_err(io("cannot open", root))?;
     for (dir, mode) in [
         ("dev", 0o755),
         ("proc", 0o555),
@@ -341,33 +359,38 @@ fn prepare_root(root: &Path, agent: Option<&Path>) -> Result<(), ImageError> {
         ("root", 0o700),
     ] {
         let p = root.join(dir);
-        if std::fs::symlink_metadata(&p).is_err() {
-            std::fs::create_dir(&p).map_err(io("cannot create", &p))?;
-            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode))
-                .map_err(io("cannot chmod", &p))?;
+        match rootdir.kind(dir).map_err(io("cannot inspect", &p))? {
+            Kind::Missing => rootdir.mkdir(dir, mode).map_err(io("cannot create", &p))?,
+            Kind::Dir => {}
+            // The build writes into /dev: it must be the tree's own.
+            _ if dir == "dev" => return Err(ImageError::LinkInRoot { name: dir.into() }),
+            // Left as the tree has it (the guest's business).
+            _ => {}
         }
     }
     // The kernel opens /dev/console for init before anything is mounted;
     // without it the agent reopens the console after mounting devtmpfs.
-    let console = root.join("dev/console");
-    if std::fs::symlink_metadata(&console).is_err() {
-        let _ = Command::new("mknod")
-            .args(["-m", "0600"])
-            .arg(&console)
-            .args(["c", "5", "1"])
-            .stderr(Stdio::null())
-            .status();
+    let dev = rootdir
+        .subdir("dev")
+        .map_err(io("cannot open", &root.join("dev")))?;
+    if dev
+        .kind("console")
+        .map_err(io("cannot inspect", &root.join("dev/console")))?
+        == Kind::Missing
+    {
+        // Best effort (needs CAP_MKNOD), as before.
+        let _ = dev.mknod_chr("console", 5, 1, 0o600);
     }
     let Some(agent) = agent else {
         return Ok(());
     };
     let sbin = resolve_in_root(root, Path::new("sbin"));
-    std::fs::create_dir_all(&sbin).map_err(io("cannot create", &sbin))?;
+    let rel = sbin.strip_prefix(root).unwrap_or(Path::new("sbin"));
+    let sbin_dir = rootdir.subdirs(rel).map_err(io("cannot create", &sbin))?;
     let dest = sbin.join("shoal-agent");
-    let _ = std::fs::remove_file(&dest);
-    std::fs::copy(agent, &dest).map_err(io("cannot copy the guest agent to", &dest))?;
-    std::fs::set_permissions(&dest, std::fs::Permissions::from_mode(0o755))
-        .map_err(io("cannot chmod", &dest))?;
+    sbin_dir
+        .write_file("shoal-agent", agent, 0o755)
+        .map_err(io("cannot copy the guest agent to", &dest))?;
     // Smaller is faster to load on PVM hosts; optional.
     let _ = Command::new("strip")
         .arg(&dest)
@@ -414,6 +437,9 @@ pub fn find_agent() -> Result<PathBuf, ImageError> {
         )))
     }
 }
+
+#[path = "image_root.rs"]
+mod root_fs;
 
 #[cfg(test)]
 #[path = "image_tests.rs"]

@@ -201,3 +201,143 @@ fn resolve_stays_inside_the_root() {
     assert_eq!(resolve_in_root(r, Path::new("../x")), r.join("x"));
     assert!(resolve_in_root(r, Path::new("loop")).starts_with(r));
 }
+
+/// A tar archive at `path` crafted entry by entry: (name, kind, mode,
+/// data or link target), kind one of "file", "dir", "link", "chr".
+fn crafted_tar(path: &Path, entries: &[(&str, &str, u32, &str)]) {
+    let mut b = tar::Builder::new(std::fs::File::create(path).unwrap());
+    for &(name, kind, mode, data) in entries {
+        let mut h = tar::Header::new_gnu();
+        h.set_mode(mode);
+        h.set_uid(0);
+        h.set_gid(0);
+        h.set_mtime(1_700_000_000);
+        match kind {
+            "file" => {
+                h.set_entry_type(tar::EntryType::Regular);
+                h.set_size(data.len() as u64);
+                h.set_cksum();
+                b.append_data(&mut h, name, data.as_bytes()).unwrap();
+            }
+            "dir" => {
+                h.set_entry_type(tar::EntryType::Directory);
+                h.set_size(0);
+                h.set_cksum();
+                b.append_data(&mut h, name, &[][..]).unwrap();
+            }
+            "link" => {
+                h.set_entry_type(tar::EntryType::Symlink);
+                h.set_size(0);
+                b.append_link(&mut h, name, data).unwrap();
+            }
+            "chr" => {
+                h.set_entry_type(tar::EntryType::Char);
+                h.set_size(0);
+                h.set_device_major(8).unwrap();
+                h.set_device_minor(0).unwrap();
+                h.set_cksum();
+                b.append_data(&mut h, name, &[][..]).unwrap();
+            }
+            k => panic!("kind {k}"),
+        }
+    }
+    b.finish().unwrap();
+}
+
+#[test]
+fn a_dev_link_in_a_tar_cannot_steer_the_console_node_out_of_the_root() {
+    let d = tempfile::tempdir().unwrap();
+    let outside = d.path().join("host-etc");
+    std::fs::create_dir_all(&outside).unwrap();
+    let agent = fake_agent(d.path());
+    let targets = [
+        outside.display().to_string(),
+        // Relative: up and out of the staging directory.
+        format!("../../../..{}", outside.display()),
+    ];
+    for (i, target) in targets.iter().enumerate() {
+        let tar = d.path().join(format!("evil{i}.tar"));
+        crafted_tar(
+            &tar,
+            &[
+                ("etc/hostname", "file", 0o644, "x\n"),
+                ("dev", "link", 0o777, target),
+            ],
+        );
+        let out = d.path().join(format!("evil{i}.erofs"));
+        let r = build_image_with(ImageSource::Tar(tar), &out, &opts(&agent));
+        assert!(
+            std::fs::read_dir(&outside).unwrap().next().is_none(),
+            "{target}: something was created outside the root: {:?}",
+            std::fs::read_dir(&outside).unwrap().collect::<Vec<_>>()
+        );
+        let e = r.expect_err("a /dev that is a link is refused").to_string();
+        assert!(e.contains("/dev") && e.contains("symbolic link"), "{e}");
+    }
+    // A link where the agent goes (sbin -> a directory outside, by a
+    // chain of links): the agent is not written outside either.
+    let tar = d.path().join("sbin.tar");
+    let hop = outside.display().to_string();
+    crafted_tar(
+        &tar,
+        &[
+            ("a", "link", 0o777, "b"),
+            ("b", "link", 0o777, &hop),
+            ("sbin", "link", 0o777, "/a"),
+        ],
+    );
+    let out = d.path().join("sbin.erofs");
+    let _ = build_image_with(ImageSource::Tar(tar), &out, &opts(&agent));
+    assert!(
+        std::fs::read_dir(&outside).unwrap().next().is_none(),
+        "the agent was written outside the root"
+    );
+}
+
+#[test]
+fn setuid_files_and_device_nodes_keep_their_modes_but_stage_unreadable_to_others() {
+    let d = tempfile::tempdir().unwrap();
+    // The staging directory (where the tar is unpacked) is ours alone.
+    let stage = Stage::new(d.path(), &d.path().join("x.erofs")).unwrap();
+    let mode = std::fs::metadata(&stage.dir).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o700, "staging directory mode {mode:o}");
+    drop(stage);
+    let tar = d.path().join("suid.tar");
+    crafted_tar(
+        &tar,
+        &[
+            ("bin", "dir", 0o755, ""),
+            ("bin/su", "file", 0o4755, "#!/bin/sh\n"),
+            ("bin/wall", "file", 0o2755, "#!/bin/sh\n"),
+            ("dev", "dir", 0o755, ""),
+            ("dev/sda", "chr", 0o666, ""),
+        ],
+    );
+    let out = d.path().join("suid.erofs");
+    let agent = fake_agent(d.path());
+    build_image_with(ImageSource::Tar(tar), &out, &opts(&agent)).unwrap();
+    // Extracted with the modes as they are in the image (a chown after
+    // the chmod, fsck.erofs's default as root, would clear the set-id
+    // bits).
+    let x = d.path().join("x");
+    let st = Command::new("fsck.erofs")
+        .arg(format!("--extract={}", x.display()))
+        .args(["--preserve-perms", "--no-preserve-owner"])
+        .arg(&out)
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let meta = |p: &str| std::fs::symlink_metadata(x.join(p)).unwrap();
+    let m = |p: &str| meta(p).permissions().mode();
+    assert_eq!(m("bin/su") & 0o7777, 0o4755);
+    assert_eq!(m("bin/wall") & 0o7777, 0o2755);
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    assert!(meta("dev/sda").file_type().is_char_device());
+    assert_eq!(
+        (m("dev/sda") & 0o7777, meta("dev/sda").rdev()),
+        (0o666, libc::makedev(8, 0))
+    );
+    assert!(meta("dev/console").file_type().is_char_device());
+    assert_eq!(m("dev/console") & 0o7777, 0o600);
+}

@@ -69,6 +69,20 @@ pub enum LayerError {
     /// A relative path (the daemon's working directory is not the caller's).
     #[error("layer {0:?}: give an absolute path (or the name of an image: tiny, base)")]
     NotAbsolute(String),
+    /// A path outside the allowed layers directory, or one that cannot be
+    /// opened there without following a symbolic link: the same words
+    /// whether it exists or not, so that errors tell nothing about files
+    /// outside the directory.
+    #[error(
+        "layer {layer:?}: not an allowed layer (give an image name, tiny or base, or an \
+         erofs image file under {dir})"
+    )]
+    NotAllowed {
+        /// The layer as given.
+        layer: String,
+        /// The directory layers may come from.
+        dir: PathBuf,
+    },
     /// Too many layers.
     #[error("{0} layers: at most {MAX_LAYERS}")]
     TooMany(usize),
@@ -197,7 +211,12 @@ pub fn default_upper_size_mib(memory_mib: u32) -> u32 {
 /// Checks that `path` is a layer the guest can use: a pmem image (regular,
 /// a multiple of 2 MiB, not truncated) holding erofs with 4 KiB blocks.
 pub fn check_layer(path: &Path) -> Result<ImageInfo, LayerError> {
-    let info = pmem::check_image(path)?;
+    check_layer_info(pmem::check_image(path)?, path)
+}
+
+/// The file-system half of [`check_layer`], on what [`pmem::check_image`]
+/// or [`pmem::check_file`] found: erofs with 4 KiB blocks.
+pub fn check_layer_info(info: ImageInfo, path: &Path) -> Result<ImageInfo, LayerError> {
     match info.filesystem {
         Some(fs) if fs.kind == FsKind::Erofs => {
             if fs.block_size != pmem::image::GUEST_PAGE_SIZE {
@@ -312,6 +331,11 @@ pub fn scratch_disk(dir: &Path) -> Option<PathBuf> {
 /// (0 for a reflink). `dst` is removed again on failure.
 pub fn clone_file(src: &Path, dst: &Path) -> Result<u64, LayerError> {
     let input = File::open(src).map_err(|e| LayerError::Io(src.into(), e))?;
+    clone_open(&input, src, dst)
+}
+
+/// [`clone_file`] from an already open file (`src` names it in errors).
+pub fn clone_open(input: &File, src: &Path, dst: &Path) -> Result<u64, LayerError> {
     let len = input
         .metadata()
         .map_err(|e| LayerError::Io(src.into(), e))?
@@ -331,7 +355,7 @@ pub fn clone_file(src: &Path, dst: &Path) -> Result<u64, LayerError> {
         }
         out.set_len(len)
             .map_err(|e| LayerError::Io(dst.into(), e))?;
-        copy_data(&input, &out, len).map_err(|e| LayerError::Io(dst.into(), e))
+        copy_data(input, &out, len).map_err(|e| LayerError::Io(dst.into(), e))
     })();
     match res {
         Ok(n) => Ok(n),

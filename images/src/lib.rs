@@ -6,4 +6,5 @@
 
 pub mod artifacts;
 pub mod image;
+pub mod layer_files;
 pub mod layers;

@@ -265,6 +265,12 @@ fn regular_len(file: &File, path: &Path) -> Result<u64, ImageError> {
     Ok(meta.len())
 }
 
+/// [`check_image`] on an already open file (named `path` in errors), so
+/// that what is checked is what gets mapped.
+pub fn check_file(file: &File, path: &Path) -> Result<ImageInfo, ImageError> {
+    examine(file, path)
+}
+
 /// All image checks, on an already open file (so what is checked is what
 /// gets mapped).
 pub(crate) fn examine(file: &File, path: &Path) -> Result<ImageInfo, ImageError> {

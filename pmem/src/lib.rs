@@ -74,7 +74,9 @@ pub mod request;
 
 pub use device::{Pmem, PmemMetrics, QUEUE_SIZE, TYPE_PMEM};
 pub use fingerprint::{ImageChange, ImageFingerprint};
-pub use image::{check_image, pad_image, pad_image_to, FsInfo, FsKind, ImageError, ImageInfo};
+pub use image::{
+    check_file, check_image, pad_image, pad_image_to, FsInfo, FsKind, ImageError, ImageInfo,
+};
 pub use layout::{
     check_placement, guest_memmap_overhead, place, GuestRange, LayoutError, IMAGE_ALIGN,
     PLACEMENT_ALIGN,

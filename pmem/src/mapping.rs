@@ -135,22 +135,30 @@ impl std::fmt::Debug for PmemMapping {
     }
 }
 
+/// Opens an image read-only, close-on-exec, refusing a final symbolic link
+/// (a path whose last component could be swapped for a link to another
+/// file between whoever chose it and this open).
+pub(crate) fn open_nofollow(path: &Path) -> io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+}
+
 impl PmemMapping {
     /// Opens the image at `path` read-only, checks it (see
     /// [`crate::check_image`]) and maps it for guest address `guest_addr`
     /// (from [`crate::place`], or a snapshot).
     pub fn open(path: &Path, guest_addr: u64) -> Result<Self, MappingError> {
-        let file = File::open(path).map_err(io_err(path, "cannot open"))?;
+        let file = open_nofollow(path).map_err(io_err(path, "cannot open"))?;
         Self::from_file(file, path, guest_addr)
     }
 
     /// Maps an already opened image (restore verifies the file it opened,
-    /// then maps that same file).
-    pub(crate) fn from_file(
-        file: File,
-        path: &Path,
-        guest_addr: u64,
-    ) -> Result<Self, MappingError> {
+    /// then maps that same file; a boot maps the file it checked and
+    /// placed, or one it inherited), named `path`.
+    pub fn from_file(file: File, path: &Path, guest_addr: u64) -> Result<Self, MappingError> {
         if !guest_addr.is_multiple_of(IMAGE_ALIGN) {
             return Err(MappingError::GuestAddr(guest_addr));
         }

@@ -18,7 +18,6 @@ use crate::layout::{GuestRange, IMAGE_ALIGN};
 use crate::mapping::{MappingError, PmemBacking, PmemMapping};
 use serde::{Deserialize, Serialize};
 use snapshot::Persist;
-use std::fs::File;
 use std::path::PathBuf;
 
 /// Saved state of a pmem device.
@@ -142,7 +141,8 @@ impl PmemMapping {
         {
             return Err(bad("guest address is not 2 MiB-aligned or the range wraps"));
         }
-        let file = File::open(&state.path).map_err(io_err(&state.path, "cannot open"))?;
+        let file = crate::mapping::open_nofollow(&state.path)
+            .map_err(io_err(&state.path, "cannot open"))?;
         let meta = file
             .metadata()
             .map_err(io_err(&state.path, "cannot stat"))?;

@@ -3,7 +3,6 @@
 //! or virtio-blk), and timing what it prints.
 
 use crate::vmm_process::{Disk, VmmProcess, VmmProcessError};
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
@@ -176,14 +175,19 @@ impl BootSpec {
     }
 
     /// Our VMM booting this spec (with `--timings`; the caller adds its
-    /// sockets and standard streams).
+    /// sockets and standard streams). Pmem images are opened here and
+    /// passed as descriptors (`--pmem fd:N=PATH`), so the VMM needs no
+    /// access to their paths; one that is not a regular file is left to
+    /// the VMM to open and report.
     pub fn vmm_process(&self, vmm: &Path) -> VmmProcess {
         let mut p = VmmProcess::boot(vmm, &self.kernel);
         match self.root_kind {
             RootKind::Pmem => {
-                p = p.pmem(&self.root);
-                for l in &self.extra_pmem {
-                    p = p.pmem(l);
+                for img in std::iter::once(&self.root).chain(&self.extra_pmem) {
+                    p = match crate::vmm_process::open_image(img) {
+                        Some(f) => p.pmem_file(img, std::sync::Arc::new(f)),
+                        None => p.pmem(img),
+                    };
                 }
                 if let Some(d) = &self.upper_disk {
                     p = p.disk(Disk::rw(d));
@@ -430,8 +434,8 @@ pub fn boot(
         .filter_map(|p| std::fs::canonicalize(p).ok())
         .collect();
     if let Some(out) = stdout {
-        for line in BufReader::new(out).split(b'\n') {
-            let Ok(line) = line else { break };
+        // Lines cut to a fixed length: the guest decides what it prints.
+        for line in crate::console_lines::ConsoleLines::new(out) {
             let now = Instant::now();
             let line = String::from_utf8_lossy(&line);
             let line = line.trim_end_matches('\r');

@@ -8,6 +8,7 @@
 //! and daemon-less sandboxes for the CLI and tests ([`sandbox`]).
 
 pub mod backend;
+pub mod console_lines;
 pub mod fresh;
 pub mod launch;
 pub mod ready;

@@ -70,6 +70,12 @@ impl ReadyPipe {
         Ok((child, Self { read }))
     }
 
+    /// The read end of a pipe whose write end the starter hands the VMM
+    /// itself (as [`READY_FD`]).
+    pub(crate) fn from_read(read: File) -> Self {
+        Self { read }
+    }
+
     /// Waits up to `timeout` for the report.
     pub fn wait(&mut self, timeout: Duration) -> Readiness {
         let mut pfd = libc::pollfd {

@@ -1,9 +1,11 @@
 //! Templates: boot a guest once, snapshot it when it is ready, and restore
 //! copies from the snapshot.
 
+use crate::console_lines::ConsoleLines;
+#[cfg(test)]
+use crate::console_lines::MAX_CONSOLE_LINE;
 use crate::launch::BootSpec;
 use crate::vmm_process::{Io, VmmProcess, VmmProcessError};
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::Child;
 use std::time::{Duration, Instant};
@@ -74,18 +76,12 @@ pub fn make_with(
         .child;
     let mut seen = false;
     if let Some(out) = child.stdout.take() {
-        let mut lines = BufReader::new(out).split(b'\n');
-        for line in lines.by_ref() {
-            let Ok(line) = line else { break };
-            if String::from_utf8_lossy(&line).contains(ready) {
-                seen = true;
-                break;
-            }
-        }
+        let (found, rest) = find_ready(out, ready);
+        seen = found;
         // Keep draining the console until the VMM exits: a closed pipe
         // would fail the guest's console writes while it settles, and that
         // state would be in the snapshot.
-        std::thread::spawn(move || lines.for_each(drop));
+        std::thread::spawn(move || rest.drain());
     }
     if !seen {
         let _ = child.kill();
@@ -118,6 +114,24 @@ pub fn make_with(
     let _ = child.wait();
     let _ = std::fs::remove_file(&sock);
     Ok(info?)
+}
+
+/// Most console bytes a template boot reads looking for its ready line (a
+/// quiet boot prints a few KiB).
+pub const MAX_READY_SCAN: u64 = 16 << 20;
+
+/// Reads console lines from `out` until one contains `ready`: whether one
+/// did, and the rest of the console. Lines are cut to
+/// [`crate::console_lines::MAX_CONSOLE_LINE`] bytes, and the search ends
+/// after [`MAX_READY_SCAN`] bytes.
+fn find_ready<R: std::io::Read>(out: R, ready: &str) -> (bool, ConsoleLines<R>) {
+    let mut lines = ConsoleLines::with_limit(out, MAX_READY_SCAN);
+    while let Some(line) = lines.next_line() {
+        if String::from_utf8_lossy(&line).contains(ready) {
+            return (true, lines);
+        }
+    }
+    (false, lines)
 }
 
 /// One connection doing what a fresh clone's first client does: hello,
@@ -253,4 +267,87 @@ pub fn first_run_ns(stderr: &str) -> Option<u128> {
         .find_map(|kv| kv.strip_prefix("first_run_ns="))?
         .parse()
         .ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
+
+    /// A fake console: `before` bytes of `fill` (newlines among them every
+    /// `every` bytes, or none), then a ready line; it counts what was read.
+    struct Console {
+        before: u64,
+        fill: u8,
+        every: Option<u64>,
+        pos: u64,
+        tail: &'static [u8],
+        read: Arc<AtomicU64>,
+    }
+
+    impl Read for Console {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            let mut n = 0;
+            while n < buf.len() {
+                if self.pos < self.before {
+                    let nl = self.every.is_some_and(|e| self.pos % e == e - 1);
+                    buf[n] = if nl { b'\n' } else { self.fill };
+                } else {
+                    let i = usize::try_from(self.pos - self.before).unwrap();
+                    let Some(&b) = self.tail.get(i) else { break };
+                    buf[n] = b;
+                }
+                self.pos += 1;
+                n += 1;
+            }
+            self.read.fetch_add(n as u64, Ordering::Relaxed);
+            Ok(n)
+        }
+    }
+
+    fn console(before: u64, every: Option<u64>) -> (Console, Arc<AtomicU64>) {
+        let read = Arc::new(AtomicU64::new(0));
+        let c = Console {
+            before,
+            fill: b'x',
+            every,
+            pos: 0,
+            tail: b"\nshoal-ready\nafter\n",
+            read: read.clone(),
+        };
+        (c, read)
+    }
+
+    #[test]
+    fn a_console_that_floods_before_its_ready_line_is_read_only_so_far() {
+        // 80 MiB without a newline: neither held in memory as one line nor
+        // read to its end; the template boot gives up instead.
+        let (c, read) = console(80 << 20, None);
+        let (seen, _) = find_ready(c, "shoal-ready");
+        let n = read.load(Ordering::Relaxed);
+        assert!(!seen, "gave up on a flood");
+        assert!(
+            n <= MAX_READY_SCAN + (64 << 10),
+            "read {n} bytes of console looking for the ready line"
+        );
+        // Many short lines: the same total bound.
+        let (c, read) = console(80 << 20, Some(100));
+        assert!(!find_ready(c, "shoal-ready").0);
+        assert!(read.load(Ordering::Relaxed) <= MAX_READY_SCAN + (64 << 10));
+    }
+
+    #[test]
+    fn a_long_line_is_cut_and_the_ready_line_after_it_is_still_seen() {
+        // One 1 MiB line, then the ready line: found, within the bound.
+        let (c, _) = console(1 << 20, None);
+        assert!(find_ready(c, "shoal-ready").0);
+        let mut lines = ConsoleLines::new(console(1 << 20, None).0);
+        let first = lines.next_line().unwrap();
+        assert_eq!(first.len(), MAX_CONSOLE_LINE, "cut to the line cap");
+        assert_eq!(lines.next_line().unwrap(), b"shoal-ready");
+        assert_eq!(lines.next_line().unwrap(), b"after");
+        assert!(lines.next_line().is_none());
+    }
 }

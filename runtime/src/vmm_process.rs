@@ -8,10 +8,13 @@
 //! `confine` last.
 
 use crate::ready::{ReadyPipe, READY_FD};
+pub use fds::{open_image, PassedFd, FIRST_PASSED_FD};
 use std::ffi::{OsStr, OsString};
+use std::fs::File;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Errors building or starting a VMM process.
@@ -201,7 +204,15 @@ pub struct VmmProcess {
     stdin: Io,
     stdout: Io,
     stderr: Io,
+    /// Descriptors passed at fixed numbers ([`fds`]).
+    passed: Vec<PassedFd>,
+    /// (index in `Start::Boot`'s pmem, descriptor number) of pmem images
+    /// passed as descriptors.
+    pmem_fds: Vec<(usize, std::os::fd::RawFd)>,
 }
+
+#[path = "vmm_process_fds.rs"]
+mod fds;
 
 impl VmmProcess {
     fn new(program: &Path, start: Start) -> VmmProcess {
@@ -222,6 +233,8 @@ impl VmmProcess {
             stdin: Io::Inherit,
             stdout: Io::Inherit,
             stderr: Io::Inherit,
+            passed: vec![],
+            pmem_fds: vec![],
         }
     }
 
@@ -298,6 +311,42 @@ impl VmmProcess {
             pmem.push(p.into());
         }
         self
+    }
+
+    /// Adds a virtio-pmem image the VMM inherits as an open descriptor
+    /// (`--pmem fd:N=NAME`; `name` is what snapshots record), booting only.
+    pub fn pmem_file(mut self, name: impl Into<PathBuf>, file: Arc<File>) -> Self {
+        if let Start::Boot { pmem, .. } = &mut self.start {
+            pmem.push(name.into());
+            let idx = pmem.len() - 1;
+            let target = self.pass_fd(file);
+            self.pmem_fds.push((idx, target));
+        }
+        self
+    }
+
+    /// Passes `file` to the VMM; returns the descriptor number it has
+    /// there.
+    pub fn pass_fd(&mut self, file: Arc<File>) -> std::os::fd::RawFd {
+        let target = self
+            .passed
+            .iter()
+            .map(|p| p.target + 1)
+            .max()
+            .unwrap_or(FIRST_PASSED_FD);
+        self.passed.push(PassedFd { target, file });
+        target
+    }
+
+    /// The descriptors the VMM must keep open (beyond 0, 1 and 2): its
+    /// readiness pipe and every passed descriptor. A jailer closes all
+    /// others.
+    pub fn kept_fds(&self) -> Vec<std::os::fd::RawFd> {
+        let ready = self.ready_pipe.then_some(READY_FD);
+        ready
+            .into_iter()
+            .chain(self.passed.iter().map(|p| p.target))
+            .collect()
     }
 
     /// Guest memory (MiB).
@@ -421,8 +470,15 @@ impl VmmProcess {
                 if let Some(i) = initrd {
                     flag("--initrd", i.as_os_str());
                 }
-                for p in pmem {
-                    flag("--pmem", p.as_os_str());
+                for (i, p) in pmem.iter().enumerate() {
+                    match self.pmem_fds.iter().find(|(idx, _)| *idx == i) {
+                        Some((_, fd)) => {
+                            let mut v = OsString::from(format!("fd:{fd}="));
+                            v.push(p);
+                            flag("--pmem", &v);
+                        }
+                        None => flag("--pmem", p.as_os_str()),
+                    }
                 }
                 for d in disks {
                     flag("--disk", &d.arg());
@@ -477,11 +533,25 @@ impl VmmProcess {
     /// VMMs (see `confine`). The readiness pipe and the own session are set
     /// up by [`Self::spawn`], not here.
     pub fn command(&self) -> Result<Command, VmmProcessError> {
+        self.command_with(vec![], None)
+    }
+
+    /// [`Self::command`], also passing `extra` descriptors, and running
+    /// `also` in the child before exec.
+    fn command_with(
+        &self,
+        extra: Vec<PassedFd>,
+        also: Option<fn() -> std::io::Result<()>>,
+    ) -> Result<Command, VmmProcessError> {
         let mut c = Command::new(&self.program);
         c.args(self.args()?)
             .stdin(self.stdin.stdio()?)
             .stdout(self.stdout.stdio()?)
             .stderr(self.stderr.stdio()?);
+        let passed: Vec<PassedFd> = self.passed.iter().cloned().chain(extra).collect();
+        if !passed.is_empty() || also.is_some() {
+            fds::install(&mut c, passed, also);
+        }
         self.confine(&mut c);
         Ok(c)
     }
@@ -503,7 +573,6 @@ impl VmmProcess {
     /// Starts the VMM: in its own session if asked, with its readiness pipe
     /// if asked.
     pub fn spawn(&self) -> Result<Spawned, VmmProcessError> {
-        let mut cmd = self.command()?;
         let spawn_err = |source| VmmProcessError::Spawn {
             program: self.program.clone(),
             source,
@@ -518,6 +587,27 @@ impl VmmProcess {
         let also = self
             .own_session
             .then_some(setsid as fn() -> std::io::Result<()>);
+        if !self.passed.is_empty() {
+            // Passed descriptors and the readiness pipe are placed together
+            // (one step that no numbering can trip up).
+            let mut extra = vec![];
+            let mut ready = None;
+            if self.ready_pipe {
+                let (read, write) = fds::ready_pipe().map_err(spawn_err)?;
+                extra.push(PassedFd {
+                    target: READY_FD,
+                    file: Arc::new(write),
+                });
+                ready = Some(ReadyPipe::from_read(read));
+            }
+            let mut cmd = self.command_with(extra, also)?;
+            let child = cmd.spawn().map_err(spawn_err)?;
+            // Our write end goes with the command: EOF then comes when the
+            // child closes its own.
+            drop(cmd);
+            return Ok(Spawned { child, ready });
+        }
+        let mut cmd = self.command()?;
         if self.ready_pipe {
             let (child, ready) = ReadyPipe::spawn(&mut cmd, also).map_err(spawn_err)?;
             return Ok(Spawned {

@@ -248,3 +248,82 @@ fn command_opens_log_files_and_spawn_reports_readiness() {
         Err(VmmProcessError::Spawn { .. })
     ));
 }
+
+#[test]
+fn pmem_files_are_passed_at_fixed_numbers() {
+    use std::os::fd::AsRawFd;
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (dir.path().join("a.img"), dir.path().join("b.img"));
+    std::fs::write(&a, "image-a").unwrap();
+    std::fs::write(&b, "image-b").unwrap();
+    let fa = Arc::new(open_image(&a).expect("a regular file"));
+    let fb = Arc::new(open_image(&b).expect("a regular file"));
+    // Not a regular file: not opened here (the VMM reports it).
+    assert!(open_image(Path::new("/dev/null")).is_none());
+    assert!(open_image(&dir.path().join("missing")).is_none());
+    // Stand-in VMM: lists its descriptors, reads the images from theirs.
+    let script = dir.path().join("fake-vmm");
+    let out = dir.path().join("out");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\nls /proc/$$/fd > {o}.fds\n\
+             cat /proc/$$/fd/10 > {o}\necho >> {o}\ncat /proc/$$/fd/11 >> {o}\n\
+             echo ready >&3\n",
+            o = out.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let p = VmmProcess::boot(&script, Path::new("/k"))
+        .pmem("/plain.img")
+        .pmem_file(&a, fa.clone())
+        .pmem_file(&b, fb.clone())
+        .stdin(Io::Null)
+        .stdout(Io::Null)
+        .stderr(Io::Null)
+        .ready_pipe(true);
+    let args = strs(&p);
+    assert_accepted(&args);
+    let pmem: Vec<&String> = args
+        .windows(2)
+        .filter(|w| w[0] == "--pmem")
+        .map(|w| &w[1])
+        .collect();
+    assert_eq!(
+        pmem,
+        [
+            "/plain.img".to_string(),
+            format!("fd:10={}", a.display()),
+            format!("fd:11={}", b.display())
+        ]
+        .iter()
+        .collect::<Vec<_>>()
+    );
+    assert_eq!(p.kept_fds(), [3, 10, 11]);
+    // Whatever numbers the files have here, the child gets them at 10
+    // and 11, and our own numbers for them are not open there (the
+    // copies made on the way are close-on-exec).
+    let ours = [fa.as_raw_fd(), fb.as_raw_fd()];
+    let mut s = p.spawn().unwrap();
+    let r = s.ready.as_mut().unwrap().wait(Duration::from_secs(10));
+    let status = s.child.wait().unwrap();
+    let text = std::fs::read_to_string(&out).unwrap_or_default();
+    assert_eq!(r, crate::ready::Readiness::Ready, "{status}: {text}");
+    assert!(status.success());
+    let mut lines = text.lines();
+    // (What the test process itself inherited without close-on-exec, e.g.
+    // cargo's jobserver pipe, is the jailer's to close: kept_fds.) The
+    // list is taken by a simple command, not a pipeline, so the shell
+    // holds no pipe of its own while `ls` reads its descriptors.
+    let fds = std::fs::read_to_string(out.with_extension("fds")).unwrap_or_default();
+    let open: Vec<i32> = fds.split_whitespace().map(|n| n.parse().unwrap()).collect();
+    for fd in [0, 1, 2, 3, 10, 11] {
+        assert!(open.contains(&fd), "{fd} not open in {open:?}");
+    }
+    for fd in ours.iter().filter(|fd| ![3, 10, 11].contains(*fd)) {
+        assert!(!open.contains(fd), "our descriptor {fd} leaked: {open:?}");
+    }
+    assert_eq!(lines.next(), Some("image-a"));
+    assert_eq!(lines.next(), Some("image-b"));
+}

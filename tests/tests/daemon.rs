@@ -27,6 +27,12 @@ fn api_contract_end_to_end() {
     let token_dir = tempfile::tempdir().unwrap();
     let token_file = token_dir.path().join("token");
     std::fs::write(&token_file, "0123456789abcdef-secret\n").unwrap();
+    // The daemon refuses a token file others may read.
+    std::fs::set_permissions(
+        &token_file,
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
+    )
+    .unwrap();
     let port = 20000 + (std::process::id() % 20000) as u16;
     let addr = format!("127.0.0.1:{port}");
     let d = Daemon::start(&[
@@ -469,8 +475,13 @@ fn template_layers_and_upper_layers_end_to_end() {
         .set_len(info.len - 4096)
         .unwrap();
     let (kit_s, bad_s) = (kit.to_str().unwrap(), misaligned.to_str().unwrap());
+    // A link in the layers directory to the kit: refused like a path
+    // outside it (only plain files beneath the directory are layers).
+    let link = work.path().join("link.img");
+    std::os::unix::fs::symlink(&kit, &link).unwrap();
+    let link_s = link.to_str().unwrap();
 
-    let d = Daemon::start(&["--no-pools"]);
+    let d = Daemon::start(&["--no-pools", "--layers-dir", work.path().to_str().unwrap()]);
     // Bad inputs: clear 400s, nothing registered, nothing booted.
     let t = |extra: Value| {
         let mut b = json!({"name": "x", "image": "tiny"});
@@ -486,11 +497,16 @@ fn template_layers_and_upper_layers_end_to_end() {
         ),
         (
             t(json!({"layers": ["/nonexistent/kit.img"]})),
-            "cannot open",
+            "not an allowed layer",
         ),
+        (
+            t(json!({"layers": ["/etc/shadow"]})),
+            "not an allowed layer",
+        ),
+        (t(json!({"layers": [link_s]})), "not an allowed layer"),
         (t(json!({"layers": [bad_s]})), "not a multiple of"),
         (t(json!({"layers": ["kit.img"]})), "absolute path"),
-        (t(json!({"layers": ["/dev/null"]})), "not a regular file"),
+        (t(json!({"layers": ["/dev/null"]})), "not an allowed layer"),
         (t(json!({"upper_size_mib": 0})), "upper_size_mib 0"),
         (
             t(json!({"upper_size_mib": 4096})),
@@ -559,12 +575,20 @@ fn template_layers_and_upper_layers_end_to_end() {
             "memory_mib",
             "name",
             "owned",
+            "owner",
             "source",
             "state",
             "upper_disk_mib",
             "upper_size_mib",
             "vcpus"
         ]
+    );
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    assert_eq!(
+        small["owner"],
+        format!("uid:{me}"),
+        "made over the Unix socket"
     );
     let disk = d.must(
         "kit-disk",
@@ -583,7 +607,14 @@ fn template_layers_and_upper_layers_end_to_end() {
             v.state == TemplateState::Ready
         });
     }
+    // The templates pinned the kit they checked into their own
+    // directories: another image renamed over the caller's path changes
+    // nothing for them (their clones below still see the toolkit).
+    let swapped = work.path().join("swapped.img");
+    layer(&swapped, &[("opt/toolkit/hello.txt", "swapped\n")]);
+    std::fs::rename(&swapped, &kit).unwrap();
     let tpl_disk = d.must("kit-disk", d.c.template("kit-disk")).dir;
+    assert!(tpl_disk.join("layer1.erofs").is_file(), "the kit pinned");
     let tpl_scratch = tpl_disk.join("scratch.ext4");
     assert!(tpl_scratch.is_file(), "the template keeps its scratch disk");
     let sandbox_dir = |id: &str| d.dir.join("sandboxes").join(id);

@@ -1,8 +1,9 @@
 //! Sandboxes restored from a template on /dev/kvm, driven through the guest
 //! agent over vsock: exec, files, re-attach, a fork bomb and a memory hog
 //! that must not take the agent down, a guest flooding a connection that
-//! must not grow VMM memory, and snapshot clones that keep a running
-//! process and a written file yet diverge independently.
+//! must not grow VMM memory, a host CONNECT the guest cannot answer that
+//! the VMM closes after its connect timeout, and snapshot clones that keep
+//! a running process and a written file yet diverge independently.
 //!
 //! Slow on PVM hosts (each guest fork+exec takes ~0.5-1 s), so few and
 //! coarse; one template is booted per test binary.
@@ -199,4 +200,36 @@ fn snapshot_clones_keep_state_and_diverge() {
     randoms.sort();
     randoms.dedup();
     assert_eq!(randoms.len(), 3, "clones must not share randomness");
+}
+
+#[test]
+fn a_connect_the_guest_cannot_answer_is_closed_and_the_agent_still_answers() {
+    use std::io::{Read, Write};
+    let (r, c) = RunningSandbox::start(&tiny_template());
+    // Paused vCPUs: the guest cannot answer the REQUEST.
+    let ctl = vmm_api::Client::new(&r.sb.api_sock, Duration::from_secs(30));
+    ctl.pause().expect("pause");
+    let mut s = std::os::unix::net::UnixStream::connect(&r.sb.vsock).unwrap();
+    s.write_all(b"CONNECT 5000\n").unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let t0 = Instant::now();
+    let mut b = [0u8; 64];
+    let n = s.read(&mut b).expect("closed, not timed out");
+    let took = t0.elapsed();
+    assert_eq!(n, 0, "an answer from a paused guest: {:?}", &b[..n]);
+    let timeout = devices::virtio::vsock::CONNECT_TIMEOUT;
+    assert!(
+        took >= timeout - Duration::from_millis(100) && took < timeout + Duration::from_secs(3),
+        "closed after {took:?} (connect timeout {timeout:?})"
+    );
+    ctl.resume().expect("resume");
+    // The guest saw the REQUEST and then the RST; its agent still answers,
+    // on the old connection and on a new one.
+    let (out, _, _) = sh(&c, "echo alive");
+    assert_eq!(out, "alive\n");
+    let c2 =
+        r.sb.connect(Duration::from_secs(60), false)
+            .expect("a new connection");
+    let (out, _, _) = sh(&c2, "echo again");
+    assert_eq!(out, "again\n");
 }

@@ -73,8 +73,13 @@ pub struct DiskConfig {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct PmemConfig {
-    /// The image file.
+    /// The image file (with `fd`: only its name, kept in snapshots).
     pub path: PathBuf,
+    /// An inherited descriptor holding the image, used in place of opening
+    /// `path` (so whoever started the VMM decides which file is mapped,
+    /// also where the VMM cannot see the path).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fd: Option<i32>,
 }
 
 /// The vsock device: guest context id and the host Unix socket that
@@ -224,6 +229,11 @@ impl VmConfig {
                 self.pmem.len()
             )));
         }
+        if let Some(fd) = self.pmem.iter().find_map(|p| p.fd.filter(|&fd| fd < 3)) {
+            return Err(ConfigError::Invalid(format!(
+                "pmem descriptor {fd}: must be 3 or above"
+            )));
+        }
         if let BootSource::RealMode { code, addr } = &self.boot {
             if usize::from(*addr) + code.len() > 0x1_0000 || code.is_empty() {
                 return Err(ConfigError::Invalid(
@@ -298,7 +308,13 @@ mod tests {
         ];
         assert!(c.validate().unwrap_err().to_string().contains("disks"));
         c.disks.truncate(10);
-        c.pmem = vec![PmemConfig { path: "/p".into() }; 10];
+        c.pmem = vec![
+            PmemConfig {
+                path: "/p".into(),
+                fd: None
+            };
+            10
+        ];
         let e = c.validate().unwrap_err().to_string();
         assert!(e.contains("10 pmem"), "{e}");
         c.pmem.truncate(9);

@@ -72,7 +72,8 @@ struct Args {
     disk: Vec<String>,
     /// virtio-pmem device: a read-only image (a multiple of 2 MiB) mapped
     /// into the guest for DAX, shared with every VM using it (repeatable;
-    /// /dev/pmem0, /dev/pmem1, ...).
+    /// /dev/pmem0, /dev/pmem1, ...). `fd:N=PATH`: the image is the
+    /// inherited descriptor N (PATH only names it, in snapshots).
     #[arg(long, value_name = "PATH")]
     pmem: Vec<PathBuf>,
     /// Serial console: stdout, null, or file:PATH.
@@ -124,6 +125,31 @@ fn parse_disk(s: &str) -> Result<DiskConfig> {
     })
 }
 
+/// `--pmem PATH`, or `--pmem fd:N=PATH` (the image is inherited
+/// descriptor N, named PATH).
+fn parse_pmem(p: &std::path::Path) -> Result<PmemConfig> {
+    let Some(rest) = p.to_str().and_then(|s| s.strip_prefix("fd:")) else {
+        return Ok(PmemConfig {
+            path: p.into(),
+            fd: None,
+        });
+    };
+    let (n, name) = rest
+        .split_once('=')
+        .with_context(|| format!("--pmem {rest}: expected fd:N=PATH"))?;
+    let fd: i32 = n
+        .parse()
+        .with_context(|| format!("--pmem fd:{n}: not a descriptor number"))?;
+    anyhow::ensure!(
+        fd > 2 && !name.is_empty(),
+        "--pmem fd:{n}={name}: expected a descriptor of 3 or above and a name"
+    );
+    Ok(PmemConfig {
+        path: name.into(),
+        fd: Some(fd),
+    })
+}
+
 fn serial_output(s: &str) -> Result<SerialOutput> {
     Ok(match s {
         "stdout" => SerialOutput::Stdout,
@@ -163,8 +189,8 @@ fn build_config(a: &Args) -> Result<VmConfig> {
     c.pmem = a
         .pmem
         .iter()
-        .map(|p| PmemConfig { path: p.clone() })
-        .collect();
+        .map(|p| parse_pmem(p))
+        .collect::<Result<_>>()?;
     c.serial = serial_output(&a.serial)?;
     if let Some(l) = a.serial_limit {
         c.serial_limit_bytes = l;

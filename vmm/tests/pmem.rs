@@ -164,6 +164,7 @@ fn config(s: &Setup) -> VmConfig {
     VmConfig {
         pmem: vec![PmemConfig {
             path: s.image.clone(),
+            fd: None,
         }],
         ..small_config(boot, 32)
     }
@@ -262,6 +263,34 @@ fn guest_reads_the_image_and_its_writes_are_dropped() {
         before,
         "image file unchanged"
     );
+}
+
+#[test]
+fn an_inherited_descriptor_is_the_image_whatever_its_name_names() {
+    use std::os::fd::AsRawFd;
+    let s = setup();
+    // The name given is a symbolic link to another file: the VMM maps the
+    // descriptor it was handed, and only records the name.
+    let other = s.root.join("other.img");
+    std::fs::write(&other, vec![0u8; usize::try_from(IMAGE_LEN).unwrap()]).unwrap();
+    let name = s.root.join("name.img");
+    std::os::unix::fs::symlink(&other, &name).unwrap();
+    let file = std::fs::File::open(&s.image).unwrap();
+    let mut c = config(&s);
+    c.pmem = vec![PmemConfig {
+        path: name.clone(),
+        fd: Some(file.as_raw_fd()),
+    }];
+    let cap = Capture::default();
+    let vm = Vm::new(&c, cap.sink()).unwrap();
+    assert_eq!(vm.pmem_info()[0].path, name);
+    run_rounds(vm, &cap, &s.root.join("api.sock"), 2, |_| {});
+    assert_rounds_ok(&cap, "booted from the inherited descriptor");
+    // By path, the link itself is refused.
+    let mut c = config(&s);
+    c.pmem[0].path = name;
+    let e = Vm::new(&c, None).err().expect("refused").to_string();
+    assert!(e.contains("symbolic links"), "{e}");
 }
 
 fn take_snapshot(s: &Setup) -> PathBuf {
@@ -480,6 +509,20 @@ fn cli_refuses_missing_misaligned_and_truncated_images() {
     std::fs::write(p("trunc.img"), t).unwrap();
     let e = vmm_error(&["--kernel", &kernel, "--pmem", &p("trunc.img")]);
     assert!(e.contains("truncated"), "{e}");
+
+    // Inherited descriptors: a number of 3 or above, open, and a name.
+    for (arg, want) in [
+        ("fd:1=/x", "3 or above"),
+        ("fd:7", "expected fd:N=PATH"),
+        ("fd:x=/x", "not a descriptor number"),
+        (
+            "fd:99=/named.img",
+            "/named.img: cannot use the inherited descriptor",
+        ),
+    ] {
+        let e = vmm_error(&["--kernel", &kernel, "--pmem", arg]);
+        assert!(e.contains(want), "{arg}: {e}");
+    }
 
     // A directory.
     let e = vmm_error(&["--kernel", &kernel, "--pmem", &s.root.to_string_lossy()]);

@@ -229,7 +229,7 @@ impl AsyncClient {
         let mut route = self.register()?;
         let req = session::path_request(Kind::ListDir, route.id, path.as_ref(), false);
         self.send(req, self.call_deadline()).await?;
-        let mut listing = Listing::new(self.inner.config.limits.max_dir_entries);
+        let mut listing = Listing::new(&self.inner.config.limits);
         loop {
             let f = self.recv(&mut route, Some(self.call_deadline())).await?;
             if let Some(all) = listing.on_frame(f)? {

@@ -215,7 +215,7 @@ impl Client {
             path.as_ref(),
             false,
         ))?;
-        let mut listing = Listing::new(self.inner.limits.max_dir_entries);
+        let mut listing = Listing::new(&self.inner.limits);
         loop {
             if let Some(all) = listing.on_frame(self.recv(&route.rx, true)?)? {
                 return Ok(all);

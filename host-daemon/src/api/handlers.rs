@@ -4,11 +4,13 @@
 //! are parsed here (not by extractors) so that a bad one gets a clear
 //! 400; the documented types are the ones parsed.
 
-use super::wire::{body, flag, path_arg, query, AdmissionErrors, Errors, Res, D};
+use super::wire::{flag, json_body, path_arg, query, AdmissionErrors, Caller, Errors, Res, D};
 use crate::db::{Filter, State};
-use crate::{admission, exec, lifecycle, metrics, ops, templates, ApiError, Daemon};
+use crate::{
+    admission, exec, inputs, lifecycle, metrics, ops, template_names, templates, ApiError, Daemon,
+};
 use agent_client::UploadOptions;
-use axum::body::{Body, Bytes};
+use axum::body::Body;
 use axum::extract::State as AxState;
 use axum::extract::{Path, RawQuery};
 use axum::http::{header, HeaderValue, StatusCode};
@@ -113,8 +115,15 @@ pub(super) async fn events(AxState(d): D, RawQuery(q): RawQuery) -> Res<Json<Vec
 /// one). 429/503 when the host is full.
 #[utoipa::path(post, path = "/v1/sandboxes", tag = "sandboxes", request_body = CreateSandbox,
     responses((status = 201, description = "Created (running)", body = Sandbox), AdmissionErrors))]
-pub(super) async fn create(AxState(d): D, b: Bytes) -> Res<impl IntoResponse> {
-    let req: CreateSandbox = body(&b)?;
+pub(super) async fn create(AxState(d): D, b: Body) -> Res<impl IntoResponse> {
+    let req: CreateSandbox = json_body(b, d.cfg.http.max_json_body).await?;
+    inputs::check_map(&req.metadata, &inputs::METADATA)?;
+    inputs::check_map(&req.env, &inputs::ENV)?;
+    if req.image.is_some() {
+        let mem = req.memory_mib.unwrap_or(128);
+        inputs::check_servable(&d.cfg.limits, req.vcpus.unwrap_or(1), mem)?;
+        inputs::check_disk_servable(&d.cfg.limits, mem, req.upper_disk_mib)?;
+    }
     Ok((StatusCode::CREATED, Json(lifecycle::create(&d, req).await?)))
 }
 
@@ -182,9 +191,10 @@ pub(super) async fn kill(AxState(d): D, Path(id): Path<String>) -> Res<StatusCod
 pub(super) async fn exec_once(
     AxState(d): D,
     Path(id): Path<String>,
-    b: Bytes,
+    b: Body,
 ) -> Res<Json<ExecResult>> {
-    let req: ExecRequest = body(&b)?;
+    let req: ExecRequest = json_body(b, d.cfg.http.max_json_body).await?;
+    inputs::check_map(&req.env, &inputs::ENV)?;
     Ok(Json(exec::exec(&d, &id, req).await?))
 }
 
@@ -200,9 +210,10 @@ pub(super) async fn exec_once(
 pub(super) async fn exec_stream(
     AxState(d): D,
     Path(id): Path<String>,
-    b: Bytes,
+    b: Body,
 ) -> Res<impl IntoResponse> {
-    let req: ExecRequest = body(&b)?;
+    let req: ExecRequest = json_body(b, d.cfg.http.max_json_body).await?;
+    inputs::check_map(&req.env, &inputs::ENV)?;
     let s = exec::exec_stream(&d, &id, req).await?;
     Ok(([(header::CONTENT_TYPE, "application/x-ndjson")], s))
 }
@@ -231,8 +242,15 @@ pub(super) async fn upload(
         append: flag(&q, "append")?,
         create_parents: flag(&q, "parents")?,
     };
-    let bytes = exec::upload(&d, &id, path, opts, b).await?;
-    Ok((StatusCode::CREATED, Json(Uploaded { bytes })))
+    let max = d.cfg.http.max_upload;
+    let (b, seen) = super::wire::capped_body(b, max)?;
+    match exec::upload(&d, &id, path, opts, b).await {
+        Ok(bytes) => Ok((StatusCode::CREATED, Json(Uploaded { bytes }))),
+        Err(_) if seen.load(std::sync::atomic::Ordering::Relaxed) > max => {
+            Err(super::wire::upload_too_large(max))
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// Download a file (streamed raw body).
@@ -302,11 +320,15 @@ pub(super) async fn ls(
     responses((status = 201, description = "The new template (ready)", body = Template), AdmissionErrors))]
 pub(super) async fn snapshot(
     AxState(d): D,
+    Caller(who): Caller,
     Path(id): Path<String>,
-    b: Bytes,
+    b: Body,
 ) -> Res<impl IntoResponse> {
-    let req: SnapshotRequest = body(&b)?;
-    let t = lifecycle::snapshot(&d, &id, req).await?;
+    let req: SnapshotRequest = json_body(b, d.cfg.http.max_json_body).await?;
+    if let Some(n) = &req.template {
+        template_names::check_snapshot_name(n)?;
+    }
+    let t = lifecycle::snapshot(&d, &id, req, &who).await?;
     Ok((StatusCode::CREATED, Json(Template::from(t))))
 }
 
@@ -335,9 +357,13 @@ pub(super) async fn resume(AxState(d): D, Path(id): Path<String>) -> Res<Json<Sa
 /// snapshotted (built in the background; poll GET).
 #[utoipa::path(post, path = "/v1/templates", tag = "templates", request_body = CreateTemplate,
     responses((status = 202, description = "Registered (building)", body = Template), Errors))]
-pub(super) async fn tpl_create(AxState(d): D, b: Bytes) -> Res<impl IntoResponse> {
-    let req: CreateTemplate = body(&b)?;
-    let t = templates::create_template(&d, req)?;
+pub(super) async fn tpl_create(
+    AxState(d): D,
+    Caller(who): Caller,
+    b: Body,
+) -> Res<impl IntoResponse> {
+    let req: CreateTemplate = json_body(b, d.cfg.http.max_json_body).await?;
+    let t = templates::create_template(&d, req, &who).await?;
     Ok((StatusCode::ACCEPTED, Json(Template::from(t))))
 }
 
@@ -363,8 +389,12 @@ pub(super) async fn tpl_get(AxState(d): D, Path(n): Path<String>) -> Res<Json<Te
 #[utoipa::path(delete, path = "/v1/templates/{name}", tag = "templates",
     params(("name" = String, Path, description = "Template name")),
     responses((status = 204, description = "Removed"), Errors))]
-pub(super) async fn tpl_delete(AxState(d): D, Path(n): Path<String>) -> Res<StatusCode> {
-    templates::delete_template(&d, &n).await?;
+pub(super) async fn tpl_delete(
+    AxState(d): D,
+    Caller(who): Caller,
+    Path(n): Path<String>,
+) -> Res<StatusCode> {
+    templates::delete_template(&d, &n, &who).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -379,16 +409,25 @@ pub(super) async fn pool_list(AxState(d): D) -> Res<Json<Vec<Pool>>> {
 #[utoipa::path(put, path = "/v1/pools/{template}", tag = "pools", request_body = SetPool,
     params(("template" = String, Path, description = "Template name")),
     responses((status = 200, description = "The pool", body = Pool), Errors))]
-pub(super) async fn pool_set(AxState(d): D, Path(t): Path<String>, b: Bytes) -> Res<Json<Pool>> {
-    let req: SetPool = body(&b)?;
-    Ok(Json(templates::set_pool(&d, &t, req).await?))
+pub(super) async fn pool_set(
+    AxState(d): D,
+    Caller(who): Caller,
+    Path(t): Path<String>,
+    b: Body,
+) -> Res<Json<Pool>> {
+    let req: SetPool = json_body(b, d.cfg.http.max_json_body).await?;
+    Ok(Json(templates::set_pool(&d, &t, req, &who).await?))
 }
 
 /// Remove a pool and its warm sandboxes.
 #[utoipa::path(delete, path = "/v1/pools/{template}", tag = "pools",
     params(("template" = String, Path, description = "Template name")),
     responses((status = 204, description = "Removed"), Errors))]
-pub(super) async fn pool_delete(AxState(d): D, Path(t): Path<String>) -> Res<StatusCode> {
-    templates::set_pool(&d, &t, SetPool { target: 0 }).await?;
+pub(super) async fn pool_delete(
+    AxState(d): D,
+    Caller(who): Caller,
+    Path(t): Path<String>,
+) -> Res<StatusCode> {
+    templates::set_pool(&d, &t, SetPool { target: 0 }, &who).await?;
     Ok(StatusCode::NO_CONTENT)
 }

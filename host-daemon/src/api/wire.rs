@@ -1,8 +1,9 @@
 //! The HTTP side of the API's types: errors as responses (and their
 //! OpenAPI responses), bodies and queries parsed with clear 400s.
 
+use crate::auth::Principal;
 use crate::{ApiError, Daemon};
-use axum::body::Bytes;
+use axum::body::{Body, Bytes};
 use axum::extract::State as AxState;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -10,6 +11,7 @@ use axum::Json;
 use serde::de::DeserializeOwned;
 use shoal_api::ErrorCode;
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use utoipa::openapi::{ContentBuilder, Ref, RefOr, ResponseBuilder};
 
@@ -41,12 +43,22 @@ pub struct Errors;
 pub struct AdmissionErrors;
 
 fn error_responses(admission: bool) -> BTreeMap<String, RefOr<utoipa::openapi::Response>> {
-    ErrorCode::ALL
+    // Codes sharing a status (429: host_full, sandbox_busy) share one entry.
+    let mut by_status: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for c in ErrorCode::ALL
         .into_iter()
         .filter(|c| admission || !c.retryable())
-        .map(|c| {
+    {
+        by_status
+            .entry(c.status().to_string())
+            .or_default()
+            .push(format!("`{c}`"));
+    }
+    by_status
+        .into_iter()
+        .map(|(status, codes)| {
             let r = ResponseBuilder::new()
-                .description(format!("error `{c}`"))
+                .description(format!("error {}", codes.join(" or ")))
                 .content(
                     "application/json",
                     ContentBuilder::new()
@@ -54,7 +66,7 @@ fn error_responses(admission: bool) -> BTreeMap<String, RefOr<utoipa::openapi::R
                         .build(),
                 )
                 .build();
-            (c.status().to_string(), RefOr::T(r))
+            (status, RefOr::T(r))
         })
         .collect()
 }
@@ -68,6 +80,94 @@ impl utoipa::IntoResponses for Errors {
 impl utoipa::IntoResponses for AdmissionErrors {
     fn responses() -> BTreeMap<String, RefOr<utoipa::openapi::Response>> {
         error_responses(true)
+    }
+}
+
+/// Reads a JSON body of at most `limit` bytes: one whose length says more
+/// is refused at once, one that turns out longer when no more than
+/// `limit` bytes have been read (never held whole); 413 either way.
+pub(crate) async fn json_body<T: DeserializeOwned>(b: Body, limit: usize) -> Res<T> {
+    let too_large = || {
+        ApiError::TooLarge(format!(
+            "request body larger than {limit} bytes (the most a JSON body may be)"
+        ))
+    };
+    let declared = hyper::body::Body::size_hint(&b).lower();
+    if declared > u64::try_from(limit).unwrap_or(u64::MAX) {
+        return Err(too_large());
+    }
+    let bytes = match axum::body::to_bytes(b, limit).await {
+        Ok(bytes) => bytes,
+        Err(e) => {
+            // A length limit error, or the body's own (a client that
+            // stopped sending, or left).
+            let mut src: Option<&(dyn std::error::Error + 'static)> = Some(&e);
+            while let Some(s) = src {
+                if s.is::<http_body_util::LengthLimitError>() {
+                    return Err(too_large());
+                }
+                src = s.source();
+            }
+            return Err(ApiError::BadRequest(format!(
+                "reading the request body: {e}"
+            )));
+        }
+    };
+    body(&bytes)
+}
+
+/// An upload body that ends with an error past `max` bytes (streamed,
+/// never held whole), and the count of bytes the client sent; one whose
+/// length says more than `max` is refused at once.
+pub(crate) fn capped_body(b: Body, max: u64) -> Res<(Body, Arc<AtomicU64>)> {
+    use http_body_util::BodyExt;
+    if hyper::body::Body::size_hint(&b).lower() > max {
+        return Err(upload_too_large(max));
+    }
+    let seen = Arc::new(AtomicU64::new(0));
+    let s2 = seen.clone();
+    let counted = b.map_frame(move |f| {
+        if let Some(d) = f.data_ref() {
+            s2.fetch_add(
+                u64::try_from(d.len()).unwrap_or(u64::MAX),
+                Ordering::Relaxed,
+            );
+        }
+        f
+    });
+    let limit = usize::try_from(max).unwrap_or(usize::MAX);
+    Ok((
+        Body::new(http_body_util::Limited::new(counted, limit)),
+        seen,
+    ))
+}
+
+/// 413 for an upload past `max` bytes.
+pub(crate) fn upload_too_large(max: u64) -> ApiError {
+    ApiError::TooLarge(format!(
+        "upload larger than {max} bytes (the daemon's --max-upload-mib)"
+    ))
+}
+
+/// The caller of a request ([`crate::api::router`] puts it in the
+/// request; a request without one is refused).
+pub(crate) struct Caller(pub Principal);
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Caller {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        _: &S,
+    ) -> Result<Caller, ApiError> {
+        parts
+            .extensions
+            .get::<Principal>()
+            .cloned()
+            .map(Caller)
+            .ok_or_else(|| {
+                ApiError::Forbidden("the caller is unknown (no peer credentials)".into())
+            })
     }
 }
 
@@ -206,6 +306,12 @@ mod tests {
                 400,
                 "bad_request",
                 "agent error",
+            ),
+            (
+                ApiError::Agent(C::Busy(8)),
+                429,
+                "sandbox_busy",
+                "sandbox agent: too many requests in flight",
             ),
             (
                 ApiError::Agent(C::Timeout),

@@ -6,16 +6,17 @@
 
 use shoal_client::api::{self, CreateSandbox, ExecRequest, Sandbox, SandboxState};
 use shoal_client::{ClientError, DaemonClient};
-use shoal_runtime::backend::fake::{Fake, Faults};
+use shoal_runtime::backend::fake::{AgentRedirect, Fake, Faults};
 use shoal_runtime::backend::SandboxBackend;
 use shoald::admission::Limits;
+use shoald::agent_limits::AgentLimits;
 use shoald::{Config, Daemon};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// How a test daemon is set up.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Opts {
     /// Most sandboxes holding a VM.
     pub max_vms: u64,
@@ -27,6 +28,16 @@ pub struct Opts {
     pub pools: bool,
     /// The agent binary (default: the workspace's).
     pub agent: Option<PathBuf>,
+    /// Sandboxes whose agent is reached elsewhere (a hostile stand-in).
+    pub redirect: Option<AgentRedirect>,
+    /// Deadline for connecting to an agent.
+    pub agent_timeout: Duration,
+    /// Deadlines and bounds of agent calls.
+    pub agent_limits: AgentLimits,
+    /// Disk sandboxes may reserve (MiB; 0: no budget).
+    pub disk_budget_mib: u64,
+    /// Listener limits.
+    pub http: shoald::listen::HttpLimits,
 }
 
 impl Default for Opts {
@@ -37,6 +48,11 @@ impl Default for Opts {
             freeze_after: None,
             pools: true,
             agent: None,
+            redirect: None,
+            agent_timeout: Duration::from_secs(10),
+            agent_limits: AgentLimits::default(),
+            disk_budget_mib: 0,
+            http: Default::default(),
         }
     }
 }
@@ -72,7 +88,10 @@ impl TestDaemon {
             .agent
             .clone()
             .unwrap_or_else(shoal_test_support::host_agent);
-        let fake = Fake::new(agent);
+        let mut fake = Fake::new(agent);
+        if let Some(r) = opts.redirect.clone() {
+            fake = fake.with_agent_redirect(r);
+        }
         let mut d = TestDaemon {
             c: DaemonClient::unix(tmp.path().join("state/shoald.sock")),
             faults: fake.faults(),
@@ -113,12 +132,17 @@ impl TestDaemon {
                 cpu_overcommit: 1.0,
                 min_available_mib: self.opts.min_available_mib,
                 max_vms: self.opts.max_vms,
+                disk_budget_mib: self.opts.disk_budget_mib,
+                min_free_disk_mib: 0,
             },
-            agent_timeout: Duration::from_secs(10),
+            agent_timeout: self.opts.agent_timeout,
             sweep_interval: Duration::from_millis(100),
             pools: self.opts.pools,
             freeze_after: self.opts.freeze_after,
             max_restores: 4,
+            agent: self.opts.agent_limits,
+            http: self.opts.http.clone(),
+            layers_dir: None,
         }
     }
 
@@ -166,6 +190,14 @@ impl TestDaemon {
             Ok(Err(e)) => panic!("the daemon failed: {e}"),
             Err(e) => panic!("the daemon did not stop: {e}"),
         }
+    }
+
+    /// Tasks alive on the daemon's runtime (its own, the API's connections,
+    /// every agent connection's reader and writer).
+    #[allow(dead_code)] // used by the hostile_agent tests
+    pub fn alive_tasks(&self) -> usize {
+        let r = self.run.as_ref().expect("running");
+        r.rt.metrics().num_alive_tasks()
     }
 
     /// A restart over the same state directory.

@@ -21,6 +21,7 @@ use super::{
 use crate::sandbox::TemplateSpec;
 use crate::vm;
 use serde::{Deserialize, Serialize};
+use shoal_images::layer_files::Layer;
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
@@ -118,11 +119,28 @@ enum Saved {
     },
 }
 
+/// Where the daemon reaches a sandbox's agent instead of the socket of the
+/// sandbox's own `shoal-agent` process, asked with the sandbox's directory
+/// each time one starts (or is re-attached); `None`: its own socket. Tests
+/// put a hostile agent stand-in there, the process still standing in for
+/// the VM (pid, freeze, kill, exit).
+pub type AgentRedirect = Arc<dyn Fn(&Path) -> Option<Transport> + Send + Sync>;
+
 /// Host `shoal-agent` processes standing in for VMs.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Fake {
     agent: PathBuf,
     faults: Arc<Faults>,
+    redirect: Option<AgentRedirect>,
+}
+
+impl std::fmt::Debug for Fake {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Fake")
+            .field("agent", &self.agent)
+            .field("redirect", &self.redirect.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 impl Fake {
@@ -131,7 +149,23 @@ impl Fake {
         Fake {
             agent: agent.into(),
             faults: Arc::default(),
+            redirect: None,
         }
+    }
+
+    /// Sandboxes whose agent `redirect` names are reached there instead.
+    pub fn with_agent_redirect(mut self, redirect: AgentRedirect) -> Fake {
+        self.redirect = Some(redirect);
+        self
+    }
+
+    /// The transport of the agent of the sandbox in `dir`, its own socket
+    /// being `socket`.
+    fn transport(&self, dir: &Path, socket: &Path) -> Transport {
+        self.redirect
+            .as_ref()
+            .and_then(|r| r(dir))
+            .unwrap_or_else(|| Transport::Unix(socket.into()))
     }
 
     /// The failures to inject.
@@ -190,6 +224,7 @@ impl Fake {
         let sb = FakeSandbox {
             proc,
             dir: dir.into(),
+            transport: self.transport(dir, &socket),
             socket,
             faults: self.faults.clone(),
         };
@@ -222,11 +257,12 @@ impl SandboxBackend for Fake {
     fn build_template(
         &self,
         spec: TemplateSpec,
-        layers: &[String],
+        layers: &[Layer],
         dir: &Path,
     ) -> Result<(), BackendError> {
         self.faults.check(Op::Template)?;
-        let what = format!("{spec:?} layers {layers:?}");
+        let names: Vec<String> = layers.iter().map(Layer::name).collect();
+        let what = format!("{spec:?} layers {names:?}");
         write_marker(dir, &serde_json::json!({ "spec": what }))
     }
 
@@ -254,6 +290,7 @@ impl SandboxBackend for Fake {
         let vm = FakeSandbox {
             proc,
             dir: dir.into(),
+            transport: self.transport(dir, &socket),
             socket,
             faults: self.faults.clone(),
         };
@@ -302,6 +339,8 @@ struct FakeSandbox {
     proc: Proc,
     dir: PathBuf,
     socket: PathBuf,
+    /// Where its agent is reached (its socket unless redirected).
+    transport: Transport,
     faults: Arc<Faults>,
 }
 
@@ -352,7 +391,7 @@ impl SandboxVm for FakeSandbox {
     }
 
     fn agent(&self) -> Transport {
-        Transport::Unix(self.socket.clone())
+        self.transport.clone()
     }
 
     fn freeze(&self) -> Result<(), BackendError> {

@@ -181,7 +181,7 @@ impl SandboxBackend for MicroVm {
     fn build_template(
         &self,
         spec: TemplateSpec,
-        layers: &[String],
+        layers: &[shoal_images::layer_files::Layer],
         dir: &Path,
     ) -> Result<(), BackendError> {
         build_from_layout(&self.artifacts, &self.vmm, dir, spec, layers)

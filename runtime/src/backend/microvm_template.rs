@@ -4,8 +4,11 @@
 //! guest is booted from the installed kernel and snapshotted there.
 
 use crate::sandbox::{self, GuestFiles, SandboxError, TemplateSpec};
-use shoal_images::artifacts::{ArtifactError, Layout, IMAGES};
+use shoal_images::artifacts::{ArtifactError, Layout};
+use shoal_images::layer_files::{Layer, LayerFile};
 use shoal_images::layers;
+use std::fs::File;
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 
 /// Why an image template could not be built.
@@ -35,25 +38,61 @@ pub fn pin(src: &Path, dst: &Path) -> Result<PathBuf, BuildError> {
     Ok(dst.into())
 }
 
+/// Links the open file `file` (a caller's layer, `src` in errors) into
+/// `dst`: the very inode that was checked, whatever its path names now (a
+/// copy of it where a hard link cannot be made).
+pub fn pin_open(file: &File, src: &Path, dst: &Path) -> Result<PathBuf, BuildError> {
+    let from = std::ffi::CString::new(format!("/proc/self/fd/{}", file.as_raw_fd()))
+        .map_err(|_| BuildError::Dir(dst.into(), std::io::ErrorKind::InvalidInput.into()))?;
+    let to = std::ffi::CString::new(dst.as_os_str().as_encoded_bytes())
+        .map_err(|_| BuildError::Dir(dst.into(), std::io::ErrorKind::InvalidInput.into()))?;
+    // SAFETY: two NUL-terminated paths alive for the call; AT_SYMLINK_FOLLOW
+    // makes the magic link /proc/self/fd/N resolve to the open file itself.
+    let rc = unsafe {
+        libc::linkat(
+            libc::AT_FDCWD,
+            from.as_ptr(),
+            libc::AT_FDCWD,
+            to.as_ptr(),
+            libc::AT_SYMLINK_FOLLOW,
+        )
+    };
+    if rc != 0 {
+        let _ = std::fs::remove_file(dst);
+        layers::clone_open(file, src, dst)?;
+    }
+    Ok(dst.into())
+}
+
+/// Where a layer comes from before it is pinned.
+enum Source<'a> {
+    /// An installed image.
+    Image(PathBuf),
+    /// A caller's open file.
+    File(&'a LayerFile),
+}
+
 /// Boots image template `spec` into `dir` from the installed `artifacts`:
-/// the image and image-name layers (`tiny`, `base`) are pinned into `dir`
-/// first; other layers are the caller's files, used where they are.
+/// the image and every layer are pinned into `dir` first: image-name
+/// layers (`tiny`, `base`) from the installed images, the caller's files
+/// from their open descriptors (so the template, and every snapshot of it,
+/// names files in its own directory only).
 pub fn build_from_layout(
     artifacts: &Layout,
     vmm: &Path,
     dir: &Path,
     mut spec: TemplateSpec,
-    layer_names: &[String],
+    layers: &[Layer],
 ) -> Result<(), BuildError> {
     // Everything is checked before anything is written.
     let kernel = artifacts.kernel()?;
     let cmdline = artifacts.cmdline()?;
     let image = artifacts.image(&spec.image)?;
-    let layer_src: Vec<(PathBuf, bool)> = layer_names
+    let layer_src: Vec<Source> = layers
         .iter()
-        .map(|l| match IMAGES.contains(&l.as_str()) {
-            true => artifacts.image(l).map(|p| (p, true)),
-            false => Ok((PathBuf::from(l), false)),
+        .map(|l| match l {
+            Layer::Image(name) => artifacts.image(name).map(Source::Image),
+            Layer::File(f) => Ok(Source::File(f)),
         })
         .collect::<Result<_, _>>()?;
     let _ = std::fs::remove_dir_all(dir);
@@ -63,9 +102,12 @@ pub fn build_from_layout(
         spec.layers = layer_src
             .iter()
             .enumerate()
-            .map(|(i, (p, ours))| match ours {
-                true => pin(p, &dir.join(format!("layer{}.erofs", i + 1))),
-                false => Ok(p.clone()),
+            .map(|(i, src)| {
+                let dst = dir.join(format!("layer{}.erofs", i + 1));
+                match src {
+                    Source::Image(p) => pin(p, &dst),
+                    Source::File(f) => pin_open(&f.file, &f.path, &dst),
+                }
             })
             .collect::<Result<_, _>>()?;
         Ok::<_, BuildError>(root)
@@ -113,11 +155,42 @@ mod tests {
             Path::new("/x"),
             &dir,
             spec,
-            &["base".into()],
+            &[Layer::Image("base".into())],
         )
         .unwrap_err()
         .to_string();
         assert!(e.contains("the 'tiny' image is not installed"), "{e}");
         assert!(!dir.exists());
+    }
+
+    #[test]
+    fn a_callers_layer_is_pinned_from_its_open_file_not_its_path() {
+        use std::os::unix::fs::MetadataExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let (a, b) = (tmp.path().join("a.img"), tmp.path().join("b.img"));
+        std::fs::write(&a, "checked").unwrap();
+        std::fs::write(&b, "swapped").unwrap();
+        let file = File::open(&a).unwrap();
+        let ino = file.metadata().unwrap().ino();
+        // The path now names another file (the checked one moved aside).
+        std::fs::rename(&a, tmp.path().join("aside")).unwrap();
+        std::fs::rename(&b, &a).unwrap();
+        let dst = tmp.path().join("layer1.erofs");
+        pin_open(&file, &a, &dst).unwrap();
+        assert_eq!(
+            std::fs::metadata(&dst).unwrap().ino(),
+            ino,
+            "the same inode"
+        );
+        assert_eq!(std::fs::read_to_string(&dst).unwrap(), "checked");
+        // The checked file unlinked, the path a symbolic link: no hard link
+        // can be made to an unlinked file, so a copy of the open file.
+        std::fs::remove_file(tmp.path().join("aside")).unwrap();
+        std::fs::remove_file(&dst).unwrap();
+        std::fs::remove_file(&a).unwrap();
+        std::os::unix::fs::symlink("/etc/passwd", &a).unwrap();
+        let dst2 = tmp.path().join("layer2.erofs");
+        pin_open(&file, &a, &dst2).unwrap();
+        assert_eq!(std::fs::read_to_string(&dst2).unwrap(), "checked");
     }
 }

@@ -21,6 +21,7 @@ pub mod microvm_template;
 use crate::sandbox::TemplateSpec;
 pub use agent_client::Transport;
 use serde::{Deserialize, Serialize};
+use shoal_images::layer_files::Layer;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -239,12 +240,12 @@ pub trait SandboxBackend: Send + Sync {
     /// The kind.
     fn kind(&self) -> Kind;
     /// Makes the image template of `spec` in `dir` (booted once and
-    /// snapshotted): `layers` as the API names them (image names or erofs
-    /// files) become `spec`'s layers. On failure nothing is left in `dir`.
+    /// snapshotted): `layers` (image names, or erofs files already open and
+    /// checked) become `spec`'s layers. On failure nothing is left in `dir`.
     fn build_template(
         &self,
         spec: TemplateSpec,
-        layers: &[String],
+        layers: &[Layer],
         dir: &Path,
     ) -> Result<(), BackendError>;
     /// Starts the VM of the sandbox whose directory is `dir` from `from`,

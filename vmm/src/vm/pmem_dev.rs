@@ -34,7 +34,9 @@ use ::pmem::{LayoutError, MappingError, PmemMapping, PmemPersistError, PmemState
 use devices::BusDevice;
 use kvm_bindings::{kvm_userspace_memory_region, KVMIO, KVM_MEM_READONLY};
 use snapshot::Persist;
+use std::fs::File;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -196,20 +198,30 @@ impl Vm {
     /// and registers their slots (boot).
     pub(super) fn map_pmem_for_boot(&mut self) -> Result<(), VmError> {
         self.pmem.clear();
-        let paths: Vec<PathBuf> = self.config.pmem.iter().map(|p| p.path.clone()).collect();
-        if paths.is_empty() {
+        if self.config.pmem.is_empty() {
             return Ok(());
         }
         self.require_readonly_mem()?;
-        let sizes = paths
+        // Each image is opened once (or taken from its inherited
+        // descriptor): what is checked and placed is what is mapped.
+        let files = self
+            .config
+            .pmem
             .iter()
-            .map(|p| ::pmem::check_image(p).map(|i| i.len))
+            .map(open_image)
+            .collect::<Result<Vec<File>, _>>()
+            .map_err(|e| PmemError::Mapping(e.into()))?;
+        let sizes = files
+            .iter()
+            .zip(&self.config.pmem)
+            .map(|(f, c)| ::pmem::check_file(f, &c.path).map(|i| i.len))
             .collect::<Result<Vec<u64>, _>>()
             .map_err(|e| PmemError::Mapping(e.into()))?;
         let ranges =
             ::pmem::place(&ram_ranges(self.config.mem_bytes()), &sizes).map_err(PmemError::from)?;
-        for (path, r) in paths.iter().zip(&ranges) {
-            let m = PmemMapping::open(path, r.start).map_err(PmemError::from)?;
+        let paths: Vec<PathBuf> = self.config.pmem.iter().map(|p| p.path.clone()).collect();
+        for ((file, path), r) in files.into_iter().zip(&paths).zip(&ranges) {
+            let m = PmemMapping::from_file(file, path, r.start).map_err(PmemError::from)?;
             self.register_pmem(m)?;
         }
         Ok(())
@@ -391,4 +403,33 @@ pub(super) fn check_saved(cfg_paths: &[&Path], saved: &[PmemState]) -> Result<()
         }
     }
     Ok(())
+}
+
+/// The image of one pmem device, read-only: a duplicate of its inherited
+/// descriptor (`fd`; `path` only names it), or `path` opened without
+/// following a final symbolic link.
+fn open_image(c: &crate::config::PmemConfig) -> Result<File, ::pmem::ImageError> {
+    let io = |what: &'static str| {
+        let path = c.path.clone();
+        move |source| ::pmem::ImageError::Io { path, what, source }
+    };
+    match c.fd {
+        Some(fd) => {
+            // SAFETY: F_DUPFD_CLOEXEC makes a new descriptor of an
+            // inherited one (or fails); no memory is passed.
+            let dup = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 3) };
+            if dup < 0 {
+                return Err(io("cannot use the inherited descriptor")(
+                    std::io::Error::last_os_error(),
+                ));
+            }
+            // SAFETY: a new descriptor owned by nothing else.
+            Ok(unsafe { File::from_raw_fd(dup) })
+        }
+        None => std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&c.path)
+            .map_err(io("cannot open")),
+    }
 }

@@ -126,9 +126,13 @@ impl Block {
 }
 
 fn open(path: &Path, read_only: bool) -> Result<File, BlockError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    // A final symbolic link is refused: the path was chosen by whoever
+    // started the VMM, and a link swapped in since must not redirect it.
     OpenOptions::new()
         .read(true)
         .write(!read_only)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .open(path)
         .map_err(|source| BlockError::Open {
             path: path.to_owned(),

@@ -17,6 +17,7 @@ use std::collections::VecDeque;
 use std::io::ErrorKind;
 use std::net::Shutdown;
 use std::os::unix::net::UnixStream;
+use std::time::Instant;
 use vm_memory::{ReadVolatile, VolatileMemoryError, VolatileSlice};
 
 /// Send a CREDIT_UPDATE once the guest's view of our free space is this
@@ -84,6 +85,9 @@ pub struct Conn {
     /// Whether the event thread's epoll watches `stream` (then only that
     /// thread may close it).
     pub watched: bool,
+    /// When it was created (a host connection has
+    /// [`super::CONNECT_TIMEOUT`] to be accepted by the guest).
+    pub opened_at: Instant,
     state: State,
     request_sent: bool,
     pending: Pending,
@@ -109,6 +113,7 @@ impl Conn {
             peer_port,
             host_initiated: state == State::LocalInit,
             watched: false,
+            opened_at: Instant::now(),
             state,
             request_sent: false,
             pending: Pending::default(),
@@ -125,6 +130,11 @@ impl Conn {
             guest_shut_send: false,
             host_write_shut: false,
         }
+    }
+
+    /// Host-initiated and not accepted by the guest yet.
+    pub fn awaiting_response(&self) -> bool {
+        self.state == State::LocalInit
     }
 
     /// A host-initiated connection; a REQUEST to the guest is queued.

@@ -33,6 +33,9 @@ pub enum VsockError {
     /// The wake-up eventfd could not be created.
     #[error("cannot create eventfd: {0}")]
     EventFd(std::io::Error),
+    /// The connect-timeout timerfd could not be created.
+    #[error("cannot create timerfd: {0}")]
+    TimerFd(std::io::Error),
     /// Saved state with a queue count other than 0 (inactive) or 3.
     #[error("saved vsock state has {0} queues; an active device has 3, an inactive one none")]
     QueueCount(usize),
@@ -105,7 +108,14 @@ impl Vsock {
             reset_delivered: false,
             reset_acked: true,
         }));
-        let events = VsockEvents::new(shared.clone(), listener, wake.clone(), uds_path);
+        let timer = match vmm_sys_util::timerfd::TimerFd::new() {
+            Ok(t) => t,
+            Err(e) => {
+                let _ = std::fs::remove_file(uds_path);
+                return Err(VsockError::TimerFd(e.into()));
+            }
+        };
+        let events = VsockEvents::new(shared.clone(), listener, wake.clone(), timer, uds_path);
         Ok(Vsock {
             shared,
             wake,

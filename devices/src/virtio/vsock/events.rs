@@ -6,10 +6,16 @@
 //! A watched connection socket is closed only here, after it left the
 //! watch list, so an fd number is never reused while epoll (or
 //! `event_manager`'s dispatch table) still knows the old one.
+//!
+//! A timerfd, armed only while a host socket is still sending its CONNECT
+//! line, waits for a transport reset, or waits for the guest's RESPONSE,
+//! ticks every [`TICK`]; each tick closes those older than
+//! [`CONNECT_TIMEOUT`] (so a guest that never answers holds nothing).
 
 use super::handshake::{Handshake, Progress};
 use super::muxer::ConnKey;
 use super::shared::{lock, Inner, Shared};
+use super::CONNECT_TIMEOUT;
 use event_manager::{EventOps, EventSet, Events, MutEventSubscriber};
 use std::collections::HashMap;
 use std::io::ErrorKind;
@@ -17,10 +23,17 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 use vmm_sys_util::eventfd::EventFd;
+use vmm_sys_util::timerfd::TimerFd;
 
 /// Sockets accepted per listener event before other events get a turn.
 const ACCEPT_BATCH: usize = 64;
+
+/// How often the connect timeout is checked while something waits: a
+/// socket is closed between [`CONNECT_TIMEOUT`] and that plus one tick
+/// after it came.
+pub const TICK: Duration = Duration::from_millis(500);
 
 /// What a watched fd is.
 enum Watch {
@@ -42,8 +55,11 @@ pub struct VsockEvents {
     watched: HashMap<RawFd, Watch>,
     uds_path: PathBuf,
     /// Host connections (after `CONNECT`) waiting for the guest to handle a
-    /// transport reset; not watched meanwhile.
-    deferred: Vec<(UnixStream, u32)>,
+    /// transport reset, since when; not watched meanwhile.
+    deferred: Vec<(UnixStream, u32, Instant)>,
+    /// Ticks while anything waits on the connect timeout.
+    timer: TimerFd,
+    timer_armed: bool,
 }
 
 impl VsockEvents {
@@ -51,6 +67,7 @@ impl VsockEvents {
         shared: Shared,
         listener: UnixListener,
         wake: Arc<EventFd>,
+        timer: TimerFd,
         uds_path: &Path,
     ) -> Self {
         Self {
@@ -61,6 +78,59 @@ impl VsockEvents {
             watched: HashMap::new(),
             uds_path: uds_path.to_owned(),
             deferred: Vec::new(),
+            timer,
+            timer_armed: false,
+        }
+    }
+
+    /// Starts the ticks (something now waits on the connect timeout).
+    fn arm(&mut self) {
+        if !self.timer_armed && self.timer.reset(TICK, Some(TICK)).is_ok() {
+            self.timer_armed = true;
+        }
+    }
+
+    /// One tick: closes what waited longer than [`CONNECT_TIMEOUT`], and
+    /// stops the ticks once nothing waits.
+    fn on_tick(&mut self, inner: &mut Inner, ops: &mut EventOps) {
+        let _ = self.timer.wait();
+        let now = Instant::now();
+        let late = |t: Instant| now.saturating_duration_since(t) >= CONNECT_TIMEOUT;
+        let stale: Vec<RawFd> = self
+            .watched
+            .iter()
+            .filter_map(|(fd, w)| match w {
+                Watch::Handshake(h) if late(h.started) => Some(*fd),
+                _ => None,
+            })
+            .collect();
+        let mut expired = 0;
+        for fd in stale {
+            if let Some(Watch::Handshake(h)) = self.watched.remove(&fd) {
+                let _ = ops.remove(Events::empty(&h.stream));
+                inner.muxer.handshakes = inner.muxer.handshakes.saturating_sub(1);
+                expired += 1;
+            }
+        }
+        let before = self.deferred.len();
+        self.deferred.retain(|(_, _, since)| !late(*since));
+        expired += before - self.deferred.len();
+        inner.muxer.counters.connect_timeouts += u64::try_from(expired).unwrap_or(u64::MAX);
+        if inner.muxer.expire_connects(now, CONNECT_TIMEOUT) > 0 {
+            // The RSTs go out now; the sockets close in reconcile.
+            inner.process();
+        }
+        if expired > 0 {
+            self.resume_listener(ops);
+        }
+        let waiting = !self.deferred.is_empty()
+            || self
+                .watched
+                .values()
+                .any(|w| matches!(w, Watch::Handshake(_)))
+            || inner.muxer.awaiting_responses();
+        if !waiting && self.timer.clear().is_ok() {
+            self.timer_armed = false;
         }
     }
 
@@ -100,6 +170,7 @@ impl VsockEvents {
             self.watched
                 .insert(stream.as_raw_fd(), Watch::Handshake(Handshake::new(stream)));
             inner.muxer.handshakes += 1;
+            self.arm();
         }
     }
 
@@ -125,7 +196,8 @@ impl VsockEvents {
                 // Wait until the guest has handled the transport reset.
                 if self.deferred.len() < super::MAX_CONNECTIONS {
                     let _ = ops.remove(Events::empty(&h.stream));
-                    self.deferred.push((h.stream, port));
+                    // Its time counts from its CONNECT.
+                    self.deferred.push((h.stream, port, h.started));
                     return;
                 }
                 h.stream
@@ -225,7 +297,7 @@ impl VsockEvents {
         if !inner.reset_acked || self.deferred.is_empty() {
             return;
         }
-        for (stream, port) in std::mem::take(&mut self.deferred) {
+        for (stream, port, _) in std::mem::take(&mut self.deferred) {
             let fd = stream.as_raw_fd();
             match inner.muxer.add_host_conn(stream, port) {
                 Ok(key) => {
@@ -265,6 +337,7 @@ impl MutEventSubscriber for VsockEvents {
         // error channel in this trait, and the guest side still works.
         let _ = ops.add(Events::new(&self.listener, EventSet::IN));
         let _ = ops.add(Events::new(&*self.wake, EventSet::IN));
+        let _ = ops.add(Events::new(&self.timer, EventSet::IN));
     }
 
     fn process(&mut self, events: Events, ops: &mut EventOps) {
@@ -277,6 +350,8 @@ impl MutEventSubscriber for VsockEvents {
         } else if fd == self.wake.as_raw_fd() {
             let _ = self.wake.read();
             self.start_deferred(&mut inner, ops);
+        } else if fd == self.timer.as_raw_fd() {
+            self.on_tick(&mut inner, ops);
         } else {
             match self.watched.get(&fd) {
                 Some(Watch::Handshake(_)) => self.handshake(fd, ev, &mut inner, ops),

@@ -3,6 +3,7 @@
 
 use std::io::{ErrorKind, Read};
 use std::os::unix::net::UnixStream;
+use std::time::Instant;
 
 /// Longest CONNECT line accepted, newline included.
 pub const MAX_LINE: usize = 32;
@@ -11,6 +12,8 @@ pub const MAX_LINE: usize = 32;
 pub struct Handshake {
     /// The accepted, non-blocking socket.
     pub stream: UnixStream,
+    /// When it was accepted (it has [`super::CONNECT_TIMEOUT`] to finish).
+    pub started: Instant,
     line: Vec<u8>,
 }
 
@@ -30,6 +33,7 @@ impl Handshake {
     pub fn new(stream: UnixStream) -> Self {
         Self {
             stream,
+            started: Instant::now(),
             line: Vec::with_capacity(MAX_LINE),
         }
     }

@@ -19,7 +19,9 @@
 //! socket only into a guest RX buffer the guest has credit for; guest->host
 //! bytes the host does not take at once are kept up to [`CONN_TX_BUF_SIZE`]
 //! per connection, which is exactly the credit the guest is given; at most
-//! [`MAX_CONNECTIONS`] connections exist at once.
+//! [`MAX_CONNECTIONS`] connections exist at once, at most
+//! [`MAX_GUEST_CONNECTIONS`] of them opened by the guest; a host connection
+//! the guest never accepts lives [`CONNECT_TIMEOUT`] at most.
 
 mod conn;
 mod device;
@@ -56,6 +58,15 @@ pub const CONN_TX_BUF_SIZE: u32 = 256 * 1024;
 /// Most connections (including host sockets still sending their CONNECT
 /// line) at once; more are refused.
 pub const MAX_CONNECTIONS: usize = 1024;
+/// Most guest-initiated connections at once (more are refused with RST):
+/// the rest of the table stays for host connections, so a guest that opens
+/// thousands cannot lock the host (the daemon's agent connection) out.
+pub const MAX_GUEST_CONNECTIONS: usize = MAX_CONNECTIONS / 2;
+/// A host socket that has not sent its whole CONNECT line, or a host
+/// connection the guest has not accepted (RESPONSE), this long after it
+/// came is closed, its entry freed and the guest's half reset. The event
+/// thread checks with a timerfd, armed only while such sockets exist.
+pub const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 /// First local port handed to host-initiated connections.
 pub const FIRST_LOCAL_PORT: u32 = 1 << 30;
 /// Largest payload of one packet in either direction.

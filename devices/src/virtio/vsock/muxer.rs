@@ -5,13 +5,14 @@
 use super::conn::{Conn, RxOutcome, Verdict};
 use super::packet::{write_rx, Op, RxHeader, RxPacket, TxPacket};
 use super::unix;
-use super::{FIRST_LOCAL_PORT, MAX_CONNECTIONS};
+use super::{FIRST_LOCAL_PORT, MAX_CONNECTIONS, MAX_GUEST_CONNECTIONS};
 use event_manager::EventSet;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::ffi::OsString;
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 /// RSTs for packets that match no connection, queued before the device
 /// stops taking guest TX packets until the guest drains RX.
@@ -46,8 +47,12 @@ pub struct Counters {
     pub opened: u64,
     /// Connections removed.
     pub closed: u64,
-    /// Connections refused because the table was full.
+    /// Connections refused because the table (or the guest's share of it)
+    /// was full.
     pub refused: u64,
+    /// Host connections closed because the guest did not accept them in
+    /// time, and host sockets that did not finish their CONNECT line.
+    pub connect_timeouts: u64,
 }
 
 /// All connections of one device.
@@ -106,6 +111,34 @@ impl Muxer {
     /// Guest->host bytes held for slow host readers, all connections.
     pub fn buffered_bytes(&self) -> usize {
         self.conns.values().map(Conn::tx_buffered).sum()
+    }
+
+    /// Guest-initiated connections.
+    fn guest_conns(&self) -> usize {
+        self.conns.len().saturating_sub(self.host_ports.len())
+    }
+
+    /// Whether a host connection waits for the guest's RESPONSE.
+    pub fn awaiting_responses(&self) -> bool {
+        self.conns.values().any(Conn::awaiting_response)
+    }
+
+    /// Closes the host connections the guest has not accepted within
+    /// `timeout` (resetting the guest's half); returns how many.
+    pub fn expire_connects(&mut self, now: Instant, timeout: Duration) -> usize {
+        let late: Vec<ConnKey> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| {
+                c.awaiting_response() && now.saturating_duration_since(c.opened_at) >= timeout
+            })
+            .map(|(k, _)| *k)
+            .collect();
+        for key in &late {
+            self.kill(*key, true);
+        }
+        self.counters.connect_timeouts += u64::try_from(late.len()).unwrap_or(u64::MAX);
+        late.len()
     }
 
     /// Whether guest TX processing must wait for the guest to drain RX.
@@ -242,7 +275,7 @@ impl Muxer {
     /// A guest connects to host port `key.local_port`: forward it to the
     /// listener at `<uds_path>_<port>`, or refuse.
     fn guest_connect(&mut self, key: ConnKey, pkt: &TxPacket<'_>) {
-        if self.at_capacity() {
+        if self.at_capacity() || self.guest_conns() >= MAX_GUEST_CONNECTIONS {
             self.counters.refused += 1;
             self.push_rst(key);
             return;
