@@ -116,7 +116,13 @@ pub trait Wire: Sized {
 
     /// Decodes `n` values. Overridden for bytes.
     fn get_vec(r: &mut Reader<'_>, n: usize) -> Result<Vec<Self>, DecodeError> {
-        let mut v = Vec::with_capacity(n.min(r.remaining()));
+        // Reserve no more memory than the bytes left: `n` was only checked
+        // against `MIN_LEN` per item (0 for structs), and an item in memory
+        // can be far larger than its smallest encoding (a DirEntry is 40
+        // bytes, its encoding at least 13), so a count equal to the bytes
+        // left reserved 40 times the payload before the first item failed.
+        let fit = r.remaining() / std::mem::size_of::<Self>().max(1);
+        let mut v = Vec::with_capacity(n.min(fit));
         for _ in 0..n {
             v.push(Self::get(r)?);
         }

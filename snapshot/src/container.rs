@@ -13,6 +13,8 @@ pub const FORMAT_VERSION: u32 = 2;
 /// Largest state body accepted (guest memory is stored separately).
 pub const MAX_STATE_BYTES: u64 = 64 << 20;
 const HEADER_LEN: usize = 8 + 4 + 8 + 4;
+/// Body buffer reserved before reading (it grows as bytes arrive).
+const INITIAL_BODY_CAPACITY: u64 = 1 << 20;
 
 /// Errors reading or writing snapshot state.
 #[derive(Debug, thiserror::Error)]
@@ -105,15 +107,12 @@ pub fn read_from<T: DeserializeOwned, R: Read>(r: &mut R, path: &Path) -> Result
         });
     }
     let crc = u32::from_le_bytes(field(20, 24).try_into().unwrap_or_default());
-    // At most MAX_STATE_BYTES (64 MiB), checked above.
-    let mut body = vec![
-        0u8;
-        usize::try_from(len).map_err(|_| SnapshotError::TooLarge {
-            path: path.into(),
-            len
-        })?
-    ];
-    if !read_full(r, &mut body).map_err(io)? {
+    // Memory grows with the bytes actually read, not with the declared
+    // length: a short file that claims a large body is reported truncated
+    // without first allocating what it claimed.
+    let mut body = Vec::with_capacity(usize::try_from(len.min(INITIAL_BODY_CAPACITY)).unwrap_or(0));
+    r.take(len).read_to_end(&mut body).map_err(io)?;
+    if (body.len() as u64) < len {
         return Err(SnapshotError::Truncated(path.into()));
     }
     if crc32fast::hash(&body) != crc {

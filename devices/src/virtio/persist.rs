@@ -131,9 +131,93 @@ pub enum MmioRestoreError {
         /// virtio-queue's error.
         source: virtio_queue::Error,
     },
+    /// A saved queue does not fit the device's limits or guest memory.
+    #[error("saved queue {index} is out of bounds: {reason}")]
+    QueueLimit {
+        /// Queue index.
+        index: usize,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The saved registers are not a state the transport can be in.
+    #[error("saved transport registers are inconsistent: {0}")]
+    Registers(String),
     /// The device refused re-activation.
     #[error("re-activating restored device: {0}")]
     Activate(#[from] super::ActivateError),
+}
+
+/// Device status values a driver can reach (without FAILED and
+/// DEVICE_NEEDS_RESET): each phase adds one bit, in the spec's order.
+const STATUS_PHASES: [u32; 5] = [0, 1, 3, 11, 15];
+
+/// Checks `s` against the device it is restored into and guest memory
+/// `mem` before anything acts on it: a snapshot is data from disk, and a
+/// queue larger than the device's, rings outside guest memory, features
+/// the device never offered or a status no driver can reach are refused.
+/// (The ring indices are any u16 by design: they wrap, and a hostile
+/// driver can put them any distance apart, e.g. with heads outside the
+/// table that are consumed but never used.)
+fn check_state(
+    device: &dyn VirtioDevice,
+    mem: &GuestMemoryMmap,
+    s: &MmioState,
+) -> Result<(), MmioRestoreError> {
+    use super::mmio::status::{DEVICE_NEEDS_RESET, DRIVER_OK, FAILED};
+    let regs = |m: String| Err(MmioRestoreError::Registers(m));
+    let phase = s.status & !(FAILED | DEVICE_NEEDS_RESET);
+    if !STATUS_PHASES.contains(&phase) {
+        return regs(format!(
+            "status {:#x} is not one a driver can reach",
+            s.status
+        ));
+    }
+    if s.activated != (phase & DRIVER_OK != 0 && s.status & DEVICE_NEEDS_RESET == 0) {
+        return regs(format!(
+            "activated is {} with status {:#x}",
+            s.activated, s.status
+        ));
+    }
+    let offered = device.avail_features();
+    if s.acked_features & !offered != 0 {
+        return regs(format!(
+            "acked features {:#x} include some the device does not offer ({offered:#x})",
+            s.acked_features
+        ));
+    }
+    if s.interrupt_status & !(super::INT_USED_RING | super::INT_CONFIG) != 0 {
+        return regs(format!("interrupt status {:#x}", s.interrupt_status));
+    }
+    for (index, (q, &max)) in s.queues.iter().zip(device.queue_max_sizes()).enumerate() {
+        let bad = |reason: String| Err(MmioRestoreError::QueueLimit { index, reason });
+        if q.max_size != max {
+            return bad(format!(
+                "maximum size {} (the device's is {max})",
+                q.max_size
+            ));
+        }
+        if q.size > max || !q.size.is_power_of_two() {
+            return bad(format!(
+                "size {} is invalid (at most {max}, a power of two)",
+                q.size
+            ));
+        }
+        // Rings the device will use (a transport not yet activated checks
+        // its queues again at activation).
+        if s.activated {
+            let queue = q
+                .to_queue()
+                .map_err(|source| MmioRestoreError::Queue { index, source })?;
+            if !virtio_queue::QueueT::is_valid(&queue, mem) {
+                return bad(format!(
+                    "rings (descriptors {:#x}, avail {:#x}, used {:#x}) are not aligned \
+                     inside guest memory for {} entries",
+                    q.desc_table, q.avail_ring, q.used_ring, q.size
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 impl Persist for MmioTransport {
@@ -190,6 +274,7 @@ impl MmioTransport {
                 configured: n,
             });
         }
+        check_state(self.device.as_ref(), &self.mem, s)?;
         let mut queues = Vec::with_capacity(n);
         for (index, q) in s.queues.iter().enumerate() {
             queues.push(

@@ -41,7 +41,9 @@ fn lo(v: u64) -> u32 {
     u32::try_from(v & u64::from(u32::MAX)).unwrap()
 }
 
-fn layout(index: usize) -> (u64, u64, u64) {
+/// Guest addresses of queue `index`'s descriptor table, avail and used
+/// rings in the driver's layout.
+pub fn layout(index: usize) -> (u64, u64, u64) {
     if index == 0 {
         return (DESC, AVAIL, USED);
     }

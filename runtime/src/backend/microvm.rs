@@ -128,8 +128,9 @@ impl MicroVm {
 /// Starts `vmm --restore snapshot` for the sandbox in `paths` (its own
 /// session; console and VMM messages go to files there). A template with a
 /// scratch disk (`snapshot/scratch.ext4`) gives the sandbox its own copy of
-/// it in its directory, which the VMM then uses; a sandbox's own pause
-/// snapshot names that copy already.
+/// it in its directory, which the VMM then uses; resuming from a sandbox's
+/// own pause snapshot passes that copy again (the VMM refuses to open a
+/// saved writable disk path it was not given).
 /// Jailed (`jail`), it sees `files` read-only besides its directory.
 fn spawn_restore(
     vmm: &Path,
@@ -145,11 +146,15 @@ fn spawn_restore(
     let _ = std::fs::remove_file(&paths.api_sock);
     let _ = std::fs::remove_file(&paths.vsock);
     let mut p = VmmProcess::restore(vmm, snapshot);
+    let own = paths.dir.join(layers::SCRATCH_DISK);
     if let Some(src) = layers::scratch_disk(snapshot) {
-        let own = paths.dir.join(layers::SCRATCH_DISK);
         // A leftover of an earlier attempt is stale.
         let _ = std::fs::remove_file(&own);
         layers::clone_file(&src, &own)?;
+        p = p.disk(Disk::rw(own));
+    } else if own.is_file() {
+        // The sandbox's own pause snapshot names this copy; the VMM opens
+        // a saved writable disk only when it is given explicitly.
         p = p.disk(Disk::rw(own));
     }
     if let Some(j) = jail {

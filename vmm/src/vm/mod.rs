@@ -8,6 +8,25 @@ mod restore;
 mod run;
 
 pub use pmem_dev::{PmemError, PmemInfo};
+
+/// Entry points for the fuzz targets (`fuzz/`), not an API.
+#[doc(hidden)]
+pub mod fuzzing {
+    use std::path::Path;
+
+    /// Decodes a snapshot `state` file's bytes and runs restore's checks
+    /// on it (everything before guest memory is mapped, with no disk files
+    /// from the caller): the error restore would report, or the
+    /// configuration it would restore.
+    pub fn check_state_file(bytes: &[u8]) -> Result<crate::VmConfig, super::VmError> {
+        let dir = Path::new("/fuzz/snapshot");
+        let st: crate::persist::SnapshotState =
+            snapshot::read_from(&mut &bytes[..], &dir.join("state"))?;
+        let mut cfg = super::restore::check_state(dir, &st)?;
+        super::restore::override_disks(dir, &mut cfg, &[])?;
+        Ok(cfg)
+    }
+}
 pub use run::{profile_kernel_args, RunOptions, RunOutcome};
 
 use crate::boot::BootError;

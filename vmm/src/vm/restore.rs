@@ -27,8 +27,17 @@ fn incompatible(dir: &Path) -> impl Fn(String) -> VmError + '_ {
 /// Loads `dir/state` and checks it against this host; returns it with the
 /// configuration it carries.
 fn load_checked(dir: &Path) -> Result<(SnapshotState, VmConfig), VmError> {
-    let bad = incompatible(dir);
     let st: SnapshotState = snapshot::load(&dir.join("state"))?;
+    let cfg = check_state(dir, &st)?;
+    Ok((st, cfg))
+}
+
+/// Checks a loaded state (read from `dir`) against this host and its own
+/// configuration, and bounds everything restore sizes from it; returns
+/// the configuration. Device registers and queues are checked against the
+/// devices and guest memory when the transports are restored.
+pub(crate) fn check_state(dir: &Path, st: &SnapshotState) -> Result<VmConfig, VmError> {
+    let bad = incompatible(dir);
     let cfg: VmConfig = serde_json::from_str(&st.config_json)
         .map_err(|e| bad(format!("saved configuration: {e}")))?;
     cfg.validate()?;
@@ -61,11 +70,22 @@ fn load_checked(dir: &Path) -> Result<(SnapshotState, VmConfig), VmError> {
     }
     let paths: Vec<&Path> = cfg.pmem.iter().map(|p| p.path.as_path()).collect();
     super::pmem_dev::check_saved(&paths, &st.pmem).map_err(|e| bad(e.to_string()))?;
-    Ok((st, cfg))
+    let pages = st.meta.memory_bytes / 4096;
+    if st.diff_pages.len() as u64 > pages || (st.diff_base.is_none() && !st.diff_pages.is_empty()) {
+        return Err(bad(format!(
+            "{} diff pages for {pages} pages of guest memory",
+            st.diff_pages.len()
+        )));
+    }
+    Ok(cfg)
 }
 
 /// Points the saved disks of `cfg` at `disks` (in order; see
-/// [`RestoreOptions::disks`]).
+/// [`RestoreOptions::disks`]). A saved path is data read from the
+/// snapshot, not a choice of the caller: a disk the caller did not give
+/// keeps its saved path only if it was read-only (and is opened read-only);
+/// a writable one without a file from the caller is refused, so an edited
+/// state cannot make the VMM open a host file for writing.
 pub(crate) fn override_disks(
     dir: &Path,
     cfg: &mut VmConfig,
@@ -83,6 +103,19 @@ pub(crate) fn override_disks(
             return Err(incompatible(dir)("an empty disk path was given".into()));
         }
         d.path.clone_from(p);
+    }
+    if let Some((i, d)) = cfg
+        .disks
+        .iter()
+        .enumerate()
+        .skip(disks.len())
+        .find(|(_, d)| !d.read_only)
+    {
+        return Err(incompatible(dir)(format!(
+            "saved disk {i} ({}) is writable: a saved disk path is opened read-only at \
+             most, so give the file for it (--restore-disk, one per disk in order)",
+            d.path.display()
+        )));
     }
     Ok(())
 }
@@ -434,12 +467,13 @@ mod tests {
     use super::*;
     use crate::config::DiskConfig;
 
+    /// A writable disk then a read-only one.
     fn two_disks() -> VmConfig {
         let mut c = VmConfig::linux("/k".into());
-        for p in ["/saved/a", "/saved/b"] {
+        for (p, read_only) in [("/saved/a", false), ("/saved/b", true)] {
             c.disks.push(DiskConfig {
                 path: p.into(),
-                read_only: false,
+                read_only,
             });
         }
         c
@@ -449,14 +483,40 @@ mod tests {
     fn disk_overrides_replace_saved_paths_in_order() {
         let dir = Path::new("/snap");
         let mut c = two_disks();
-        override_disks(dir, &mut c, &[]).unwrap();
-        assert_eq!(c.disks[0].path, Path::new("/saved/a"));
         override_disks(dir, &mut c, &["/clone/a".into()]).unwrap();
         assert_eq!(c.disks[0].path, Path::new("/clone/a"));
         assert_eq!(c.disks[1].path, Path::new("/saved/b"), "the rest as saved");
         assert!(!c.disks[0].read_only);
+        assert!(c.disks[1].read_only);
         override_disks(dir, &mut c, &["/x".into(), "/y".into()]).unwrap();
         assert_eq!(c.disks[1].path, Path::new("/y"));
+        // Read-only saved disks need no file from the caller.
+        let mut ro = two_disks();
+        ro.disks[0].read_only = true;
+        override_disks(dir, &mut ro, &[]).unwrap();
+        assert_eq!(ro.disks[0].path, Path::new("/saved/a"));
+    }
+
+    /// A state edited to point a writable disk at a host file: without a
+    /// file from the caller the saved path is never opened for writing.
+    #[test]
+    fn saved_writable_disk_paths_are_not_opened_without_the_caller() {
+        let dir = Path::new("/snap");
+        let mut c = two_disks();
+        c.disks[0].path = "/etc/passwd".into();
+        let e = override_disks(dir, &mut c, &[]).unwrap_err().to_string();
+        assert!(
+            e.contains("saved disk 0 (/etc/passwd) is writable") && e.contains("--restore-disk"),
+            "{e}"
+        );
+        // Both writable: the caller must give both.
+        c.disks[1].read_only = false;
+        let e = override_disks(dir, &mut c, &["/clone/a".into()])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("saved disk 1 (/saved/b) is writable"), "{e}");
+        override_disks(dir, &mut c, &["/clone/a".into(), "/clone/b".into()]).unwrap();
+        assert_eq!(c.disks[1].path, Path::new("/clone/b"));
     }
 
     #[test]

@@ -2,7 +2,7 @@ use super::*;
 use crate::virtio::blk::request::{STATUS_IOERR, STATUS_OK, STATUS_UNSUPP};
 use crate::virtio::blk::{VIRTIO_BLK_F_FLUSH, VIRTIO_BLK_F_RO};
 use crate::virtio::mmio::{status, MmioTransport};
-use crate::virtio::persist::MmioArgs;
+use crate::virtio::persist::{MmioArgs, MmioState};
 use crate::virtio::testing::{Driver, DATA};
 use snapshot::Persist;
 use std::io::Write;
@@ -270,4 +270,63 @@ fn restore_refuses_mismatched_state() {
     saved.queues.pop();
     saved.queues[0].size = 3; // not a power of two
     assert!(restore(&saved).unwrap_err().to_string().contains("invalid"));
+}
+
+/// Snapshot state is data from disk: queue sizes and ring
+/// addresses are rechecked against the device and guest memory, and
+/// registers against what a driver can reach, before anything uses them.
+#[test]
+fn restore_rechecks_queue_limits_and_registers() {
+    let f = disk(8);
+    let mut d = dev(f.path(), false);
+    header(&d, 0, 1);
+    d.push_chain(&[(HDR, 16, false), (BUF, 512, true), (ST, 1, true)]);
+    d.notify();
+    let good = d.t.save().unwrap();
+    assert!(good.activated);
+    let restore = |saved: &MmioState| {
+        let b = Block::new(&BlockConfig {
+            path: f.path().into(),
+            read_only: false,
+            id: "x".into(),
+        })
+        .unwrap();
+        let args = MmioArgs {
+            device: Box::new(b),
+            mem: d.mem.clone(),
+            irq: d.irq.clone(),
+        };
+        MmioTransport::restore(args, saved)
+            .map(drop)
+            .map_err(|e| e.to_string())
+    };
+    restore(&good).unwrap();
+    type Edit = fn(&mut MmioState);
+    let cases: [(Edit, &str); 8] = [
+        // A queue larger than the device's (virtio-queue takes the saved
+        // maximum as given).
+        (
+            |s| {
+                s.queues[0].max_size = 32768;
+                s.queues[0].size = 32768;
+            },
+            "maximum size 32768",
+        ),
+        (|s| s.queues[0].size = 512, "size 512 is invalid"),
+        (|s| s.queues[0].used_ring = 1 << 40, "inside guest memory"),
+        (
+            |s| s.queues[0].desc_table = (1 << 20) - 16,
+            "inside guest memory",
+        ),
+        (|s| s.status = 7, "status 0x7"),
+        (|s| s.status &= !4, "activated is true"),
+        (|s| s.acked_features |= 1 << 40, "does not offer"),
+        (|s| s.interrupt_status = 0x80, "interrupt status"),
+    ];
+    for (edit, want) in cases {
+        let mut s = good.clone();
+        edit(&mut s);
+        let e = restore(&s).expect_err(want);
+        assert!(e.contains(want), "{want:?} not in {e:?}");
+    }
 }
