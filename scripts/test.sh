@@ -44,6 +44,8 @@ cargo clippy -p guest-agent --target x86_64-unknown-linux-musl -- -D warnings
 python3 scripts/check-structure.py
 echo "== tests" >&2
 # Sandboxes in the integration tests run the optimised VMM (as users do).
-cargo build --release -p vmm --bin shoal-vmm
+# Daemons started as root jail every VMM through shoal-jailer.
+cargo build --release -p vmm --bin shoal-vmm -p shoal-jailer
 export SHOAL_VMM="$PWD/target/release/shoal-vmm"
+export SHOAL_JAILER="$PWD/target/release/shoal-jailer"
 cargo test --workspace
