@@ -16,6 +16,7 @@
 
 mod artifacts_cmd;
 mod bench;
+mod confinement;
 mod daemon_client;
 mod daemon_cmds;
 mod image_cmd;
@@ -528,16 +529,22 @@ pub fn image_path(name: &str) -> Result<PathBuf> {
 fn doctor(json: bool) -> Result<i32> {
     let r = vmm::host::detect();
     let layout = artifacts::Layout::default_location();
+    let confined = artifacts::vmm_binary()
+        .map(|vmm| confinement::report(&vmm))
+        .unwrap_or_else(|_| confinement::report(std::path::Path::new("shoal-vmm")));
     if json {
         let mut v = serde_json::to_value(&r)?;
         if let Some(o) = v.as_object_mut() {
             o.insert("artifacts".into(), artifacts_cmd::show_json(&layout));
+            o.insert("confinement".into(), serde_json::to_value(&confined)?);
         }
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         print!("{}", r.table());
         println!();
         print!("{}", artifacts_cmd::show_text(&layout));
+        println!();
+        print!("{}", confinement::text(&confined));
     }
     Ok(0)
 }

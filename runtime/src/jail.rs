@@ -39,6 +39,10 @@ pub const PID_FILE: &str = "vmm.pid";
 /// 64 MiB leaves room for vsock buffers under load).
 pub const OVERHEAD_BYTES: u64 = 64 << 20;
 
+/// Each VMM's CPU weight (cgroup v2 scale, 100 = the default share;
+/// `cpu.shares` 1024 on v1).
+pub const CPU_WEIGHT: u64 = 100;
+
 /// Why jailing cannot be set up.
 #[derive(Debug, thiserror::Error)]
 pub enum JailError {
@@ -166,7 +170,9 @@ impl JailConfig {
             cgroup: Some(CgroupSpec {
                 memory_bytes: Some(memory_bytes + OVERHEAD_BYTES),
                 pids_max: Some(self.pids_max),
-                cpu_weight: None,
+                // Every VMM the same share of the CPUs under contention,
+                // whatever its number of threads.
+                cpu_weight: Some(CPU_WEIGHT),
             }),
             rlimits: Rlimits::default(),
             pid_file: Some(dir.join(PID_FILE)),
