@@ -353,6 +353,7 @@ fn raise_nofile_limit() {
 
 fn main() {
     let start_ns = monotonic_ns();
+    vmm::seccomp::single_malloc_arena();
     raise_nofile_limit();
     let args = Args::parse();
     let code = match run(&args, start_ns) {
