@@ -193,6 +193,21 @@ pub fn summary() -> Result<String, SeccompError> {
     Ok(out)
 }
 
+/// glibc gives threads malloc arenas of their own, and shrinking one reads
+/// `/proc/sys/vm/overcommit_memory`: an `openat` that no filtered thread
+/// may make (a vCPU thread that freed a burst of vsock buffers was killed
+/// for it). One arena, the main one, trimmed with `brk`, serves every
+/// thread instead; the VMM's few threads barely contend for it. Call
+/// before any thread starts.
+pub fn single_malloc_arena() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: mallopt only sets one of malloc's tunables; no thread has
+    // started yet, so nothing allocates concurrently.
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, 1);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -329,20 +344,5 @@ mod tests {
         );
         let st = in_child(&f, Role::Vcpu, || {});
         assert!(libc::WIFEXITED(st), "{st:#x}");
-    }
-}
-
-/// glibc gives threads malloc arenas of their own, and shrinking one reads
-/// `/proc/sys/vm/overcommit_memory`: an `openat` that no filtered thread
-/// may make (a vCPU thread that freed a burst of vsock buffers was killed
-/// for it). One arena, the main one, trimmed with `brk`, serves every
-/// thread instead; the VMM's few threads barely contend for it. Call
-/// before any thread starts.
-pub fn single_malloc_arena() {
-    #[cfg(target_env = "gnu")]
-    // SAFETY: mallopt only sets one of malloc's tunables; no thread has
-    // started yet, so nothing allocates concurrently.
-    unsafe {
-        libc::mallopt(libc::M_ARENA_MAX, 1);
     }
 }
