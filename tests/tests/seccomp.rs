@@ -275,7 +275,11 @@ fn the_daemon_reports_a_vmm_killed_by_seccomp() {
     let d = Daemon::start(&[]);
     let s = d.create(CreateSandbox::default());
     let p = alive(&s).expect("a running VMM");
-    // What the kernel does to a thread calling outside its filter.
+    // What the kernel does to a thread calling outside its filter, sent to
+    // the process the daemon tracks (as root: the jailer, which dies of
+    // it as it would re-raise its VMM's SIGSYS; a jailed VMM is PID 1 of
+    // its namespace and ignores a SIGSYS sent from outside, unlike the
+    // kernel's seccomp kill).
     // SAFETY: kill(2) on the pid of the VMM this daemon just started.
     assert_eq!(unsafe { libc::kill(p.pid, libc::SIGSYS) }, 0);
     wait_for("the death to be noticed", 10, || {
@@ -317,7 +321,16 @@ fn the_daemon_reports_a_vmm_killed_by_seccomp() {
     let mut perm = std::fs::metadata(&wrapper).unwrap().permissions();
     std::os::unix::fs::PermissionsExt::set_mode(&mut perm, 0o755);
     std::fs::set_permissions(&wrapper, perm).unwrap();
-    let d2 = Daemon::start_env(&[], &[("SHOAL_VMM", wrapper.as_path())]);
+    // The wrapper is a shell script, which a jail (holding only the VMM
+    // binary and its libraries) cannot run: this daemon starts its VMMs
+    // unjailed; the first half above is the jailed case.
+    let d2 = Daemon::start_env(
+        &[],
+        &[
+            ("SHOAL_VMM", wrapper.as_path()),
+            ("SHOAL_JAIL", std::path::Path::new("0")),
+        ],
+    );
     let req = CreateSandbox {
         image: Some("tiny".into()),
         ..Default::default()
