@@ -1,7 +1,7 @@
 //! The generated document against the router and the shared types.
 
 use super::*;
-use crate::{admission::Limits, api, Config};
+use crate::{api, Config};
 use axum::body::Body;
 use axum::http::{Method, Request};
 use serde_json::{json, Value};
@@ -9,7 +9,6 @@ use shoal_api as t;
 use shoal_images::layers;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use std::time::Duration;
 use tower::ServiceExt;
 use utoipa::ToSchema;
 
@@ -17,27 +16,7 @@ use utoipa::ToSchema;
 /// requests below stop at validation or at a missing sandbox).
 fn daemon(dir: &std::path::Path) -> Arc<Daemon> {
     Daemon::open(
-        Config {
-            state_dir: dir.into(),
-            limits: Limits {
-                host_memory_mib: 1024,
-                host_cpus: 1,
-                memory_overcommit: 1.0,
-                cpu_overcommit: 1.0,
-                min_available_mib: 0,
-                max_vms: 1,
-                disk_budget_mib: 0,
-                min_free_disk_mib: 0,
-            },
-            agent_timeout: Duration::from_secs(1),
-            sweep_interval: Duration::from_secs(1),
-            pools: false,
-            freeze_after: None,
-            max_restores: 1,
-            agent: Default::default(),
-            http: Default::default(),
-            layers_dir: None,
-        },
+        Config::for_tests(dir, 1024, 1, 1),
         Arc::new(shoal_runtime::backend::microvm::MicroVm::new(
             "/nonexistent/shoal-vmm",
             shoal_images::artifacts::Layout::at(dir.join("artifacts")),

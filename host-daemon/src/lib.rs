@@ -82,6 +82,42 @@ pub struct Config {
     pub layers_dir: Option<PathBuf>,
 }
 
+#[cfg(test)]
+impl Config {
+    /// A test daemon in `state_dir` on a host of `host_memory_mib` and
+    /// `host_cpus` holding at most `max_vms`: no overcommit, no memory or
+    /// disk reserve, 1 s deadlines, no pools, no freezing, one restore at
+    /// a time, default agent and listener limits.
+    pub(crate) fn for_tests(
+        state_dir: &std::path::Path,
+        host_memory_mib: u64,
+        host_cpus: u64,
+        max_vms: u64,
+    ) -> Config {
+        Config {
+            state_dir: state_dir.into(),
+            limits: Limits {
+                host_memory_mib,
+                host_cpus,
+                memory_overcommit: 1.0,
+                cpu_overcommit: 1.0,
+                min_available_mib: 0,
+                max_vms,
+                disk_budget_mib: 0,
+                min_free_disk_mib: 0,
+            },
+            agent_timeout: Duration::from_secs(1),
+            sweep_interval: Duration::from_secs(1),
+            pools: false,
+            freeze_after: None,
+            max_restores: 1,
+            agent: Default::default(),
+            http: Default::default(),
+            layers_dir: None,
+        }
+    }
+}
+
 impl Config {
     /// The API's Unix socket.
     pub fn socket(&self) -> PathBuf {

@@ -4,7 +4,6 @@
 //! HTTP/1.1 from std sockets so that requests can be sent half-way.
 
 use super::*;
-use crate::admission::Limits;
 use crate::auth::Tokens;
 use crate::{Config, Daemon};
 use std::io::{Read, Write};
@@ -34,25 +33,8 @@ impl Served {
         );
         let d = Daemon::open(
             Config {
-                state_dir: state,
-                limits: Limits {
-                    host_memory_mib: 8192,
-                    host_cpus: 4,
-                    memory_overcommit: 1.0,
-                    cpu_overcommit: 1.0,
-                    min_available_mib: 0,
-                    max_vms: 10,
-                    disk_budget_mib: 0,
-                    min_free_disk_mib: 0,
-                },
-                agent_timeout: Duration::from_secs(1),
-                sweep_interval: Duration::from_secs(1),
-                pools: false,
-                freeze_after: None,
-                max_restores: 1,
-                agent: Default::default(),
                 http,
-                layers_dir: None,
+                ..Config::for_tests(&state, 8192, 4, 10)
             },
             Arc::new(backend),
         )

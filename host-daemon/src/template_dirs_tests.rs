@@ -3,41 +3,19 @@
 //! tested in `templates`).
 
 use super::*;
-use crate::admission::Limits;
 use crate::db::{SandboxRow, State, TemplateRow};
 use crate::{Config, Daemon};
 use shoal_images::artifacts::Layout;
 use shoal_runtime::backend::microvm::MicroVm;
 use shoal_runtime::backend::Kind;
 use std::sync::Arc;
-use std::time::Duration;
 
 /// A daemon on `state` reading artifacts from `artifacts` (no KVM: its
 /// VMM does not exist).
 pub(crate) fn daemon(state: &Path, artifacts: &Path) -> Arc<Daemon> {
     let backend = MicroVm::new("/nonexistent/shoal-vmm", Layout::at(artifacts));
     Daemon::open(
-        Config {
-            state_dir: state.into(),
-            limits: Limits {
-                host_memory_mib: 1 << 20,
-                host_cpus: 64,
-                memory_overcommit: 1.0,
-                cpu_overcommit: 1.0,
-                min_available_mib: 0,
-                max_vms: 100,
-                disk_budget_mib: 0,
-                min_free_disk_mib: 0,
-            },
-            agent_timeout: Duration::from_secs(1),
-            sweep_interval: Duration::from_secs(1),
-            pools: false,
-            freeze_after: None,
-            max_restores: 1,
-            agent: Default::default(),
-            http: Default::default(),
-            layers_dir: None,
-        },
+        Config::for_tests(state, 1 << 20, 64, 100),
         Arc::new(backend),
     )
     .unwrap()
