@@ -34,7 +34,9 @@ pub fn now_ms() -> u64 {
 /// Marks an operation in flight and continues the vCPUs if frozen.
 pub async fn busy(live: &Arc<Live>) -> ApiResult<Busy> {
     live.busy.fetch_add(1, Ordering::AcqRel);
-    live.last_active_ms.store(now_ms(), Ordering::Release);
+    let now = now_ms();
+    live.last_active_ms.store(now, Ordering::Release);
+    live.cpu.on_request(now);
     let guard = Busy(live.clone());
     let mut frozen = live.frozen.lock().await;
     if *frozen {

@@ -26,6 +26,7 @@ pub mod admission;
 pub mod agent_limits;
 pub mod api;
 pub mod auth;
+pub mod cpu_share;
 pub mod db;
 pub mod exec;
 pub mod freeze;
@@ -340,6 +341,8 @@ pub struct Live {
     pub last_active_ms: AtomicU64,
     /// Never frozen.
     pub keep_running: AtomicBool,
+    /// Its VMM cgroup's CPU weight (fresh requests first).
+    pub cpu: cpu_share::CpuShare,
 }
 
 impl Live {
@@ -363,6 +366,11 @@ impl Live {
             frozen: tokio::sync::Mutex::new(false),
             last_active_ms: AtomicU64::new(freeze::now_ms()),
             keep_running: AtomicBool::new(false),
+            cpu: cpu_share::CpuShare::for_jail(
+                &dir.file_name()
+                    .map(|n| n.to_string_lossy())
+                    .unwrap_or_default(),
+            ),
         }
     }
 
@@ -374,6 +382,7 @@ impl Live {
     /// Records a new VM (or none).
     pub fn set_vm(&self, vm: Option<Arc<dyn SandboxVm>>) {
         *self.vm.lock().unwrap_or_else(|e| e.into_inner()) = vm;
+        self.cpu.new_vmm();
     }
 
     /// Whether `vm` is this sandbox's current VM.
@@ -554,6 +563,7 @@ pub async fn serve_until(
     if let Some(after) = d.cfg.freeze_after {
         tokio::spawn(freeze::run(d.clone(), after));
     }
+    tokio::spawn(cpu_share::run(d.clone()));
     let (tx, rx) = tokio::sync::watch::channel(false);
     let mut tasks = tokio::task::JoinSet::new();
     tasks.spawn(listen::serve(

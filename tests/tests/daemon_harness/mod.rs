@@ -109,6 +109,12 @@ impl Daemon {
         }
     }
 
+    /// The daemon process's id, while it runs.
+    #[allow(dead_code)] // the hostile battery's; other test binaries have no use
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.join("shoald.log")).unwrap_or_default()
     }
