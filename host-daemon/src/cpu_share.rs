@@ -5,13 +5,15 @@
 //! guest that burns its vCPU (a hostile `yes`, a spin, a connection flood)
 //! takes as much of a contended host as a neighbour answering an exec: on
 //! a host whose sandboxes together get one core, the neighbour's exec then
-//! takes twice its time or more. So a sandbox keeps the normal weight only
-//! while it serves a request that came less than [`FRESH`] ago; otherwise
-//! (a long-running exec, background work with no request, idleness) its
-//! cgroup gets [`BATCH_WEIGHT`]. Weights only matter under contention: a
-//! batch sandbox still gets every cycle nobody else wants, and among batch
-//! sandboxes the split stays even. A guest cannot raise its own weight;
-//! only requests to it (an API caller's) do, each for [`FRESH`].
+//! takes twice its time or more. So a sandbox serving a request that came
+//! less than [`FRESH`] ago gets [`REQUEST_WEIGHT`], four times the normal
+//! weight; otherwise (a long-running exec, background work with no
+//! request, idleness) it has the normal one. Weights only split what the
+//! `shoal/` cgroup gets: the host's own processes and the daemon lose
+//! nothing; a long-running command is never below the normal weight (it
+//! shares with other sandboxes as before), and only for [`FRESH`] after
+//! each request is a sandbox ahead of them. A guest cannot raise its own
+//! weight; only requests to it (an API caller's) do.
 //!
 //! The weight is written on transitions only: when a request arrives
 //! ([`CpuShare::on_request`], from [`crate::freeze::busy`]) and from
@@ -27,19 +29,20 @@ use std::time::Duration;
 
 /// How long after a request arrives its sandbox keeps the normal weight.
 pub const FRESH: Duration = Duration::from_secs(2);
-/// The weight of a sandbox serving no fresh request (cgroup v2 scale; the
+/// The weight of a sandbox serving a fresh request (cgroup v2 scale; the
 /// normal one is [`CPU_WEIGHT`]).
-pub const BATCH_WEIGHT: u64 = 10;
+pub const REQUEST_WEIGHT: u64 = 4 * CPU_WEIGHT;
 /// How often [`run`] looks for sandboxes to demote.
 pub const TICK: Duration = Duration::from_millis(250);
 
-/// The weight a sandbox should have: normal while it has operations in
-/// flight (`busy`) and the last request came before `fresh_until_ms`.
+/// The weight a sandbox should have: [`REQUEST_WEIGHT`] while it has
+/// operations in flight (`busy`) and `now_ms` is before `fresh_until_ms`
+/// (the last request's arrival plus [`FRESH`]), else the normal one.
 pub fn wanted(busy: usize, now_ms: u64, fresh_until_ms: u64) -> u64 {
     if busy > 0 && now_ms < fresh_until_ms {
-        CPU_WEIGHT
+        REQUEST_WEIGHT
     } else {
-        BATCH_WEIGHT
+        CPU_WEIGHT
     }
 }
 
@@ -121,12 +124,12 @@ impl CpuShare {
     }
 
     /// A request arrived at `now_ms` (its operation is counted busy
-    /// already): normal weight for [`FRESH`].
+    /// already): [`REQUEST_WEIGHT`] for [`FRESH`].
     pub fn on_request(&self, now_ms: u64) {
         let fresh = u64::try_from(FRESH.as_millis()).unwrap_or(u64::MAX);
         self.fresh_until_ms
             .fetch_max(now_ms.saturating_add(fresh), Ordering::AcqRel);
-        self.set(CPU_WEIGHT);
+        self.set(REQUEST_WEIGHT);
     }
 
     /// Re-evaluates the weight with `busy` operations in flight at `now_ms`.
@@ -161,7 +164,8 @@ impl CpuShare {
     }
 }
 
-/// Demotes sandboxes whose requests are no longer fresh, forever.
+/// Returns sandboxes whose requests are no longer fresh to the normal
+/// weight, forever.
 pub async fn run(d: Arc<Daemon>) {
     loop {
         tokio::time::sleep(TICK).await;
@@ -186,11 +190,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn normal_only_while_a_fresh_request_is_in_flight() {
-        assert_eq!(wanted(1, 100, 200), CPU_WEIGHT);
-        assert_eq!(wanted(0, 100, 200), BATCH_WEIGHT, "idle");
-        assert_eq!(wanted(1, 200, 200), BATCH_WEIGHT, "no longer fresh");
-        assert_eq!(wanted(3, 5_000, 200), BATCH_WEIGHT);
+    fn above_normal_only_while_a_fresh_request_is_in_flight() {
+        assert_eq!(wanted(1, 100, 200), REQUEST_WEIGHT);
+        assert_eq!(wanted(0, 100, 200), CPU_WEIGHT, "idle");
+        assert_eq!(wanted(1, 200, 200), CPU_WEIGHT, "no longer fresh");
+        assert_eq!(wanted(3, 5_000, 200), CPU_WEIGHT);
     }
 
     #[test]
@@ -206,15 +210,16 @@ mod tests {
                 v1,
             }));
             let read = || std::fs::read_to_string(&path).unwrap();
+            let (fresh, normal) = if v1 { ("4096", "1024") } else { ("400", "100") };
             s.on_request(1_000);
-            assert_eq!(s.written(), CPU_WEIGHT);
-            assert_eq!(read(), if v1 { "1024" } else { "100" });
+            assert_eq!(s.written(), REQUEST_WEIGHT);
+            assert_eq!(read(), fresh);
             // Still fresh with the request in flight: unchanged.
             s.tick(1, 2_000);
-            assert_eq!(s.written(), CPU_WEIGHT);
-            // Past FRESH: batch.
+            assert_eq!(s.written(), REQUEST_WEIGHT);
+            // Past FRESH: normal.
             s.tick(1, 3_000);
-            assert_eq!(read(), if v1 { "102" } else { "10" });
+            assert_eq!(read(), normal);
             // Written once per transition: a change behind its back stays.
             std::fs::write(&path, "7").unwrap();
             s.tick(0, 4_000);
@@ -222,12 +227,12 @@ mod tests {
             // A new VMM: the next decision is written again.
             s.new_vmm();
             s.tick(0, 4_000);
-            assert_eq!(read(), if v1 { "102" } else { "10" });
+            assert_eq!(read(), normal);
             s.on_request(5_000);
-            assert_eq!(read(), if v1 { "1024" } else { "100" });
-            // The request ends: batch at the next tick.
+            assert_eq!(read(), fresh);
+            // The request ends: normal at the next tick.
             s.tick(0, 5_100);
-            assert_eq!(s.written(), BATCH_WEIGHT);
+            assert_eq!(s.written(), CPU_WEIGHT);
         }
     }
 
@@ -242,8 +247,8 @@ mod tests {
         s.on_request(0);
         assert_eq!(s.written(), 0, "nothing written");
         std::fs::create_dir(path.parent().unwrap()).unwrap();
-        s.tick(0, 10);
-        assert_eq!(std::fs::read_to_string(&path).unwrap(), "10");
+        s.tick(1, 10);
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "400");
         // No file at all: nothing happens.
         let none = CpuShare::with_file(None);
         none.on_request(0);
