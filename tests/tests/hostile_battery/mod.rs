@@ -6,7 +6,7 @@ use crate::daemon_harness::{alive, Daemon};
 use shoal_client::api::{self, CreateSandbox, ExecResult, ListFilter};
 use shoal_client::DaemonClient;
 use shoal_runtime::vm;
-use std::os::unix::fs::FileTypeExt;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -26,6 +26,9 @@ pub const DAEMON_DEADLINE: Duration = Duration::from_secs(2);
 pub const NEIGHBOUR_FACTOR: f64 = 2.0;
 /// Neighbour execs measured for its normal latency before each attack.
 const NORMAL_SAMPLES: usize = 5;
+/// Pause after each neighbour exec (before the attack and during it): a
+/// neighbour that execs back to back would be a CPU hog of its own.
+const NEIGHBOUR_GAP: Duration = Duration::from_millis(500);
 /// What one attack did to its surroundings.
 #[derive(Debug)]
 struct Outcome {
@@ -46,7 +49,12 @@ struct Outcome {
 pub struct Battery<'a> {
     pub d: &'a Daemon,
     pub attacker: String,
+    /// The attacker's VM process (a jailed VMM's jailer: what the daemon
+    /// starts, watches and kills).
     pub vmm: vm::Proc,
+    /// The attacker's VMM itself (the jailer's child when jailed): whose
+    /// memory and fds are bounded.
+    vmm_pid: i32,
     neighbour: String,
     /// A client of its own with a deadline, for the daemon checks.
     side: DaemonClient,
@@ -85,6 +93,7 @@ impl<'a> Battery<'a> {
             d,
             attacker: String::new(),
             vmm: vm::Proc { pid: 0, start: 0 },
+            vmm_pid: 0,
             neighbour,
             side,
             rss_bound_kib: (GUEST_MIB + RSS_SLACK_MIB) * 1024 + pmem_kib,
@@ -96,6 +105,17 @@ impl<'a> Battery<'a> {
     pub fn new_attacker(&mut self) {
         let sb = self.d.create(CreateSandbox::default());
         self.vmm = alive(&sb).expect("the attacker's VMM runs");
+        let dir = self.d.dir.join("sandboxes").join(&sb.id);
+        self.vmm_pid = shoal_runtime::jail::vmm_pid(self.vmm.pid, &dir).unwrap_or(self.vmm.pid);
+        let comm =
+            std::fs::read_to_string(format!("/proc/{}/comm", self.vmm_pid)).unwrap_or_default();
+        assert_eq!(
+            comm.trim(),
+            "shoal-vmm",
+            "pid {} is not the attacker's VMM (jailer {})",
+            self.vmm_pid,
+            self.vmm.pid
+        );
         self.attacker = sb.id;
     }
 
@@ -130,13 +150,17 @@ impl<'a> Battery<'a> {
         }
     }
 
+    /// One neighbour exec's latency (then [`NEIGHBOUR_GAP`] of rest).
     fn neighbour_exec(&self) -> Duration {
         let t = Instant::now();
         let req = api::ExecRequest::shell("true").with_timeout(60.0);
         let r = self.d.c.exec(&self.neighbour, &req);
         let took = t.elapsed();
         match r {
-            Ok(r) if r.exit_code == Some(0) => took,
+            Ok(r) if r.exit_code == Some(0) => {
+                std::thread::sleep(NEIGHBOUR_GAP);
+                took
+            }
             other => panic!("the neighbour's exec failed: {other:?}"),
         }
     }
@@ -157,8 +181,8 @@ impl<'a> Battery<'a> {
             .pid()
             .and_then(|p| i32::try_from(p).ok())
             .unwrap_or(0);
-        let rss0 = rss_kib(self.vmm.pid).unwrap_or(0);
-        let fds0 = fd_count(self.vmm.pid).unwrap_or(0);
+        let rss0 = rss_kib(self.vmm_pid).unwrap_or(0);
+        let fds0 = fd_count(self.vmm_pid).unwrap_or(0);
         let daemon_rss0 = rss_kib(daemon_pid).unwrap_or(0);
         let mut daemon_rss_max = daemon_rss0;
         let t0 = Instant::now();
@@ -182,10 +206,10 @@ impl<'a> Battery<'a> {
             if finished && until.is_none_or(|u| Instant::now() >= u) && !during.is_empty() {
                 break;
             }
-            if let Some(r) = rss_kib(self.vmm.pid) {
+            if let Some(r) = rss_kib(self.vmm_pid) {
                 rss_max = rss_max.max(r);
             }
-            if let Some(n) = fd_count(self.vmm.pid) {
+            if let Some(n) = fd_count(self.vmm_pid) {
                 fds_max = fds_max.max(n);
             }
             if let Some(r) = rss_kib(daemon_pid) {
@@ -216,8 +240,8 @@ impl<'a> Battery<'a> {
             neighbour_samples: during.len(),
             during: median(during),
             daemon_max,
-            rss_kib: [rss0, rss_max, rss_kib(self.vmm.pid).unwrap_or(0)],
-            fds: [fds0, fds_max, fd_count(self.vmm.pid).unwrap_or(0)],
+            rss_kib: [rss0, rss_max, rss_kib(self.vmm_pid).unwrap_or(0)],
+            fds: [fds0, fds_max, fd_count(self.vmm_pid).unwrap_or(0)],
             daemon_rss_kib: [daemon_rss0, daemon_rss_max],
             took,
         };
@@ -252,6 +276,11 @@ impl<'a> Battery<'a> {
         let sock = vsock_socket(&dir);
         let path = PathBuf::from(format!("{}_{port}", sock.display()));
         let l = UnixListener::bind(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        // A jailed VMM runs as the sandbox directory's owner: the socket
+        // is its to connect to.
+        let owner = std::fs::metadata(&dir).unwrap();
+        std::os::unix::fs::chown(&path, Some(owner.uid()), Some(owner.gid()))
+            .unwrap_or_else(|e| panic!("chown {}: {e}", path.display()));
         l.set_nonblocking(true).unwrap();
         let stop = Arc::new(AtomicBool::new(false));
         let accepted = Arc::new(AtomicUsize::new(0));
