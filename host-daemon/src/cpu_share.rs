@@ -28,7 +28,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// How long after a request arrives its sandbox keeps the normal weight.
-pub const FRESH: Duration = Duration::from_secs(2);
+pub const FRESH: Duration = Duration::from_secs(1);
 /// The weight of a sandbox serving a fresh request (cgroup v2 scale; the
 /// normal one is [`CPU_WEIGHT`]).
 pub const REQUEST_WEIGHT: u64 = 4 * CPU_WEIGHT;
@@ -211,27 +211,29 @@ mod tests {
             }));
             let read = || std::fs::read_to_string(&path).unwrap();
             let (fresh, normal) = if v1 { ("4096", "1024") } else { ("400", "100") };
+            let f = u64::try_from(FRESH.as_millis()).unwrap();
             s.on_request(1_000);
             assert_eq!(s.written(), REQUEST_WEIGHT);
             assert_eq!(read(), fresh);
             // Still fresh with the request in flight: unchanged.
-            s.tick(1, 2_000);
+            s.tick(1, 1_000 + f - 1);
             assert_eq!(s.written(), REQUEST_WEIGHT);
             // Past FRESH: normal.
-            s.tick(1, 3_000);
+            s.tick(1, 1_000 + f);
             assert_eq!(read(), normal);
             // Written once per transition: a change behind its back stays.
             std::fs::write(&path, "7").unwrap();
-            s.tick(0, 4_000);
+            s.tick(0, 1_000 + 2 * f);
             assert_eq!(read(), "7");
             // A new VMM: the next decision is written again.
             s.new_vmm();
-            s.tick(0, 4_000);
+            s.tick(0, 1_000 + 2 * f);
             assert_eq!(read(), normal);
-            s.on_request(5_000);
+            let t = 1_000 + 3 * f;
+            s.on_request(t);
             assert_eq!(read(), fresh);
             // The request ends: normal at the next tick.
-            s.tick(0, 5_100);
+            s.tick(0, t + 1);
             assert_eq!(s.written(), CPU_WEIGHT);
         }
     }
