@@ -30,8 +30,8 @@ pub mod templates;
 
 pub use error::{ErrorBody, ErrorCode, ErrorDetail};
 pub use exec::{Encoding, ExecEvent, ExecRequest, ExecResult};
-pub use fork::{ForkRequest, Forked, MAX_FORK_COUNT};
 pub use files::{DirEntry, FileQuery, FileStat, FileType, RemoveQuery, UploadQuery, Uploaded};
+pub use fork::{ForkRequest, Forked, MAX_FORK_COUNT};
 pub use sandbox::{CreateSandbox, ListFilter, Sandbox, SandboxState, SnapshotRequest};
 pub use stats::{Event, EventQuery, HostStats, Limits, Stats, Usage};
 pub use templates::{CreateTemplate, Pool, RootRequest, SetPool, Template, TemplateState};

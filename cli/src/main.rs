@@ -3,7 +3,7 @@
 //! - `shoal run [--image base|tiny] -- CMD...`: run CMD in a fresh sandbox
 //!   through the daemon (`shoald`, started on demand), stream its output,
 //!   exit with its exit code.
-//! - `shoal create|ls|exec|cp|snapshot|pause|resume|rm`, `shoal template
+//! - `shoal create|ls|exec|cp|snapshot|fork|pause|resume|rm`, `shoal template
 //!   ...`, `shoal pool ...`, `shoal stats`: sandboxes through the daemon.
 //! - `shoal vm ...`: sandboxes without the daemon (one VMM process each).
 //! - `shoal restore`: a snapshot in the foreground.
@@ -178,6 +178,8 @@ enum Cmd {
         #[arg(long)]
         template: Option<String>,
     },
+    /// Fork a running sandbox into N live clones (it keeps running); prints their ids.
+    Fork(daemon_cmds::ForkArgs),
     /// Pause a sandbox: its state goes to disk and its VMM ends.
     Pause {
         /// Sandbox id.
@@ -607,6 +609,7 @@ fn main() {
         Cmd::Exec { id, exec, stdin } => dc::exec(g, &id, &exec, stdin),
         Cmd::Cp { src, dst } => dc::cp(g, &src, &dst),
         Cmd::Snapshot { id, template } => dc::snapshot(g, &id, template.as_deref()),
+        Cmd::Fork(a) => dc::fork(g, &a),
         Cmd::Pause { id } => dc::lifecycle(g, &id, "pause"),
         Cmd::Resume { id } => dc::lifecycle(g, &id, "resume"),
         Cmd::Rm { ids } => dc::rm(g, &ids),

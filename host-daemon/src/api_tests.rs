@@ -65,6 +65,7 @@ const V1: &[(&str, &str)] = &[
     ("get", "/v1/sandboxes/{id}/files/stat"),
     ("get", "/v1/sandboxes/{id}/files/list"),
     ("post", "/v1/sandboxes/{id}/snapshot"),
+    ("post", "/v1/sandboxes/{id}/fork"),
     ("post", "/v1/sandboxes/{id}/pause"),
     ("post", "/v1/sandboxes/{id}/resume"),
     ("post", "/v1/templates"),
@@ -121,6 +122,8 @@ fn shared_schemas() -> BTreeMap<String, Value> {
         schema::<t::Sandbox>(),
         schema::<t::SandboxState>(),
         schema::<t::SnapshotRequest>(),
+        schema::<t::ForkRequest>(),
+        schema::<t::Forked>(),
         schema::<t::ExecRequest>(),
         schema::<t::ExecResult>(),
         schema::<t::ExecEvent>(),
@@ -307,6 +310,13 @@ fn every_body_is_the_shared_type() {
             Some("SnapshotRequest"),
             201,
             Some("application/json Template"),
+        ),
+        (
+            "post",
+            "/v1/sandboxes/{id}/fork",
+            Some("ForkRequest"),
+            201,
+            Some("application/json Forked"),
         ),
         (
             "post",
@@ -510,6 +520,12 @@ fn every_field_is_documented() {
         ("CreateTemplate", full(&template)),
         ("ExecRequest", full(&exec)),
         ("SnapshotRequest", json!({"template": "x"})),
+        ("ForkRequest", json!({"count": 2, "metadata": {"a": "b"}})),
+        (
+            "Forked",
+            json!({"source": "s", "sandboxes": [full(&view)],
+                "failed": [{"code": "host_full", "message": "m"}]}),
+        ),
         ("SetPool", json!({"target": 1})),
         ("Sandbox", full(&view)),
         ("Template", full(&tpl)),
@@ -523,6 +539,7 @@ fn every_field_is_documented() {
         "CreateTemplate",
         "ExecRequest",
         "SnapshotRequest",
+        "ForkRequest",
         "SetPool",
     ] {
         let s = &document_json()["components"]["schemas"][name];

@@ -201,10 +201,12 @@ async fn snapshot(
     let need = admission::disk_need_mib(src.memory_mib, upper);
     let free = admission::free_disk_mib(&d.cfg.state_dir);
     if free < need + d.cfg.limits.min_free_disk_mib {
-        return Err(ApiError::Refused(admission::Refusal::HostPressure(format!(
-            "host disk is low: {free} MiB free on the state filesystem, {need} MiB needed \
+        return Err(ApiError::Refused(admission::Refusal::HostPressure(
+            format!(
+                "host disk is low: {free} MiB free on the state filesystem, {need} MiB needed \
              for the fork's snapshot; not forking"
-        ))));
+            ),
+        )));
     }
     let _g = live.op.lock().await;
     // No agent connection may be open in the snapshot.
@@ -215,9 +217,8 @@ async fn snapshot(
     let out = dir.to_path_buf();
     let res = blocking("fork snapshot", Duration::from_secs(180), move || {
         if let Some(p) = out.parent() {
-            std::fs::create_dir_all(p).map_err(|e| {
-                ApiError::Internal(format!("cannot create {}: {e}", p.display()))
-            })?;
+            std::fs::create_dir_all(p)
+                .map_err(|e| ApiError::Internal(format!("cannot create {}: {e}", p.display())))?;
         }
         vm.snapshot(&out).map_err(|source| ApiError::Backend {
             context: "fork snapshot",
