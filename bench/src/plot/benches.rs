@@ -1,0 +1,1 @@
+//! The figures of each `shoal bench ...`.
