@@ -427,6 +427,8 @@ enum BenchCmd {
         #[arg(long = "out", default_value = "bench-load.json")]
         out: PathBuf,
     },
+    /// Fork a running sandbox into 1, 10, 100 clones vs as many creates: time, memory.
+    Fork(bench::ForkArgs),
     /// VMM start to first instruction, console, init and exit; vs QEMU microvm.
     Boot {
         /// Boots per system (>= 20 on hardware KVM; each takes seconds on PVM hosts).
@@ -686,6 +688,9 @@ fn main() {
             &json,
         )
         .map(|_| 0),
+        Cmd::Bench {
+            which: BenchCmd::Fork(a),
+        } => bench::fork(g, &a).map(|_| 0),
         Cmd::Bench {
             which:
                 BenchCmd::Boot {
