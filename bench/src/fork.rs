@@ -48,6 +48,8 @@ pub struct ForkBenchOpts {
     /// Wait this long after the execs before the second memory reading
     /// (longer than the daemon's freeze delay).
     pub settle: Duration,
+    /// Skip the exec phase (steps 3 and 4).
+    pub no_exec: bool,
 }
 
 /// Why the benchmark could not run.
@@ -76,8 +78,11 @@ pub struct Run {
     pub errors: Vec<String>,
     /// Request to all made running (ms).
     pub running_ms: f64,
+    /// Of which the source's snapshot (fork only; from the daemon's
+    /// `forked` event).
+    pub snapshot_ms: Option<f64>,
     /// Request to all made answering an exec (ms), the memory readings
-    /// in between not counted.
+    /// in between not counted (0: not measured).
     pub exec_ms: f64,
     /// Execs that failed.
     pub exec_errors: usize,
@@ -91,7 +96,7 @@ pub struct Run {
     /// noisy on a shared host; includes the fork's snapshot in the page
     /// cache).
     pub avail_drop_kib: f64,
-    /// Mean PSS once idle after one exec (KiB).
+    /// Mean PSS once idle after one exec (KiB; 0: not measured).
     pub after_exec_pss_kib: f64,
     /// VMMs whose memory was read (of `made`).
     pub vmms_read: usize,
@@ -246,9 +251,10 @@ fn make(
     if system == "fork" {
         let count = u32::try_from(n).unwrap_or(u32::MAX);
         let f = daemon("fork", c.fork(src, &api::ForkRequest::new(count)))?;
+        let t = ms(t0);
         let ids = f.sandboxes.into_iter().map(|s| s.id).collect();
         let errs = f.failed.into_iter().map(|e| e.message).collect();
-        return Ok((ids, errs, ms(t0)));
+        return Ok((ids, errs, t));
     }
     let ids = Mutex::new(Vec::new());
     let errs = parallel(n, o.clients, &|_| {
@@ -260,6 +266,19 @@ fn make(
     });
     let t = ms(t0);
     Ok((ids.into_inner().unwrap_or_else(|e| e.into_inner()), errs, t))
+}
+
+/// The snapshot time of `src`'s last fork, as its `forked` event says
+/// ("... (snapshot X ms) ...").
+fn snapshot_ms(c: &DaemonClient, src: &str) -> Option<f64> {
+    let q = api::EventQuery {
+        sandbox: Some(src.into()),
+        ..Default::default()
+    };
+    let ev = c.events(&q).ok()?;
+    let e = ev.iter().rev().find(|e| e.kind == "forked")?;
+    let rest = e.detail.split("(snapshot ").nth(1)?;
+    rest.split(" ms").next()?.parse().ok()
 }
 
 /// One system at one N (`src`: the sandbox forked).
@@ -274,11 +293,19 @@ fn run_one(
     let (ids, errors, running_ms) = make(c, o, system, src, n)?;
     let (idle_pss_kib, idle_pss_anon_kib, vmms_read) = memory(&o.sandboxes_dir, &ids);
     let avail1 = meminfo_kib("MemAvailable");
-    let (lat, exec_errs) = exec_all(c, &ids, o.clients);
-    let exec_ms = running_ms + lat.iter().copied().fold(0.0, f64::max);
-    std::thread::sleep(o.settle);
-    let (after_exec_pss_kib, _, _) = memory(&o.sandboxes_dir, &ids);
+    let (lat, exec_errs, exec_ms, after_exec_pss_kib) = if o.no_exec {
+        (vec![], vec![], 0.0, 0.0)
+    } else {
+        let (lat, errs) = exec_all(c, &ids, o.clients);
+        let exec_ms = running_ms + lat.iter().copied().fold(0.0, f64::max);
+        std::thread::sleep(o.settle);
+        (lat, errs, exec_ms, memory(&o.sandboxes_dir, &ids).0)
+    };
     kill_all(c, &ids, o.clients);
+    let snapshot_ms = match system {
+        "fork" => snapshot_ms(c, src),
+        _ => None,
+    };
     let made = ids.len();
     Ok(Run {
         system: system.into(),
@@ -286,6 +313,7 @@ fn run_one(
         made,
         errors: errors.into_iter().take(5).collect(),
         running_ms,
+        snapshot_ms,
         exec_ms,
         exec_errors: exec_errs.len(),
         exec_latency_ms: summarize(&lat),
@@ -382,7 +410,7 @@ impl ForkReport {
     pub fn render(&self) -> String {
         let mut o = format!(
             "fork benchmark (host KVM: {}, {} CPUs, load1 {:.1} -> {:.1}), template {}\n\
-             {:<7} {:>4} {:>5} {:>11} {:>11} {:>12} {:>12} {:>12} {:>14}\n",
+             {:<7} {:>4} {:>5} {:>11} {:>8} {:>11} {:>12} {:>12} {:>12} {:>14}\n",
             self.host_kvm,
             self.host_cpus,
             self.load1.0,
@@ -392,6 +420,7 @@ impl ForkReport {
             "N",
             "MADE",
             "RUNNING_MS",
+            "SNAP_MS",
             "EXEC_MS",
             "IDLE_PSS_KiB",
             "IDLE_ANON",
@@ -400,11 +429,12 @@ impl ForkReport {
         );
         for r in &self.runs {
             o.push_str(&format!(
-                "{:<7} {:>4} {:>5} {:>11.1} {:>11.1} {:>12.0} {:>12.0} {:>12.0} {:>14.0}\n",
+                "{:<7} {:>4} {:>5} {:>11.1} {:>8} {:>11.1} {:>12.0} {:>12.0} {:>12.0} {:>14.0}\n",
                 r.system,
                 r.n,
                 r.made,
                 r.running_ms,
+                r.snapshot_ms.map_or("-".into(), |v| format!("{v:.1}")),
                 r.exec_ms,
                 r.idle_pss_kib,
                 r.idle_pss_anon_kib,
@@ -435,7 +465,7 @@ impl ForkReport {
     fn line(&self, system: &str, f: impl Fn(&Run) -> f64) -> Vec<(f64, f64)> {
         self.runs
             .iter()
-            .filter(|r| r.system == system && r.made > 0)
+            .filter(|r| r.system == system && r.made > 0 && f(r) > 0.0)
             .map(|r| (r.n as f64, f(r)))
             .collect()
     }
@@ -450,6 +480,21 @@ impl ForkReport {
             self.template, self.load1.0
         );
         let mut files = Vec::new();
+        // Lines with no point (a phase not measured) are left out, and so
+        // is a figure with none.
+        let mut draw = |name: &str, fig: plot::Figure, series: Vec<XySeries>| {
+            let series: Vec<XySeries> = series
+                .into_iter()
+                .filter(|s| !s.points.is_empty())
+                .collect();
+            if series.is_empty() {
+                return Ok(());
+            }
+            let p = out.path(name);
+            plot::xy(&p, &fig, &series)?;
+            files.push(p);
+            Ok::<(), PlotError>(())
+        };
         for (name, title, f) in [
             (
                 "running",
@@ -462,27 +507,24 @@ impl ForkReport {
                 |r: &Run| r.exec_ms,
             ),
         ] {
-            let p = out.path(name);
-            plot::xy(
-                &p,
-                &out.figure(title)
+            draw(
+                name,
+                out.figure(title)
                     .axes("sandboxes (N)", "time (ms)")
                     .subtitle(sub.clone()),
-                &[
+                vec![
                     XySeries::new("shoal fork", self.line("fork", f)),
                     XySeries::new(peer, self.line("create", f)),
                 ],
             )?;
-            files.push(p);
         }
-        let p = out.path("memory");
         let mib = |v: f64| v / 1024.0;
-        plot::xy(
-            &p,
-            &out.figure("Host memory per idle sandbox (VMM PSS)")
+        draw(
+            "memory",
+            out.figure("Host memory per idle sandbox (VMM PSS)")
                 .axes("sandboxes (N)", "PSS per sandbox (MiB)")
                 .subtitle(format!("{sub}; goal for a clone: <= 1 MiB")),
-            &[
+            vec![
                 XySeries::new(
                     "shoal fork (idle clone)",
                     self.line("fork", |r| mib(r.idle_pss_kib)),
@@ -501,7 +543,6 @@ impl ForkReport {
                 ),
             ],
         )?;
-        files.push(p);
         if let Some(n) = self.runs.iter().map(|r| r.n).max() {
             let series: Vec<Series> = self
                 .runs
@@ -530,5 +571,96 @@ impl ForkReport {
             }
         }
         Ok(files)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(system: &str, n: usize, running_ms: f64, exec_ms: f64) -> Run {
+        Run {
+            system: system.into(),
+            n,
+            made: n,
+            errors: vec![],
+            running_ms,
+            snapshot_ms: (system == "fork").then_some(200.0),
+            exec_ms,
+            exec_errors: 0,
+            exec_latency_ms: None,
+            idle_pss_kib: 600.0,
+            idle_pss_anon_kib: 480.0,
+            avail_drop_kib: 700.0,
+            after_exec_pss_kib: if exec_ms > 0.0 { 1300.0 } else { 0.0 },
+            vmms_read: n,
+            exec_samples: if exec_ms > 0.0 {
+                vec![exec_ms; n]
+            } else {
+                vec![]
+            },
+        }
+    }
+
+    fn report(exec: bool) -> ForkReport {
+        let e = |v: f64| if exec { v } else { 0.0 };
+        ForkReport {
+            bench: "fork",
+            host_kvm: "pvm",
+            unit: "ms",
+            template: "tiny-1c-128m".into(),
+            host_cpus: 2,
+            load1: (1.0, 2.0),
+            runs: vec![
+                run("fork", 1, 300.0, e(1000.0)),
+                run("create", 1, 30.0, e(900.0)),
+                run("fork", 100, 900.0, e(9000.0)),
+                run("create", 100, 800.0, e(8000.0)),
+            ],
+            ratios: vec![],
+            goals: Goals {
+                fork100_running_ms: Some(900.0),
+                running_goal_ms: RUNNING_GOAL_MS,
+                running_met: Some(true),
+                idle_pss_kib: Some(600.0),
+                memory_goal_kib: MEMORY_GOAL_KIB,
+                memory_met: Some(true),
+            },
+        }
+    }
+
+    #[test]
+    fn figures_leave_out_phases_not_measured() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = Out::for_json(dir.path(), Path::new("bench-fork.json"));
+        let names = |files: Vec<PathBuf>| -> Vec<String> {
+            files
+                .iter()
+                .map(|f| f.file_name().unwrap().to_string_lossy().into_owned())
+                .collect()
+        };
+        let all = report(true).plot(&out).unwrap();
+        assert_eq!(
+            names(all.clone()),
+            [
+                "bench-fork-running.png",
+                "bench-fork-exec.png",
+                "bench-fork-memory.png",
+                "bench-fork-exec-cdf.png"
+            ]
+        );
+        for f in &all {
+            assert!(std::fs::metadata(f).unwrap().len() > 1000, "{f:?}");
+        }
+        let some = report(false).plot(&out).unwrap();
+        assert_eq!(
+            names(some),
+            ["bench-fork-running.png", "bench-fork-memory.png"]
+        );
+        let table = report(false).render();
+        assert!(
+            table.contains("fork(100) running 900 ms (<= 1000 ms: met)"),
+            "{table}"
+        );
     }
 }

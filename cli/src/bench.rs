@@ -317,6 +317,9 @@ pub struct ForkArgs {
     /// Also draw PNG figures into this directory.
     #[arg(long)]
     pub plot: Option<PathBuf>,
+    /// Skip the exec phase (time to all answering an exec, memory after it).
+    #[arg(long)]
+    pub no_exec: bool,
 }
 
 /// `shoal bench fork`: on a private shoald (its sandboxes' VMMs are read
@@ -345,6 +348,7 @@ pub fn fork(g: &crate::daemon_cmds::Global, a: &ForkArgs) -> Result<()> {
         clients: a.clients.max(1),
         sandboxes_dir: private.dir.join("sandboxes"),
         settle: Duration::from_secs(4),
+        no_exec: a.no_exec,
     };
     let report = shoal_bench::fork::run(&c, &opts, &mut |l| eprintln!("{l}"));
     drop(private);

@@ -123,13 +123,14 @@ async fn run(d: &Arc<Daemon>, id: &str, req: ForkRequest) -> ApiResult<Forked> {
         return Err(first_err.unwrap_or_else(|| ApiError::Internal("no clone admitted".into())));
     }
     let dir = d.cfg.forks_dir().join(format!("{id}-{}", random_id()));
+    let ts = Instant::now();
     if let Err(e) = snapshot(d, &live, &src, &dir).await {
         for r in &admitted {
             drop_clone(d, &r.id).await;
         }
         return Err(e);
     }
-    let snap_ms = t0.elapsed().as_secs_f64() * 1e3;
+    let snap_ms = ts.elapsed().as_secs_f64() * 1e3;
     // Every clone restored concurrently (the restore queue bounds them).
     let mut set = tokio::task::JoinSet::new();
     for (i, row) in admitted.into_iter().enumerate() {

@@ -85,7 +85,7 @@ fn bad_fork_requests_are_refused_with_400_and_unknown_sources_with_404() {
     let (s, code, m) = refused(d.c.fork("000000000000", &ForkRequest::new(1)).unwrap_err());
     assert_eq!((s, code), (404, Some(ErrorCode::NotFound)), "{m}");
     // Nothing was made, nothing was left.
-    assert_eq!(ids(&d), [sb.id.clone()]);
+    assert_eq!(ids(&d), std::slice::from_ref(&sb.id));
     assert!(fork_dirs(&d).is_empty());
 }
 
