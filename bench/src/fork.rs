@@ -269,7 +269,7 @@ fn make(
 }
 
 /// The snapshot time of `src`'s last fork, as its `forked` event says
-/// ("... (snapshot X ms) ...").
+/// ("... snapshot X ms ...").
 fn snapshot_ms(c: &DaemonClient, src: &str) -> Option<f64> {
     let q = api::EventQuery {
         sandbox: Some(src.into()),
@@ -277,7 +277,7 @@ fn snapshot_ms(c: &DaemonClient, src: &str) -> Option<f64> {
     };
     let ev = c.events(&q).ok()?;
     let e = ev.iter().rev().find(|e| e.kind == "forked")?;
-    let rest = e.detail.split("(snapshot ").nth(1)?;
+    let rest = e.detail.split("snapshot ").nth(1)?;
     rest.split(" ms").next()?.parse().ok()
 }
 

@@ -243,3 +243,23 @@ fn clones_outlive_their_source_and_a_daemon_restart() {
     d.c.pause(gid).unwrap();
     assert_eq!(d.sh(gid, "echo resumed").unwrap().1, "resumed\n");
 }
+
+#[test]
+fn clones_reserve_disk_like_creates() {
+    // The template's memory file and the source reserve 2 x 128 MiB: room
+    // for one clone of 128 MiB in 420.
+    let d = TestDaemon::with(Opts {
+        disk_budget_mib: 420,
+        ..no_pools()
+    });
+    let src = d.create();
+    let f = d.c.fork(&src.id, &ForkRequest::new(3)).unwrap();
+    assert_eq!((f.sandboxes.len(), f.failed.len()), (1, 2), "{f:?}");
+    for e in &f.failed {
+        assert_eq!(e.code, ErrorCode::HostFull, "{e:?}");
+        assert!(e.message.contains("disk budget of 420 MiB"), "{e:?}");
+    }
+    assert_eq!(d.c.stats().unwrap().usage.disk_mib, 3 * 128);
+    let refusals = d.metric("shoal_admission_refusals_total{reason=\"disk_quota\"}");
+    assert!(refusals.is_some_and(|n| n >= 1.0), "{refusals:?}");
+}
