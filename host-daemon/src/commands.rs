@@ -35,6 +35,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
+const RESTARTED: &str = "the sandbox's agent was restarted (the command is gone with it)";
+
 /// How a command ended (or that it has not).
 #[derive(Debug, Clone, PartialEq)]
 enum End {
@@ -191,7 +193,15 @@ impl Registry {
     }
 
     fn insert(&self, _slot: Slot<'_>, c: Arc<Cmd>) {
-        lock(&self.cmds).push_back(c);
+        let mut cmds = lock(&self.cmds);
+        // The agent gave out this id again: it was restarted, and the
+        // command that had it is gone with it.
+        if let Some(i) = cmds.iter().position(|o| o.exec_id == c.exec_id) {
+            if let Some(old) = cmds.remove(i) {
+                old.finish(End::Lost(RESTARTED.into()));
+            }
+        }
+        cmds.push_back(c);
     }
 
     /// Every command remembered, oldest first.
@@ -366,8 +376,14 @@ async fn attached(d: &Arc<Daemon>, cmd: &Arc<Cmd>) -> ApiResult<()> {
     )
     .await;
     match res {
-        Ok(h) => {
+        Ok(h) if h.pid() == cmd.pid => {
             link(d, cmd, h, busy);
+            Ok(())
+        }
+        Ok(_) => {
+            // Another process under the id: the agent was restarted and
+            // gave the id out again.
+            cmd.finish(End::Lost(RESTARTED.into()));
             Ok(())
         }
         Err(ApiError::Agent(ClientError::Remote {
