@@ -4,7 +4,8 @@
 //!   through the daemon (`shoald`, started on demand), stream its output,
 //!   exit with its exit code.
 //! - `shoal create|ls|exec|cp|snapshot|pause|resume|rm`, `shoal template
-//!   ...`, `shoal pool ...`, `shoal stats`: sandboxes through the daemon.
+//!   ...`, `shoal pool ...`, `shoal stats`: sandboxes through the daemon;
+//!   `shoal daemon start|stop|status`: the local daemon itself.
 //! - `shoal vm ...`: sandboxes without the daemon (one VMM process each).
 //! - `shoal restore`: a snapshot in the foreground.
 //! - `shoal image build SRC -o OUT`: a DAX-ready root image (erofs, 4 KiB
@@ -19,6 +20,7 @@ mod bench;
 mod confinement;
 mod daemon_client;
 mod daemon_cmds;
+mod daemon_ctl;
 mod image_cmd;
 mod progress;
 mod sandbox_cmds;
@@ -206,6 +208,11 @@ enum Cmd {
     },
     /// What the daemon holds: sandboxes, reservations, host memory, pools.
     Stats,
+    /// The local daemon (shoald): start, stop, status.
+    Daemon {
+        #[command(subcommand)]
+        op: daemon_ctl::DaemonCmd,
+    },
     /// Sandboxes without the daemon (one VMM process each, driven here).
     Vm {
         #[command(subcommand)]
@@ -613,6 +620,7 @@ fn main() {
         Cmd::Template { op } => dc::template(g, &op),
         Cmd::Pool { op } => dc::pool(g, &op),
         Cmd::Stats => dc::stats(g),
+        Cmd::Daemon { op } => daemon_ctl::run(g, &op),
         Cmd::Vm { op } => match op {
             VmCmd::Start { sandbox } => sb::start(&sandbox),
             VmCmd::Ls => sb::ls(),
