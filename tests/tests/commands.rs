@@ -2,7 +2,8 @@
 //! (/dev/kvm) through a real shoald: a background command re-attached
 //! from a new connection, fed stdin, waited for; a signalled one; mkdir
 //! and rename; a TTL set after creation that then kills the sandbox.
-//! And the CLI's `shoal daemon start|status|stop`.
+//! And the CLI's `shoal exec --background`, `shoal attach` and `shoal
+//! daemon start|status|stop`.
 
 #[allow(dead_code)] // shared with the daemon tests; this binary uses part
 mod daemon_harness;
@@ -86,6 +87,25 @@ fn background_commands_files_and_a_later_ttl_on_a_real_guest() {
     assert_eq!(r.stdout, "x\n755\n", "{r:?}");
     let e = d.c.rename(id, "/tmp/d/e/f", "/tmp/d/h").unwrap_err();
     assert_eq!(e.code(), Some(ErrorCode::NotFound), "{e}");
+
+    // The CLI: `shoal exec --background` prints the command's id,
+    // `shoal attach` follows it and exits with its exit code.
+    let shoal = |args: &[&str]| {
+        let o = Command::new(shoal_bin())
+            .arg("--daemon")
+            .arg(d.dir.join("shoald.sock"))
+            .args(args)
+            .output()
+            .expect("run shoal");
+        let err = String::from_utf8_lossy(&o.stderr).into_owned();
+        (o.status.code(), String::from_utf8(o.stdout).unwrap(), err)
+    };
+    let (code, out, err) = shoal(&["exec", "-d", id, "--", "sh", "-c", "echo bg; exit 4"]);
+    assert_eq!(code, Some(0), "{err}");
+    let cid = out.trim();
+    assert!(cid.parse::<u64>().is_ok(), "{out:?}");
+    let (code, out, err) = shoal(&["attach", id, cid]);
+    assert_eq!((code, out.as_str()), (Some(4), "bg\n"), "{err}");
 
     // A TTL from now: the sandbox is gone a few seconds later.
     let u = api::UpdateSandbox {
