@@ -1,9 +1,9 @@
 //! Fork on real guests: a sandbox holding a process with state only in
 //! its memory and a file is forked into three live clones; each sees both,
 //! then they diverge (each its own files, the source untouched), each has
-//! fresh entropy and a current clock, and they outlive their source. With
-//! a scratch-disk upper layer each clone gets its own copy of the disk as
-//! it was at the fork.
+//! fresh entropy and a current clock, and they outlive their source and a
+//! daemon restart. With a scratch-disk upper layer each clone gets its own
+//! copy of the disk as it was at the fork.
 //!
 //! Each guest exec costs ~1 s on PVM hosts, so execs are few.
 
@@ -32,7 +32,7 @@ fn fork_dirs(d: &Daemon) -> Vec<std::path::PathBuf> {
 
 #[test]
 fn forked_clones_carry_memory_and_files_then_diverge() {
-    let d = Daemon::start(&["--no-pools"]);
+    let mut d = Daemon::start(&["--no-pools"]);
     let src = d.create(CreateSandbox::default());
     // A process whose state (a random id) lives only in its memory; it
     // writes it out every 0.2 s.
@@ -100,8 +100,16 @@ fn forked_clones_carry_memory_and_files_then_diverge() {
     assert!(out.stdout.contains("No such file"), "{out:?}");
     assert!(out.stdout.ends_with(&format!("{state}\n")), "{out:?}");
 
-    // The clones outlive their source.
+    // The clones outlive their source, and a daemon killed with them
+    // running finds them again (the same VMMs, recorded).
     d.kill(&src.id);
+    d.kill9();
+    d.spawn();
+    for c in &f.sandboxes {
+        let v = d.get(&c.id).expect("the clone is recorded");
+        assert_eq!(v.state, SandboxState::Running, "{v:?}");
+        assert_eq!(v.pid, c.pid, "the same VMM, reattached");
+    }
     let c = &f.sandboxes[0];
     assert_eq!(d.sh(&c.id, "cat /tmp/mine").stdout, "clone-0\n");
     for c in &f.sandboxes {
