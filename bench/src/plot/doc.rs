@@ -77,9 +77,9 @@ pub struct BarsDoc {
 
 /// Reads a document.
 pub fn read(path: &Path) -> Result<Doc, PlotError> {
-    let text = std::fs::read_to_string(path).map_err(|source| PlotError::Io {
+    let text = std::fs::read_to_string(path).map_err(|err| PlotError::Io {
         path: path.into(),
-        source,
+        err,
     })?;
     serde_json::from_str(&text).map_err(|e| PlotError::BadDoc {
         path: path.into(),

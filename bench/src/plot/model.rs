@@ -41,12 +41,12 @@ pub enum PlotError {
         msg: String,
     },
     /// Creating the output directory, or reading an input document.
-    #[error("{path}: {source}")]
+    #[error("{path}: {err}")]
     Io {
         /// The file or directory.
         path: PathBuf,
-        /// The error.
-        source: std::io::Error,
+        /// The error (in the message, not a source: said once).
+        err: std::io::Error,
     },
     /// An input document that is not the generic schema.
     #[error("{path}: not a plot document: {msg}")]
