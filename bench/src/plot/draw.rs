@@ -90,8 +90,14 @@ fn quantile(v: &[f64], p: f64) -> f64 {
 /// A drawing area of a figure file.
 type Area<'a> = DrawingArea<BitMapBackend<'a>, Shift>;
 
-/// The white canvas with the title block; returns it and the area below.
-fn canvas<'a>(path: &'a Path, fig: &Figure) -> Result<(Area<'a>, Area<'a>), PlotError> {
+/// The white canvas with the title block and, under it, the legend
+/// (`entries`: label and colour, laid out in rows; outside the plot so it
+/// hides no data); returns the canvas and the area below.
+fn canvas<'a>(
+    path: &'a Path,
+    fig: &Figure,
+    entries: &[(String, RGBColor)],
+) -> Result<(Area<'a>, Area<'a>), PlotError> {
     register_font(path)?;
     let e = draw_err(path);
     let root = BitMapBackend::new(path, (WIDTH, HEIGHT)).into_drawing_area();
@@ -113,6 +119,36 @@ fn canvas<'a>(path: &'a Path, fig: &Figure) -> Result<(Area<'a>, Area<'a>), Plot
         (26, 54),
     )
     .map_err(&e)?;
+    if entries.is_empty() {
+        return Ok((root, body));
+    }
+    // Flow layout: an entry is a 30 px line sample, a gap, the label;
+    // rows of 28 px, wrapped at the figure's width.
+    let font = (SANS, 18).into_font().color(&BLACK);
+    let (left, right, row_h) = (110i32, i32::try_from(WIDTH).unwrap_or(i32::MAX) - 30, 28i32);
+    let mut placed = vec![];
+    let (mut x, mut y) = (left, 0i32);
+    for (label, c) in entries {
+        let (w, _) = body.estimate_text_size(label, &font).map_err(&e)?;
+        let w = i32::try_from(w).unwrap_or(i32::MAX / 2) + 30 + 10 + 28;
+        if x > left && x + w > right {
+            x = left;
+            y += row_h;
+        }
+        placed.push((x, y, label, *c));
+        x += w;
+    }
+    let (band, body) = body.split_vertically(u32::try_from(y + row_h + 6).unwrap_or(0));
+    for (x, y, label, c) in placed {
+        let mid = y + row_h / 2;
+        band.draw(&PathElement::new(
+            vec![(x, mid), (x + 30, mid)],
+            c.stroke_width(4),
+        ))
+        .map_err(&e)?;
+        band.draw_text(label, &font, (x + 40, mid - 9))
+            .map_err(&e)?;
+    }
     Ok((root, body))
 }
 
@@ -120,11 +156,13 @@ fn canvas<'a>(path: &'a Path, fig: &Figure) -> Result<(Area<'a>, Area<'a>), Plot
 struct Lines {
     x_desc: String,
     y_desc: String,
-    legend: SeriesLabelPosition,
     /// (legend label, points in drawing order).
     lines: Vec<(String, Vec<(f64, f64)>)>,
     /// Dots on the points too (xy figures).
     markers: bool,
+    /// A logarithmic x axis (its minor grid lines are left out: they
+    /// crowd at each decade's end).
+    log_x: bool,
 }
 
 fn chart<X>(path: &Path, fig: &Figure, x: X, y: Range<f64>, l: &Lines) -> Result<(), PlotError>
@@ -133,7 +171,13 @@ where
     X::CoordDescType: ValueFormatter<f64>,
 {
     let e = draw_err(path);
-    let (root, body) = canvas(path, fig)?;
+    let entries: Vec<(String, RGBColor)> = l
+        .lines
+        .iter()
+        .enumerate()
+        .map(|(i, (label, _))| (label.clone(), color(i)))
+        .collect();
+    let (root, body) = canvas(path, fig, &entries)?;
     let mut c = ChartBuilder::on(&body)
         .margin_left(16)
         .margin_right(36)
@@ -143,6 +187,10 @@ where
         .build_cartesian_2d(x, y)
         .map_err(&e)?;
     let fmt = |v: &f64| num(*v);
+    let light = match l.log_x {
+        true => WHITE,
+        false => RGBColor(235, 235, 235),
+    };
     c.configure_mesh()
         .x_desc(l.x_desc.as_str())
         .y_desc(l.y_desc.as_str())
@@ -150,38 +198,27 @@ where
         .y_label_formatter(&fmt)
         .label_style((SANS, 17))
         .axis_desc_style((SANS, 20))
-        .light_line_style(RGBColor(235, 235, 235))
+        .light_line_style(light)
         .bold_line_style(RGBColor(200, 200, 200))
         .draw()
         .map_err(&e)?;
-    for (i, (label, pts)) in l.lines.iter().enumerate() {
+    for (i, (_, pts)) in l.lines.iter().enumerate() {
         let style = color(i).stroke_width(3);
         c.draw_series(LineSeries::new(pts.iter().copied(), style))
-            .map_err(&e)?
-            .label(label.as_str())
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 30, y)], style));
+            .map_err(&e)?;
         if l.markers {
             c.draw_series(pts.iter().map(|&p| Circle::new(p, 5, color(i).filled())))
                 .map_err(&e)?;
         }
     }
-    c.configure_series_labels()
-        .position(l.legend.clone())
-        .margin(14)
-        .legend_area_size(44)
-        .label_font((SANS, 18))
-        .background_style(WHITE.mix(0.9))
-        .border_style(RGBColor(120, 120, 120))
-        .draw()
-        .map_err(&e)?;
     root.present().map_err(&e)?;
     Ok(())
 }
 
 /// An x range over `lo..=hi` with a margin; logarithmic when the values are
-/// positive and span more than 30x.
+/// positive and span more than 100x.
 fn x_range(lo: f64, hi: f64) -> (bool, Range<f64>) {
-    if lo > 0.0 && hi / lo > 30.0 {
+    if lo > 0.0 && hi / lo > 100.0 {
         return (true, lo / 1.25..hi * 1.25);
     }
     let pad = ((hi - lo).max(hi.abs() * 0.02)).max(1e-9) * 0.05;
@@ -210,6 +247,7 @@ fn with_x(
     match x_range(lo, hi) {
         (true, r) => {
             l.x_desc.push_str(", log scale");
+            l.log_x = true;
             chart(path, fig, r.log_scale(), y, l)
         }
         (false, r) => chart(path, fig, r, y, l),
@@ -247,9 +285,9 @@ pub(super) fn cdf(path: &Path, fig: &Figure, series: &[Series]) -> Result<(), Pl
     let mut l = Lines {
         x_desc,
         y_desc: "fraction of samples \u{2264} x".into(),
-        legend: SeriesLabelPosition::LowerRight,
         lines,
         markers: false,
+        log_x: false,
     };
     with_x(path, fig, lo, hi, 0.0..1.02, &mut l)
 }
@@ -275,16 +313,16 @@ pub(super) fn xy(path: &Path, fig: &Figure, series: &[XySeries]) -> Result<(), P
     let mut l = Lines {
         x_desc: fig.x_label.clone(),
         y_desc: fig.y_label.clone(),
-        legend: SeriesLabelPosition::UpperLeft,
         lines,
         markers: true,
+        log_x: false,
     };
     with_x(path, fig, xlo, xhi, y0..top, &mut l)
 }
 
 pub(super) fn bars(path: &Path, fig: &Figure, bars: &[Bar]) -> Result<(), PlotError> {
     let e = draw_err(path);
-    let (root, body) = canvas(path, fig)?;
+    let (root, body) = canvas(path, fig, &[])?;
     let (lo, hi) = span(bars.iter().map(|b| b.value));
     let y0 = lo.min(0.0);
     let top = if hi > y0 {
