@@ -425,3 +425,7 @@ pub fn pmem(r: &PmemReport, out: &Out) -> Result<Vec<PathBuf>, PlotError> {
     f.bars("disk", &fig, writes)?;
     Ok(f.files)
 }
+
+#[cfg(test)]
+#[path = "benches_tests.rs"]
+mod tests;
