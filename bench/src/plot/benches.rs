@@ -294,7 +294,7 @@ pub fn load(r: &LoadReport, out: &Out) -> Result<Vec<PathBuf>, PlotError> {
         ("exec", |l| &l.exec_ms),
         ("destroy", |l| &l.destroy_ms),
     ];
-    for (name, pick) in steps {
+    for (c, (name, pick)) in steps.into_iter().enumerate() {
         for (q, get) in [("p50", 0), ("p99", 1)] {
             let pts = r
                 .levels
@@ -306,7 +306,9 @@ pub fn load(r: &LoadReport, out: &Out) -> Result<Vec<PathBuf>, PlotError> {
                     })
                 })
                 .collect();
-            lat.push(XySeries::new(format!("{name} {q}"), pts));
+            // A step's p50 and p99 share a colour; the p99 is dashed.
+            let line = XySeries::new(format!("{name} {q}"), pts).color(c);
+            lat.push(if get == 1 { line.dashed() } else { line });
         }
     }
     let fig = out

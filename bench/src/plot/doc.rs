@@ -12,7 +12,9 @@
 //!
 //! `series` is drawn as a latency CDF (`STEM-cdf.png`), `xy` as lines
 //! (`STEM-xy.png`), `bars` as bars (`STEM-bars.png`); at least one must be
-//! there. `host` defaults to this host's kind.
+//! there. `host` defaults to this host's kind. An xy series may also say
+//! `"dashed": true` and `"color": N` (a palette index, to pair a p99 with
+//! its p50).
 
 use super::{bars, latency_cdf, xy, Bar, Figure, Out, PlotError, Series, XySeries};
 use serde::{Deserialize, Serialize};

@@ -96,7 +96,7 @@ type Area<'a> = DrawingArea<BitMapBackend<'a>, Shift>;
 fn canvas<'a>(
     path: &'a Path,
     fig: &Figure,
-    entries: &[(String, RGBColor)],
+    entries: &[Entry],
 ) -> Result<(Area<'a>, Area<'a>), PlotError> {
     register_font(path)?;
     let e = draw_err(path);
@@ -128,36 +128,57 @@ fn canvas<'a>(
     let (left, right, row_h) = (110i32, i32::try_from(WIDTH).unwrap_or(i32::MAX) - 30, 28i32);
     let mut placed = vec![];
     let (mut x, mut y) = (left, 0i32);
-    for (label, c) in entries {
-        let (w, _) = body.estimate_text_size(label, &font).map_err(&e)?;
+    for en in entries {
+        let (w, _) = body.estimate_text_size(&en.label, &font).map_err(&e)?;
         let w = i32::try_from(w).unwrap_or(i32::MAX / 2) + 30 + 10 + 28;
         if x > left && x + w > right {
             x = left;
             y += row_h;
         }
-        placed.push((x, y, label, *c));
+        placed.push((x, y, en));
         x += w;
     }
     let (band, body) = body.split_vertically(u32::try_from(y + row_h + 6).unwrap_or(0));
-    for (x, y, label, c) in placed {
+    for (x, y, en) in placed {
         let mid = y + row_h / 2;
-        band.draw(&PathElement::new(
-            vec![(x, mid), (x + 30, mid)],
-            c.stroke_width(4),
-        ))
+        let style = en.color.stroke_width(4);
+        match en.dashed {
+            false => band.draw(&PathElement::new(vec![(x, mid), (x + 30, mid)], style)),
+            true => band.draw(&plotters::element::DashedPathElement::new(
+                vec![(x, mid), (x + 30, mid)],
+                7,
+                5,
+                style,
+            )),
+        }
         .map_err(&e)?;
-        band.draw_text(label, &font, (x + 40, mid - 9))
+        band.draw_text(&en.label, &font, (x + 40, mid - 9))
             .map_err(&e)?;
     }
     Ok((root, body))
+}
+
+/// A legend entry.
+struct Entry {
+    label: String,
+    color: RGBColor,
+    dashed: bool,
+}
+
+/// One line of a chart.
+struct Line {
+    label: String,
+    /// In drawing order.
+    points: Vec<(f64, f64)>,
+    color: RGBColor,
+    dashed: bool,
 }
 
 /// Lines to draw on one chart.
 struct Lines {
     x_desc: String,
     y_desc: String,
-    /// (legend label, points in drawing order).
-    lines: Vec<(String, Vec<(f64, f64)>)>,
+    lines: Vec<Line>,
     /// Dots on the points too (xy figures).
     markers: bool,
     /// A logarithmic x axis (its minor grid lines are left out: they
@@ -171,11 +192,14 @@ where
     X::CoordDescType: ValueFormatter<f64>,
 {
     let e = draw_err(path);
-    let entries: Vec<(String, RGBColor)> = l
+    let entries: Vec<Entry> = l
         .lines
         .iter()
-        .enumerate()
-        .map(|(i, (label, _))| (label.clone(), color(i)))
+        .map(|x| Entry {
+            label: x.label.clone(),
+            color: x.color,
+            dashed: x.dashed,
+        })
         .collect();
     let (root, body) = canvas(path, fig, &entries)?;
     let mut c = ChartBuilder::on(&body)
@@ -202,12 +226,19 @@ where
         .bold_line_style(RGBColor(200, 200, 200))
         .draw()
         .map_err(&e)?;
-    for (i, (_, pts)) in l.lines.iter().enumerate() {
-        let style = color(i).stroke_width(3);
-        c.draw_series(LineSeries::new(pts.iter().copied(), style))
-            .map_err(&e)?;
+    for x in &l.lines {
+        let style = x.color.stroke_width(3);
+        let pts = x.points.iter().copied();
+        match x.dashed {
+            false => c.draw_series(LineSeries::new(pts, style)).map(drop),
+            true => c
+                .draw_series(DashedLineSeries::new(pts, 10, 6, style))
+                .map(drop),
+        }
+        .map_err(&e)?;
         if l.markers {
-            c.draw_series(pts.iter().map(|&p| Circle::new(p, 5, color(i).filled())))
+            let dot = x.color.filled();
+            c.draw_series(x.points.iter().map(|&p| Circle::new(p, 5, dot)))
                 .map_err(&e)?;
         }
     }
@@ -257,7 +288,7 @@ fn with_x(
 pub(super) fn cdf(path: &Path, fig: &Figure, series: &[Series]) -> Result<(), PlotError> {
     let unit = fig.unit.as_str();
     let mut lines = Vec::new();
-    for s in series {
+    for (i, s) in series.iter().enumerate() {
         let mut v = s.samples.clone();
         v.sort_by(f64::total_cmp);
         let n = v.len() as f64;
@@ -274,7 +305,12 @@ pub(super) fn cdf(path: &Path, fig: &Figure, series: &[Series]) -> Result<(), Pl
             pts.push((x, i as f64 / n));
             pts.push((x, (i + 1) as f64 / n));
         }
-        lines.push((label, pts));
+        lines.push(Line {
+            label,
+            points: pts,
+            color: color(i),
+            dashed: false,
+        });
     }
     let (lo, hi) = span(series.iter().flat_map(|s| s.samples.iter().copied()));
     let x_desc = match (fig.x_label.is_empty(), unit.is_empty()) {
@@ -295,10 +331,16 @@ pub(super) fn cdf(path: &Path, fig: &Figure, series: &[Series]) -> Result<(), Pl
 pub(super) fn xy(path: &Path, fig: &Figure, series: &[XySeries]) -> Result<(), PlotError> {
     let lines = series
         .iter()
-        .map(|s| {
+        .enumerate()
+        .map(|(i, s)| {
             let mut p = s.points.clone();
             p.sort_by(|a, b| a.0.total_cmp(&b.0));
-            (s.label.clone(), p)
+            Line {
+                label: s.label.clone(),
+                points: p,
+                color: color(s.color.unwrap_or(i)),
+                dashed: s.dashed,
+            }
         })
         .collect();
     let (xlo, xhi) = span(series.iter().flat_map(|s| s.points.iter().map(|p| p.0)));

@@ -146,7 +146,8 @@ fn generic_document() {
             "series": [{"label": "async SDK", "samples": [1.2, 1.3, 1.9]},
                        {"label": "raw HTTP", "samples": [1.1, 1.2]}],
             "xy": {"x_label": "concurrency (clients)", "y_label": "sandboxes/s",
-                   "series": [{"label": "async SDK", "points": [[1, 10.0], [10, 80.0]]}]},
+                   "series": [{"label": "async SDK", "points": [[1, 10.0], [10, 80.0]]},
+                              {"label": "p99", "points": [[1, 9.0]], "dashed": true, "color": 0}]},
             "bars": {"y_label": "ms", "bars": [{"label": "p50", "value": 1.3}]}}"#,
     )
     .unwrap();
