@@ -65,7 +65,7 @@ pub struct JailAb {
     pub rates: Vec<AbRate>,
     /// Failed latency restores (plain, jailed).
     pub errors: (usize, usize),
-    /// The samples behind `rows`: system "shoal" or "shoal jailed"
+    /// The samples behind `rows`: system "shoal unjailed" or "shoal jailed"
     /// (figures only).
     #[serde(skip)]
     pub samples: Vec<crate::stats::Samples>,
@@ -121,7 +121,7 @@ pub fn run(
         .enumerate()
     {
         if let (Some(plain), Some(jailed)) = (summarize(&v[0][m]), summarize(&v[1][m])) {
-            for (system, vals) in [("shoal", &v[0][m]), ("shoal jailed", &v[1][m])] {
+            for (system, vals) in [("shoal unjailed", &v[0][m]), ("shoal jailed", &v[1][m])] {
                 samples.push(crate::stats::Samples::new(system, metric, vals.clone()));
             }
             rows.push(AbRow {

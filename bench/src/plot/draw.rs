@@ -69,6 +69,11 @@ pub(super) fn num(v: f64) -> String {
             .trim_end_matches('0')
             .trim_end_matches('.')
             .into()
+    } else if a >= 0.1 {
+        format!("{v:.3}")
+            .trim_end_matches('0')
+            .trim_end_matches('.')
+            .into()
     } else if a >= 0.001 {
         format!("{v:.4}")
             .trim_end_matches('0')
@@ -184,6 +189,8 @@ struct Lines {
     /// A logarithmic x axis (its minor grid lines are left out: they
     /// crowd at each decade's end).
     log_x: bool,
+    /// Every x is a whole number (concurrency, N): no labels between.
+    int_x: bool,
 }
 
 fn chart<X>(path: &Path, fig: &Figure, x: X, y: Range<f64>, l: &Lines) -> Result<(), PlotError>
@@ -211,6 +218,10 @@ where
         .build_cartesian_2d(x, y)
         .map_err(&e)?;
     let fmt = |v: &f64| num(*v);
+    let xfmt = |v: &f64| match l.int_x && v.fract() != 0.0 {
+        true => String::new(),
+        false => num(*v),
+    };
     let light = match l.log_x {
         true => WHITE,
         false => RGBColor(235, 235, 235),
@@ -218,7 +229,7 @@ where
     c.configure_mesh()
         .x_desc(l.x_desc.as_str())
         .y_desc(l.y_desc.as_str())
-        .x_label_formatter(&fmt)
+        .x_label_formatter(&xfmt)
         .y_label_formatter(&fmt)
         .label_style((SANS, 17))
         .axis_desc_style((SANS, 20))
@@ -324,6 +335,7 @@ pub(super) fn cdf(path: &Path, fig: &Figure, series: &[Series]) -> Result<(), Pl
         lines,
         markers: false,
         log_x: false,
+        int_x: false,
     };
     with_x(path, fig, lo, hi, 0.0..1.02, &mut l)
 }
@@ -358,6 +370,9 @@ pub(super) fn xy(path: &Path, fig: &Figure, series: &[XySeries]) -> Result<(), P
         lines,
         markers: true,
         log_x: false,
+        int_x: series
+            .iter()
+            .all(|s| s.points.iter().all(|p| p.0.fract() == 0.0)),
     };
     with_x(path, fig, xlo, xhi, y0..top, &mut l)
 }
