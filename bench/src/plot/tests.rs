@@ -218,5 +218,5 @@ fn label_numbers() {
     assert_eq!(draw::num(2.5), "2.5");
     assert_eq!(draw::num(3.0), "3");
     assert_eq!(draw::num(0.0125), "0.0125");
-    assert_eq!(draw::num(0.6295), "0.63");
+    assert_eq!(draw::num(0.62951), "0.63");
 }
