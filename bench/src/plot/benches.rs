@@ -341,6 +341,10 @@ fn load_figs<'a>(r: &LoadReport, out: &'a Out) -> Figs<'a> {
         ("destroy", |l| &l.destroy_ms),
     ];
     for (c, (name, pick)) in steps.into_iter().enumerate() {
+        // Without an exec step its (zero) times say nothing.
+        if name == "exec" && r.exec.is_empty() {
+            continue;
+        }
         for (q, get) in [("p50", 0), ("p99", 1)] {
             let pts = r
                 .levels

@@ -277,6 +277,16 @@ fn load_figures() {
             "l-cdf-create-burst.png"
         ]
     );
+    // --no-exec: the exec step's times (all 0) are not drawn.
+    let mut r = LoadReport {
+        exec: vec![],
+        create_rate: vec![],
+        ..r
+    };
+    r.levels[0].exec_ms = summarize(&[0.0, 0.0]);
+    let f = load_figs(&r, &o);
+    assert!(!labels(&f, "latency").iter().any(|l| l.starts_with("exec")));
+    assert!(f.planned.iter().all(|p| p.name != "cdf-create-burst"));
 }
 
 #[test]
