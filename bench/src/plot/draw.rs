@@ -296,11 +296,26 @@ fn with_x(
     }
 }
 
+/// Milliseconds of which every one is a second or more read better as
+/// seconds: (the unit to show, the factor to the samples).
+pub(super) fn display_unit(unit: &str, lo: f64) -> (&str, f64) {
+    match unit {
+        "ms" if lo >= 1000.0 => ("s", 1e-3),
+        u => (u, 1.0),
+    }
+}
+
 pub(super) fn cdf(path: &Path, fig: &Figure, series: &[Series]) -> Result<(), PlotError> {
-    let unit = fig.unit.as_str();
+    let (lo, hi) = span(series.iter().flat_map(|s| s.samples.iter().copied()));
+    // A given x label names its own unit: the samples stay as they are.
+    let (unit, k) = match fig.x_label.is_empty() {
+        true => display_unit(&fig.unit, lo),
+        false => (fig.unit.as_str(), 1.0),
+    };
+    let (lo, hi) = (lo * k, hi * k);
     let mut lines = Vec::new();
     for (i, s) in series.iter().enumerate() {
-        let mut v = s.samples.clone();
+        let mut v: Vec<f64> = s.samples.iter().map(|x| x * k).collect();
         v.sort_by(f64::total_cmp);
         let n = v.len() as f64;
         let label = format!(
@@ -323,7 +338,6 @@ pub(super) fn cdf(path: &Path, fig: &Figure, series: &[Series]) -> Result<(), Pl
             dashed: false,
         });
     }
-    let (lo, hi) = span(series.iter().flat_map(|s| s.samples.iter().copied()));
     let x_desc = match (fig.x_label.is_empty(), unit.is_empty()) {
         (false, _) => fig.x_label.clone(),
         (true, false) => format!("latency ({unit})"),
