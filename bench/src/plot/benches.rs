@@ -194,6 +194,12 @@ fn restore_figs<'a>(r: &RestoreReport, out: &'a Out) -> Figs<'a> {
         .subtitle(sub.clone());
     f.cdf("cdf-first-output", fig, first);
 
+    let fig = out
+        .figure("Restore: start to the VMM's main (the jail's set-up)")
+        .unit(r.unit)
+        .subtitle(format!("{sub}; jailed and unjailed interleaved"));
+    f.cdf("cdf-vmm-start", fig, jailed("restore_to_vmm_start"));
+
     let pts = |v: Vec<(usize, f64)>| v.into_iter().map(|(k, y)| (k as f64, y)).collect();
     let mut rates = vec![XySeries::new(
         "shoal: new VMM per restore",

@@ -131,11 +131,11 @@ fn restore_figures() {
                 errors: (0, 0),
             }],
             errors: (0, 0),
-            samples: vec![Samples::new(
-                "shoal jailed",
-                "restore_to_vcpu_run",
-                ramp(10, 9.0),
-            )],
+            samples: vec![
+                Samples::new("shoal jailed", "restore_to_vcpu_run", ramp(10, 9.0)),
+                Samples::new("shoal unjailed", "restore_to_vmm_start", ramp(10, 0.5)),
+                Samples::new("shoal jailed", "restore_to_vmm_start", ramp(10, 2.0)),
+            ],
         }),
         memory_mib: 128,
         samples: vec![
@@ -155,6 +155,10 @@ fn restore_figures() {
     );
     assert_eq!(labels(&f, "cdf-first-output"), ["shoal: new VMM process"]);
     assert_eq!(
+        labels(&f, "cdf-vmm-start"),
+        ["shoal unjailed, A/B run", "shoal jailed, A/B run"]
+    );
+    assert_eq!(
         labels(&f, "rate"),
         [
             "shoal: new VMM per restore x2",
@@ -169,6 +173,7 @@ fn restore_figures() {
         [
             "r-cdf-vcpu-run.png",
             "r-cdf-first-output.png",
+            "r-cdf-vmm-start.png",
             "r-rate.png",
             "r-memory.png"
         ]
