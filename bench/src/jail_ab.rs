@@ -66,6 +66,10 @@ pub struct JailAb {
     pub rates: Vec<AbRate>,
     /// Failed latency restores (plain, jailed).
     pub errors: (usize, usize),
+    /// The samples behind `rows`: system "shoal unjailed" or "shoal jailed"
+    /// (figures only).
+    #[serde(skip)]
+    pub samples: Vec<crate::stats::Samples>,
 }
 
 /// Runs the A/B on the bench's templates (made readable to jailed VMMs
@@ -114,6 +118,7 @@ pub fn run(
         }
     }
     let mut rows = vec![];
+    let mut samples = vec![];
     for (m, metric) in [
         "restore_to_vmm_start",
         "restore_to_vcpu_run",
@@ -123,6 +128,9 @@ pub fn run(
     .enumerate()
     {
         if let (Some(plain), Some(jailed)) = (summarize(&v[0][m]), summarize(&v[1][m])) {
+            for (system, vals) in [("shoal unjailed", &v[0][m]), ("shoal jailed", &v[1][m])] {
+                samples.push(crate::stats::Samples::new(system, metric, vals.clone()));
+            }
             rows.push(AbRow {
                 metric: (*metric).into(),
                 delta_p50_ms: jailed.median - plain.median,
@@ -150,6 +158,7 @@ pub fn run(
         rows,
         rates,
         errors,
+        samples,
     })
 }
 

@@ -12,7 +12,9 @@
 //!
 //! `series` is drawn as a latency CDF (`STEM-cdf.png`), `xy` as lines
 //! (`STEM-xy.png`), `bars` as bars (`STEM-bars.png`); at least one must be
-//! there. `host` defaults to this host's kind.
+//! there. `host` defaults to this host's kind. An xy series may also say
+//! `"dashed": true` and `"color": N` (a palette index, to pair a p99 with
+//! its p50).
 
 use super::{bars, latency_cdf, xy, Bar, Figure, Out, PlotError, Series, XySeries};
 use serde::{Deserialize, Serialize};
@@ -77,9 +79,9 @@ pub struct BarsDoc {
 
 /// Reads a document.
 pub fn read(path: &Path) -> Result<Doc, PlotError> {
-    let text = std::fs::read_to_string(path).map_err(|source| PlotError::Io {
+    let text = std::fs::read_to_string(path).map_err(|err| PlotError::Io {
         path: path.into(),
-        source,
+        err,
     })?;
     serde_json::from_str(&text).map_err(|e| PlotError::BadDoc {
         path: path.into(),

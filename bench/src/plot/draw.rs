@@ -69,6 +69,11 @@ pub(super) fn num(v: f64) -> String {
             .trim_end_matches('0')
             .trim_end_matches('.')
             .into()
+    } else if a >= 0.1 {
+        format!("{v:.3}")
+            .trim_end_matches('0')
+            .trim_end_matches('.')
+            .into()
     } else if a >= 0.001 {
         format!("{v:.4}")
             .trim_end_matches('0')
@@ -90,8 +95,14 @@ fn quantile(v: &[f64], p: f64) -> f64 {
 /// A drawing area of a figure file.
 type Area<'a> = DrawingArea<BitMapBackend<'a>, Shift>;
 
-/// The white canvas with the title block; returns it and the area below.
-fn canvas<'a>(path: &'a Path, fig: &Figure) -> Result<(Area<'a>, Area<'a>), PlotError> {
+/// The white canvas with the title block and, under it, the legend
+/// (`entries`: label and colour, laid out in rows; outside the plot so it
+/// hides no data); returns the canvas and the area below.
+fn canvas<'a>(
+    path: &'a Path,
+    fig: &Figure,
+    entries: &[Entry],
+) -> Result<(Area<'a>, Area<'a>), PlotError> {
     register_font(path)?;
     let e = draw_err(path);
     let root = BitMapBackend::new(path, (WIDTH, HEIGHT)).into_drawing_area();
@@ -113,18 +124,73 @@ fn canvas<'a>(path: &'a Path, fig: &Figure) -> Result<(Area<'a>, Area<'a>), Plot
         (26, 54),
     )
     .map_err(&e)?;
+    if entries.is_empty() {
+        return Ok((root, body));
+    }
+    // Flow layout: an entry is a 30 px line sample, a gap, the label;
+    // rows of 28 px, wrapped at the figure's width.
+    let font = (SANS, 18).into_font().color(&BLACK);
+    let (left, right, row_h) = (110i32, i32::try_from(WIDTH).unwrap_or(i32::MAX) - 30, 28i32);
+    let mut placed = vec![];
+    let (mut x, mut y) = (left, 0i32);
+    for en in entries {
+        let (w, _) = body.estimate_text_size(&en.label, &font).map_err(&e)?;
+        let w = i32::try_from(w).unwrap_or(i32::MAX / 2) + 30 + 10 + 28;
+        if x > left && x + w > right {
+            x = left;
+            y += row_h;
+        }
+        placed.push((x, y, en));
+        x += w;
+    }
+    let (band, body) = body.split_vertically(u32::try_from(y + row_h + 6).unwrap_or(0));
+    for (x, y, en) in placed {
+        let mid = y + row_h / 2;
+        let style = en.color.stroke_width(4);
+        match en.dashed {
+            false => band.draw(&PathElement::new(vec![(x, mid), (x + 30, mid)], style)),
+            true => band.draw(&plotters::element::DashedPathElement::new(
+                vec![(x, mid), (x + 30, mid)],
+                7,
+                5,
+                style,
+            )),
+        }
+        .map_err(&e)?;
+        band.draw_text(&en.label, &font, (x + 40, mid - 9))
+            .map_err(&e)?;
+    }
     Ok((root, body))
+}
+
+/// A legend entry.
+struct Entry {
+    label: String,
+    color: RGBColor,
+    dashed: bool,
+}
+
+/// One line of a chart.
+struct Line {
+    label: String,
+    /// In drawing order.
+    points: Vec<(f64, f64)>,
+    color: RGBColor,
+    dashed: bool,
 }
 
 /// Lines to draw on one chart.
 struct Lines {
     x_desc: String,
     y_desc: String,
-    legend: SeriesLabelPosition,
-    /// (legend label, points in drawing order).
-    lines: Vec<(String, Vec<(f64, f64)>)>,
+    lines: Vec<Line>,
     /// Dots on the points too (xy figures).
     markers: bool,
+    /// A logarithmic x axis (its minor grid lines are left out: they
+    /// crowd at each decade's end).
+    log_x: bool,
+    /// Every x is a whole number (concurrency, N): no labels between.
+    int_x: bool,
 }
 
 fn chart<X>(path: &Path, fig: &Figure, x: X, y: Range<f64>, l: &Lines) -> Result<(), PlotError>
@@ -133,7 +199,16 @@ where
     X::CoordDescType: ValueFormatter<f64>,
 {
     let e = draw_err(path);
-    let (root, body) = canvas(path, fig)?;
+    let entries: Vec<Entry> = l
+        .lines
+        .iter()
+        .map(|x| Entry {
+            label: x.label.clone(),
+            color: x.color,
+            dashed: x.dashed,
+        })
+        .collect();
+    let (root, body) = canvas(path, fig, &entries)?;
     let mut c = ChartBuilder::on(&body)
         .margin_left(16)
         .margin_right(36)
@@ -143,45 +218,49 @@ where
         .build_cartesian_2d(x, y)
         .map_err(&e)?;
     let fmt = |v: &f64| num(*v);
+    let xfmt = |v: &f64| match l.int_x && v.fract() != 0.0 {
+        true => String::new(),
+        false => num(*v),
+    };
+    let light = match l.log_x {
+        true => WHITE,
+        false => RGBColor(235, 235, 235),
+    };
     c.configure_mesh()
         .x_desc(l.x_desc.as_str())
         .y_desc(l.y_desc.as_str())
-        .x_label_formatter(&fmt)
+        .x_label_formatter(&xfmt)
         .y_label_formatter(&fmt)
         .label_style((SANS, 17))
         .axis_desc_style((SANS, 20))
-        .light_line_style(RGBColor(235, 235, 235))
+        .light_line_style(light)
         .bold_line_style(RGBColor(200, 200, 200))
         .draw()
         .map_err(&e)?;
-    for (i, (label, pts)) in l.lines.iter().enumerate() {
-        let style = color(i).stroke_width(3);
-        c.draw_series(LineSeries::new(pts.iter().copied(), style))
-            .map_err(&e)?
-            .label(label.as_str())
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 30, y)], style));
+    for x in &l.lines {
+        let style = x.color.stroke_width(3);
+        let pts = x.points.iter().copied();
+        match x.dashed {
+            false => c.draw_series(LineSeries::new(pts, style)).map(drop),
+            true => c
+                .draw_series(DashedLineSeries::new(pts, 10, 6, style))
+                .map(drop),
+        }
+        .map_err(&e)?;
         if l.markers {
-            c.draw_series(pts.iter().map(|&p| Circle::new(p, 5, color(i).filled())))
+            let dot = x.color.filled();
+            c.draw_series(x.points.iter().map(|&p| Circle::new(p, 5, dot)))
                 .map_err(&e)?;
         }
     }
-    c.configure_series_labels()
-        .position(l.legend.clone())
-        .margin(14)
-        .legend_area_size(44)
-        .label_font((SANS, 18))
-        .background_style(WHITE.mix(0.9))
-        .border_style(RGBColor(120, 120, 120))
-        .draw()
-        .map_err(&e)?;
     root.present().map_err(&e)?;
     Ok(())
 }
 
 /// An x range over `lo..=hi` with a margin; logarithmic when the values are
-/// positive and span more than 30x.
+/// positive and span more than 100x.
 fn x_range(lo: f64, hi: f64) -> (bool, Range<f64>) {
-    if lo > 0.0 && hi / lo > 30.0 {
+    if lo > 0.0 && hi / lo > 100.0 {
         return (true, lo / 1.25..hi * 1.25);
     }
     let pad = ((hi - lo).max(hi.abs() * 0.02)).max(1e-9) * 0.05;
@@ -210,17 +289,33 @@ fn with_x(
     match x_range(lo, hi) {
         (true, r) => {
             l.x_desc.push_str(", log scale");
+            l.log_x = true;
             chart(path, fig, r.log_scale(), y, l)
         }
         (false, r) => chart(path, fig, r, y, l),
     }
 }
 
+/// Milliseconds of which every one is a second or more read better as
+/// seconds: (the unit to show, the factor to the samples).
+pub(super) fn display_unit(unit: &str, lo: f64) -> (&str, f64) {
+    match unit {
+        "ms" if lo >= 1000.0 => ("s", 1e-3),
+        u => (u, 1.0),
+    }
+}
+
 pub(super) fn cdf(path: &Path, fig: &Figure, series: &[Series]) -> Result<(), PlotError> {
-    let unit = fig.unit.as_str();
+    let (lo, hi) = span(series.iter().flat_map(|s| s.samples.iter().copied()));
+    // A given x label names its own unit: the samples stay as they are.
+    let (unit, k) = match fig.x_label.is_empty() {
+        true => display_unit(&fig.unit, lo),
+        false => (fig.unit.as_str(), 1.0),
+    };
+    let (lo, hi) = (lo * k, hi * k);
     let mut lines = Vec::new();
-    for s in series {
-        let mut v = s.samples.clone();
+    for (i, s) in series.iter().enumerate() {
+        let mut v: Vec<f64> = s.samples.iter().map(|x| x * k).collect();
         v.sort_by(f64::total_cmp);
         let n = v.len() as f64;
         let label = format!(
@@ -236,9 +331,13 @@ pub(super) fn cdf(path: &Path, fig: &Figure, series: &[Series]) -> Result<(), Pl
             pts.push((x, i as f64 / n));
             pts.push((x, (i + 1) as f64 / n));
         }
-        lines.push((label, pts));
+        lines.push(Line {
+            label,
+            points: pts,
+            color: color(i),
+            dashed: false,
+        });
     }
-    let (lo, hi) = span(series.iter().flat_map(|s| s.samples.iter().copied()));
     let x_desc = match (fig.x_label.is_empty(), unit.is_empty()) {
         (false, _) => fig.x_label.clone(),
         (true, false) => format!("latency ({unit})"),
@@ -247,9 +346,10 @@ pub(super) fn cdf(path: &Path, fig: &Figure, series: &[Series]) -> Result<(), Pl
     let mut l = Lines {
         x_desc,
         y_desc: "fraction of samples \u{2264} x".into(),
-        legend: SeriesLabelPosition::LowerRight,
         lines,
         markers: false,
+        log_x: false,
+        int_x: false,
     };
     with_x(path, fig, lo, hi, 0.0..1.02, &mut l)
 }
@@ -257,10 +357,16 @@ pub(super) fn cdf(path: &Path, fig: &Figure, series: &[Series]) -> Result<(), Pl
 pub(super) fn xy(path: &Path, fig: &Figure, series: &[XySeries]) -> Result<(), PlotError> {
     let lines = series
         .iter()
-        .map(|s| {
+        .enumerate()
+        .map(|(i, s)| {
             let mut p = s.points.clone();
             p.sort_by(|a, b| a.0.total_cmp(&b.0));
-            (s.label.clone(), p)
+            Line {
+                label: s.label.clone(),
+                points: p,
+                color: color(s.color.unwrap_or(i)),
+                dashed: s.dashed,
+            }
         })
         .collect();
     let (xlo, xhi) = span(series.iter().flat_map(|s| s.points.iter().map(|p| p.0)));
@@ -275,16 +381,19 @@ pub(super) fn xy(path: &Path, fig: &Figure, series: &[XySeries]) -> Result<(), P
     let mut l = Lines {
         x_desc: fig.x_label.clone(),
         y_desc: fig.y_label.clone(),
-        legend: SeriesLabelPosition::UpperLeft,
         lines,
         markers: true,
+        log_x: false,
+        int_x: series
+            .iter()
+            .all(|s| s.points.iter().all(|p| p.0.fract() == 0.0)),
     };
     with_x(path, fig, xlo, xhi, y0..top, &mut l)
 }
 
 pub(super) fn bars(path: &Path, fig: &Figure, bars: &[Bar]) -> Result<(), PlotError> {
     let e = draw_err(path);
-    let (root, body) = canvas(path, fig)?;
+    let (root, body) = canvas(path, fig, &[])?;
     let (lo, hi) = span(bars.iter().map(|b| b.value));
     let y0 = lo.min(0.0);
     let top = if hi > y0 {

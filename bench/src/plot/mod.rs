@@ -88,9 +88,9 @@ fn check(fig: &Figure, label: &str, v: impl IntoIterator<Item = f64>) -> Result<
 fn prepare(path: &Path) -> Result<(), PlotError> {
     match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => {
-            std::fs::create_dir_all(d).map_err(|source| PlotError::Io {
+            std::fs::create_dir_all(d).map_err(|err| PlotError::Io {
                 path: d.into(),
-                source,
+                err,
             })
         }
         _ => Ok(()),

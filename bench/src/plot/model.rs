@@ -41,12 +41,12 @@ pub enum PlotError {
         msg: String,
     },
     /// Creating the output directory, or reading an input document.
-    #[error("{path}: {source}")]
+    #[error("{path}: {err}")]
     Io {
         /// The file or directory.
         path: PathBuf,
-        /// The error.
-        source: std::io::Error,
+        /// The error (in the message, not a source: said once).
+        err: std::io::Error,
     },
     /// An input document that is not the generic schema.
     #[error("{path}: not a plot document: {msg}")]
@@ -131,20 +131,42 @@ impl Series {
 
 /// One line of an xy figure.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct XySeries {
     /// Legend label.
     pub label: String,
     /// `(x, y)` points; drawn in increasing x.
     pub points: Vec<(f64, f64)>,
+    /// Drawn dashed (a p99 beside its p50).
+    #[serde(default)]
+    pub dashed: bool,
+    /// The palette colour to use (default: the series' position); series
+    /// that belong together (a step's p50 and p99) share one.
+    #[serde(default)]
+    pub color: Option<usize>,
 }
 
 impl XySeries {
-    /// A line.
+    /// A solid line in the series' own colour.
     pub fn new(label: impl Into<String>, points: Vec<(f64, f64)>) -> Self {
         Self {
             label: label.into(),
             points,
+            dashed: false,
+            color: None,
         }
+    }
+
+    /// Drawn dashed.
+    pub fn dashed(mut self) -> Self {
+        self.dashed = true;
+        self
+    }
+
+    /// In palette colour `i`.
+    pub fn color(mut self, i: usize) -> Self {
+        self.color = Some(i);
+        self
     }
 }
 

@@ -146,7 +146,8 @@ fn generic_document() {
             "series": [{"label": "async SDK", "samples": [1.2, 1.3, 1.9]},
                        {"label": "raw HTTP", "samples": [1.1, 1.2]}],
             "xy": {"x_label": "concurrency (clients)", "y_label": "sandboxes/s",
-                   "series": [{"label": "async SDK", "points": [[1, 10.0], [10, 80.0]]}]},
+                   "series": [{"label": "async SDK", "points": [[1, 10.0], [10, 80.0]]},
+                              {"label": "p99", "points": [[1, 9.0]], "dashed": true, "color": 0}]},
             "bars": {"y_label": "ms", "bars": [{"label": "p50", "value": 1.3}]}}"#,
     )
     .unwrap();
@@ -217,4 +218,8 @@ fn label_numbers() {
     assert_eq!(draw::num(2.5), "2.5");
     assert_eq!(draw::num(3.0), "3");
     assert_eq!(draw::num(0.0125), "0.0125");
+    assert_eq!(draw::num(0.62951), "0.63");
+    assert_eq!(draw::display_unit("ms", 13000.0), ("s", 1e-3));
+    assert_eq!(draw::display_unit("ms", 999.0), ("ms", 1.0));
+    assert_eq!(draw::display_unit("MiB", 5000.0), ("MiB", 1.0));
 }
