@@ -13,6 +13,7 @@
 //! - errors are [`ErrorBody`]: `{"error":{"code":..,"message":..}}`.
 //!
 //! - [`sandbox`]: create, view, list filters, snapshot.
+//! - [`fork`]: fork a running sandbox into clones.
 //! - [`exec`]: exec request, one-shot result, streamed events.
 //! - [`files`]: upload, download, stat, list, remove.
 //! - [`templates`]: templates and warm pools.
@@ -22,12 +23,14 @@
 pub mod error;
 pub mod exec;
 pub mod files;
+pub mod fork;
 pub mod sandbox;
 pub mod stats;
 pub mod templates;
 
 pub use error::{ErrorBody, ErrorCode, ErrorDetail};
 pub use exec::{Encoding, ExecEvent, ExecRequest, ExecResult};
+pub use fork::{ForkRequest, Forked, MAX_FORK_COUNT};
 pub use files::{DirEntry, FileQuery, FileStat, FileType, RemoveQuery, UploadQuery, Uploaded};
 pub use sandbox::{CreateSandbox, ListFilter, Sandbox, SandboxState, SnapshotRequest};
 pub use stats::{Event, EventQuery, HostStats, Limits, Stats, Usage};

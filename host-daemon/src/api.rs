@@ -10,6 +10,7 @@
 //! router serves and that every body in it is the schema of its shared
 //! type.
 
+mod fork_route;
 mod handlers;
 mod wire;
 
@@ -21,6 +22,7 @@ use axum::http::header;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::{Json, Router};
+use fork_route::*;
 use handlers::*;
 use std::sync::{Arc, OnceLock};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
@@ -47,6 +49,7 @@ pub fn routes() -> OpenApiRouter<Arc<Daemon>> {
         .routes(routes!(stat))
         .routes(routes!(ls))
         .routes(routes!(snapshot))
+        .routes(routes!(fork))
         .routes(routes!(pause))
         .routes(routes!(resume))
         .routes(routes!(tpl_create, tpl_list))
@@ -78,7 +81,7 @@ async fn openapi_json() -> Json<serde_json::Value> {
     components(schemas(shoal_api::ErrorBody, shoal_api::ErrorCode)),
     modifiers(&Bearer),
     tags(
-        (name = "sandboxes", description = "Create, list, pause, resume, snapshot, kill"),
+        (name = "sandboxes", description = "Create, list, pause, resume, snapshot, fork, kill"),
         (name = "exec", description = "Commands in a sandbox"),
         (name = "files", description = "Files in a sandbox"),
         (name = "templates", description = "Snapshots sandboxes are restored from"),

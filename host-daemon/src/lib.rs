@@ -10,6 +10,7 @@
 //!   [`inputs`]: bounds on what a request may ask for.
 //! - [`lifecycle`]: create, pause, resume, snapshot; built on [`ops`], the
 //!   operations on one sandbox (row, admission, its VM, its agent);
+//!   [`fork`]: a running sandbox into N live clones;
 //!   [`templates`] and [`template_dirs`]: templates and their directories;
 //!   [`template_names`]: the daemon's derived names and templates' owners.
 //! - [`db`]: state in SQLite (WAL).
@@ -28,6 +29,7 @@ pub mod api;
 pub mod auth;
 pub mod db;
 pub mod exec;
+pub mod fork;
 pub mod freeze;
 pub mod inputs;
 pub mod layer_files;
@@ -127,6 +129,12 @@ impl Config {
     /// Where sandbox directories live.
     pub fn sandboxes_dir(&self) -> PathBuf {
         self.state_dir.join("sandboxes")
+    }
+
+    /// Where forks' snapshots live while their clones are restored
+    /// ([`fork`]).
+    pub fn forks_dir(&self) -> PathBuf {
+        self.state_dir.join("forks")
     }
 
     /// The only directory callers' layer files may come from (the daemon
@@ -532,6 +540,7 @@ pub async fn serve_until(
     let _ = std::fs::remove_file(&sock);
     supervisor::recover(&d).await;
     template_dirs::recover(&d);
+    fork::recover(&d);
     let unix =
         tokio::net::UnixListener::bind(&sock).map_err(|e| format!("{}: {e}", sock.display()))?;
     {

@@ -265,15 +265,26 @@ impl SandboxBackend for MicroVm {
     }
 
     fn restore(&self, dir: &Path, from: &Source) -> Result<Arc<dyn SandboxVm>, BackendError> {
-        let (snapshot, files) = match from {
-            Source::Template(t) if t.join("state").is_file() => {
-                (t.clone(), jail::template_files(t))
+        // `files`: what the jail binds read-only while the VMM restores;
+        // `keep`: what its state and later snapshots record (a one-off
+        // snapshot's own directory is needed only until it runs).
+        let (snapshot, files, keep) = match from {
+            Source::Template(t) | Source::Snapshot(t) if t.join("state").is_file() => {
+                let files = jail::template_files(t);
+                let keep = match from {
+                    Source::Snapshot(_) => files.iter().filter(|f| *f != t).cloned().collect(),
+                    _ => files.clone(),
+                };
+                (t.clone(), files, keep)
             }
-            Source::Template(t) => return Err(BackendError::NoSource(t.clone())),
+            Source::Template(t) | Source::Snapshot(t) => {
+                return Err(BackendError::NoSource(t.clone()))
+            }
             Source::Paused(s) => match s.decode::<Saved>()? {
                 Saved::Paused { snapshot, files } => (
                     self.snapshot_of(dir, snapshot.as_deref())
                         .ok_or_else(|| BackendError::NoSource(dir.into()))?,
+                    files.clone(),
                     files,
                 ),
                 Saved::Running { .. } => return Err(BackendError::NoSource(dir.into())),
@@ -286,7 +297,7 @@ impl SandboxBackend for MicroVm {
         Ok(Arc::new(MicroVmSandbox {
             proc: p,
             paths,
-            files,
+            files: keep,
             jailed: self.jailed(),
         }))
     }
