@@ -139,6 +139,21 @@ def daemon() -> Iterator[Daemon]:
         d.stop()
 
 
+@pytest.fixture(scope="session")
+def disk_template(daemon: Daemon) -> str:
+    """A template of the tiny image whose upper layer is a 512 MiB scratch
+    disk (for the large file tests)."""
+    with shoal.Shoal(daemon.sock, autostart=False) as c:
+        c.create_template("py-tiny-disk", "tiny", upper_disk_mib=512, timeout=300)
+    return "py-tiny-disk"
+
+
+@pytest.fixture(scope="session")
+def big_size() -> int:
+    """The large transfer: 100 MiB (``SHOAL_PY_BIG_MIB`` to change)."""
+    return int(os.environ.get("SHOAL_PY_BIG_MIB", "100")) << 20
+
+
 @pytest.fixture
 def client(daemon: Daemon) -> Iterator[shoal.Shoal]:
     with shoal.Shoal(daemon.sock, autostart=False) as c:

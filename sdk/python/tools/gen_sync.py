@@ -17,6 +17,7 @@ from pathlib import Path
 
 PKG = Path(__file__).resolve().parent.parent / "src" / "shoal"
 MODULES = ["client", "sandbox", "files"]
+TESTS = Path(__file__).resolve().parent.parent / "tests"
 
 # Applied in order, as regular expressions.
 RULES: list[tuple[str, str]] = [
@@ -45,10 +46,19 @@ RULES: list[tuple[str, str]] = [
     (r"\basyncio client\b", "sync client"),
     (r"@ASYNC@", "_async_"),
 ]
+# And for the tests: their fixtures.
+TEST_RULES: list[tuple[str, str]] = [
+    (r'\A"""[^"]*"""',
+     '"""Every call of the client against the real daemon, through the sync\n'
+     'client (made from ``test_async_api.py`` by ``tools/gen_sync.py``: do not\n'
+     'edit)."""'),
+    (r"\baclient\b", "client"),
+    (r"\basandbox\b", "sandbox"),
+]
 
 
-def convert(src: str) -> str:
-    for pat, rep in RULES:
+def convert(src: str, rules: list[tuple[str, str]] = RULES) -> str:
+    for pat, rep in rules:
         src = re.sub(pat, rep, src)
     return src
 
@@ -56,11 +66,11 @@ def convert(src: str) -> str:
 def main() -> int:
     check = "--check" in sys.argv[1:]
     stale = []
-    for m in MODULES:
-        a = PKG / f"_async_{m}.py"
-        s = PKG / f"_sync_{m}.py"
-        want = f"# Generated from _async_{m}.py by tools/gen_sync.py: do not edit.\n" + convert(
-            a.read_text()
+    pairs = [(PKG / f"_async_{m}.py", PKG / f"_sync_{m}.py", RULES) for m in MODULES]
+    pairs.append((TESTS / "test_async_api.py", TESTS / "test_sync_api.py", TEST_RULES + RULES))
+    for a, s, rules in pairs:
+        want = f"# Generated from {a.name} by tools/gen_sync.py: do not edit.\n" + convert(
+            a.read_text(), rules
         )
         if not s.exists() or s.read_text() != want:
             stale.append(s.name)

@@ -102,17 +102,23 @@ class AsyncSandbox:
         body = {"template": template} if template else {}
         return TemplateInfo.from_json(await self._do("POST", "/snapshot", json=body))
 
-    async def fork(self, n: int = 1, *, partial: bool = False) -> Forked[AsyncSandbox]:
+    async def fork(
+        self, n: int = 1, *, metadata: Mapping[str, str] | None = None, partial: bool = False
+    ) -> Forked[AsyncSandbox]:
         """Forks the running sandbox into ``n`` (1-100) live clones that
         continue from this instant with their own memory, upper layer,
         fresh entropy and clock; this sandbox keeps running.
 
         Returns the clones (a list; ``.failures`` holds why any could not
-        be made). When some failed and ``partial`` is false, raises
+        be made). ``metadata`` labels the clones (default: this sandbox's
+        labels). When some failed and ``partial`` is false, raises
         :class:`ForkFailed` instead, whose ``sandboxes`` are the clones that
         were made (still running: the caller owns them).
         """
-        v = await self._do("POST", "/fork", json={"count": int(n)})
+        body: dict[str, Any] = {"count": int(n)}
+        if metadata is not None:
+            body["metadata"] = dict(metadata)
+        v = await self._do("POST", "/fork", json=body)
         made: Forked[AsyncSandbox] = Forked(
             AsyncSandbox(self.client, SandboxInfo.from_json(s)) for s in v.get("sandboxes", [])
         )

@@ -261,7 +261,11 @@ def error_from_response(
     cls = ERROR_CLASSES.get(code or "", ShoalError)
     if cls is NotFound:
         # A route under a sandbox answers 404 for the sandbox too.
-        cls = SandboxNotFound if message.startswith("no sandbox ") else not_found
+        if message.startswith("no such route"):
+            cls = NotFound
+            message += " (this daemon is older than the SDK: it lacks this call)"
+        else:
+            cls = SandboxNotFound if message.startswith("no sandbox ") else not_found
     wait: float | None = None
     if retry_after is not None:
         try:

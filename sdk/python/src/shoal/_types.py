@@ -12,8 +12,9 @@ from ._errors import ShoalError
 
 #: States of a sandbox (``pooled`` ones are never listed).
 SandboxState = Literal["pooled", "starting", "running", "pausing", "paused", "failed"]
-#: States of a background command.
-CommandState = Literal["running", "exited"]
+#: States of a background command (``lost``: the daemon no longer knows
+#: how it ended, e.g. the sandbox was paused to disk).
+CommandState = Literal["running", "exited", "lost"]
 #: Types of a guest file.
 FileType = Literal["file", "dir", "symlink", "other"]
 
