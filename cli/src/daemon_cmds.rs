@@ -1,5 +1,6 @@
-//! CLI commands that go through shoald: run, create, ls, exec, cp,
-//! snapshot, pause, resume, rm, template, pool, stats.
+//! CLI commands that go through shoald: run, create, ls, exec (also in
+//! the background), attach, cp, snapshot, pause, resume, rm, template,
+//! pool, stats.
 
 use crate::daemon_client::{age, connect, table, Progress};
 use crate::{ExecArgs, SandboxArgs};
@@ -48,8 +49,13 @@ fn exec_body(e: &ExecArgs, stdin: Option<Vec<u8>>) -> Result<api::ExecRequest> {
 
 /// Streams an exec's output to ours; returns the shell-style exit code.
 fn stream_exec(c: &DaemonClient, id: &str, body: &api::ExecRequest) -> Result<i32> {
+    print_events(c.exec_stream(id, body)?)
+}
+
+/// Writes a stream's output to ours; returns the shell-style exit code.
+pub(crate) fn print_events(events: shoal_client::ExecStream) -> Result<i32> {
     let (mut out, mut err) = (std::io::stdout().lock(), std::io::stderr().lock());
-    for ev in c.exec_stream(id, body)? {
+    for ev in events {
         match ev? {
             ExecEvent::Stdout { data, encoding } => {
                 out.write_all(&encoding.decode(&data).context("stdout")?)?;
@@ -329,9 +335,26 @@ pub fn ls(g: &Global, state: Option<&str>, template: Option<&str>, meta: &[Strin
 }
 
 /// `shoal exec`.
-pub fn exec(g: &Global, id: &str, e: &ExecArgs, stdin: bool) -> Result<i32> {
+pub fn exec(g: &Global, id: &str, e: &ExecArgs, stdin: bool, background: bool) -> Result<i32> {
     let c = connect(g.daemon.as_deref())?;
-    stream_exec(&c, id, &exec_body(e, read_stdin(stdin)?)?)
+    let body = exec_body(e, read_stdin(stdin)?)?;
+    if background {
+        let cmd = c.start_command(id, &body)?;
+        if g.json {
+            println!("{}", serde_json::to_string(&cmd)?);
+        } else {
+            println!("{}", cmd.id);
+        }
+        return Ok(0);
+    }
+    stream_exec(&c, id, &body)
+}
+
+/// `shoal attach ID CMD_ID`: a background command's output (what it
+/// wrote so far, then live); exits with its exit code.
+pub fn attach(g: &Global, id: &str, cmd: &str) -> Result<i32> {
+    let c = connect(g.daemon.as_deref())?;
+    print_events(c.command_stream(id, cmd)?)
 }
 
 /// `shoal cp LOCAL ID:PATH` or `shoal cp ID:PATH LOCAL`.

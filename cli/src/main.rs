@@ -3,8 +3,9 @@
 //! - `shoal run [--image base|tiny] -- CMD...`: run CMD in a fresh sandbox
 //!   through the daemon (`shoald`, started on demand), stream its output,
 //!   exit with its exit code.
-//! - `shoal create|ls|exec|cp|snapshot|pause|resume|rm`, `shoal template
-//!   ...`, `shoal pool ...`, `shoal stats`: sandboxes through the daemon.
+//! - `shoal create|ls|exec|attach|cp|snapshot|pause|resume|rm`, `shoal template
+//!   ...`, `shoal pool ...`, `shoal stats`: sandboxes through the daemon;
+//!   `shoal daemon start|stop|status`: the local daemon itself.
 //! - `shoal vm ...`: sandboxes without the daemon (one VMM process each).
 //! - `shoal restore`: a snapshot in the foreground.
 //! - `shoal image build SRC -o OUT`: a DAX-ready root image (erofs, 4 KiB
@@ -19,6 +20,7 @@ mod bench;
 mod confinement;
 mod daemon_client;
 mod daemon_cmds;
+mod daemon_ctl;
 mod image_cmd;
 mod progress;
 mod sandbox_cmds;
@@ -162,6 +164,17 @@ enum Cmd {
         /// Forward our standard input to the command (read to its end first).
         #[arg(long, short = 'i')]
         stdin: bool,
+        /// Leave it running in the background; prints its id (`shoal attach`).
+        #[arg(long, short = 'd')]
+        background: bool,
+    },
+    /// Follow a background command's output (from its start) to its end;
+    /// exits with its exit code.
+    Attach {
+        /// Sandbox id.
+        id: String,
+        /// Command id (`shoal exec --background`).
+        cmd: String,
     },
     /// Copy files: `shoal cp LOCAL ID:/PATH` or `shoal cp ID:/PATH LOCAL`.
     Cp {
@@ -206,6 +219,11 @@ enum Cmd {
     },
     /// What the daemon holds: sandboxes, reservations, host memory, pools.
     Stats,
+    /// The local daemon (shoald): start, stop, status.
+    Daemon {
+        #[command(subcommand)]
+        op: daemon_ctl::DaemonCmd,
+    },
     /// Sandboxes without the daemon (one VMM process each, driven here).
     Vm {
         #[command(subcommand)]
@@ -604,7 +622,13 @@ fn main() {
             template,
             meta,
         } => dc::ls(g, state.as_deref(), template.as_deref(), &meta),
-        Cmd::Exec { id, exec, stdin } => dc::exec(g, &id, &exec, stdin),
+        Cmd::Exec {
+            id,
+            exec,
+            stdin,
+            background,
+        } => dc::exec(g, &id, &exec, stdin, background),
+        Cmd::Attach { id, cmd } => dc::attach(g, &id, &cmd),
         Cmd::Cp { src, dst } => dc::cp(g, &src, &dst),
         Cmd::Snapshot { id, template } => dc::snapshot(g, &id, template.as_deref()),
         Cmd::Pause { id } => dc::lifecycle(g, &id, "pause"),
@@ -613,6 +637,7 @@ fn main() {
         Cmd::Template { op } => dc::template(g, &op),
         Cmd::Pool { op } => dc::pool(g, &op),
         Cmd::Stats => dc::stats(g),
+        Cmd::Daemon { op } => daemon_ctl::run(g, &op),
         Cmd::Vm { op } => match op {
             VmCmd::Start { sandbox } => sb::start(&sandbox),
             VmCmd::Ls => sb::ls(),

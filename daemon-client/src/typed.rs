@@ -210,6 +210,16 @@ pub struct ExecStream {
     done: bool,
 }
 
+impl ExecStream {
+    /// The events of a streamed response.
+    pub(crate) fn new(r: Response) -> ExecStream {
+        ExecStream {
+            lines: BufReader::new(r),
+            done: false,
+        }
+    }
+}
+
 impl Iterator for ExecStream {
     type Item = Result<api::ExecEvent>;
 

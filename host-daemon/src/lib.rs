@@ -13,6 +13,8 @@
 //!   [`fork`]: a running sandbox into N live clones;
 //!   [`templates`] and [`template_dirs`]: templates and their directories;
 //!   [`template_names`]: the daemon's derived names and templates' owners.
+//! - [`exec`]: exec and files through a sandbox's agent; [`commands`]:
+//!   background commands, their output kept by [`command_output`].
 //! - [`db`]: state in SQLite (WAL).
 //! - [`watch`]: VM exits (pidfd) noticed and reclaimed; [`supervisor`]:
 //!   TTL and idle sweeps, recovery on start (reattach or reclaim).
@@ -27,6 +29,8 @@ pub mod admission;
 pub mod agent_limits;
 pub mod api;
 pub mod auth;
+pub mod command_output;
+pub mod commands;
 pub mod db;
 pub mod exec;
 pub mod fork;
@@ -200,6 +204,9 @@ pub enum ApiError {
     /// 409: not possible in the current state.
     #[error("{0}")]
     Conflict(String),
+    /// 429: the sandbox has as much going on as it may.
+    #[error("{0}")]
+    Busy(String),
     /// 429 or 503: admission refused.
     #[error("{0}")]
     Refused(#[from] Refusal),
@@ -293,7 +300,7 @@ impl ApiError {
             }
             ApiError::Agent(C::Remote { .. }) => ErrorCode::BadRequest,
             ApiError::Agent(C::Timeout) | ApiError::Timeout(_) => ErrorCode::DeadlineExceeded,
-            ApiError::Agent(C::Busy(_)) => ErrorCode::SandboxBusy,
+            ApiError::Agent(C::Busy(_)) | ApiError::Busy(_) => ErrorCode::SandboxBusy,
             ApiError::Backend { source, .. } if source.is_host_fault() => ErrorCode::Internal,
             ApiError::Agent(_)
             | ApiError::AgentUnreachable { .. }
@@ -348,6 +355,8 @@ pub struct Live {
     pub last_active_ms: AtomicU64,
     /// Never frozen.
     pub keep_running: AtomicBool,
+    /// Its background commands.
+    pub commands: commands::Registry,
 }
 
 impl Live {
@@ -371,6 +380,7 @@ impl Live {
             frozen: tokio::sync::Mutex::new(false),
             last_active_ms: AtomicU64::new(freeze::now_ms()),
             keep_running: AtomicBool::new(false),
+            commands: commands::Registry::default(),
         }
     }
 
