@@ -65,6 +65,10 @@ pub struct JailAb {
     pub rates: Vec<AbRate>,
     /// Failed latency restores (plain, jailed).
     pub errors: (usize, usize),
+    /// The samples behind `rows`: system "shoal" or "shoal jailed"
+    /// (figures only).
+    #[serde(skip)]
+    pub samples: Vec<crate::stats::Samples>,
 }
 
 /// Runs the A/B on the bench's templates (made readable to jailed VMMs
@@ -111,11 +115,15 @@ pub fn run(
         }
     }
     let mut rows = vec![];
+    let mut samples = vec![];
     for (m, metric) in ["restore_to_vcpu_run", "restore_to_first_output"]
         .iter()
         .enumerate()
     {
         if let (Some(plain), Some(jailed)) = (summarize(&v[0][m]), summarize(&v[1][m])) {
+            for (system, vals) in [("shoal", &v[0][m]), ("shoal jailed", &v[1][m])] {
+                samples.push(crate::stats::Samples::new(system, metric, vals.clone()));
+            }
             rows.push(AbRow {
                 metric: (*metric).into(),
                 delta_p50_ms: jailed.median - plain.median,
@@ -143,6 +151,7 @@ pub fn run(
         rows,
         rates,
         errors,
+        samples,
     })
 }
 

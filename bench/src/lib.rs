@@ -7,6 +7,7 @@ pub mod exec;
 pub mod hostmem;
 pub mod jail_ab;
 pub mod load;
+pub mod plot;
 pub mod pmem;
 pub mod pmem_report;
 pub mod prewarm;

@@ -434,6 +434,7 @@ fn memory_pass(
             host_per_vm_kib: total as f64 / vms.len().max(1) as f64,
             mem_available_drop_kib: avail0 - meminfo_kib("MemAvailable:"),
             read_ms: summarize(&lock(&times)),
+            read_samples: lock(&times).clone(),
         };
         progress(&format!(
             "{} x{}: host {:.1} MiB ({:.2} MiB/VM: VMM private {:.1} MiB + page cache {:+.1} MiB), \

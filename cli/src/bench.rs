@@ -3,6 +3,7 @@
 use crate::image_path;
 use anyhow::{bail, Context, Result};
 use shoal_bench::boot::{self as bootbench, BootBenchOpts};
+use shoal_bench::plot::{self, Out, PlotError};
 use shoal_images::artifacts;
 use shoal_runtime::launch::{BootSpec, RootKind};
 use std::path::{Path, PathBuf};
@@ -15,7 +16,7 @@ pub fn restore(
     pss_vms: usize,
     jail: bool,
     memory: u32,
-    json: &Path,
+    out: &Output,
 ) -> Result<()> {
     let vmm = artifacts::vmm_binary()?;
     let jail = match jail {
@@ -62,8 +63,7 @@ pub fn restore(
     let report = shoal_bench::restore::run(&opts, &mut |l| eprintln!("{l}"));
     let _ = std::fs::remove_dir_all(&work);
     let report = report?;
-    emit(&report.render(), &report, json)?;
-    Ok(())
+    out.emit(&report.render(), &report, plot::benches::restore)
 }
 
 pub fn boot(
@@ -71,7 +71,7 @@ pub fn boot(
     image: &str,
     memory: u32,
     no_qemu: bool,
-    json: &Path,
+    out: &Output,
 ) -> Result<()> {
     let hw = vmm::host::kvm_kind() == vmm::host::KvmKind::Hardware;
     let runs = runs.unwrap_or(if hw { 20 } else { 5 });
@@ -106,14 +106,14 @@ pub fn boot(
         timeout: Duration::from_secs(if hw { 30 } else { 300 }),
     };
     let report = bootbench::run(&opts, &mut |l| eprintln!("{l}"))?;
-    emit(&report.render(), &report, json)?;
+    out.emit(&report.render(), &report, plot::benches::boot)?;
     if report.rows.is_empty() {
         bail!("no successful boots");
     }
     Ok(())
 }
 
-pub fn exec(execs: usize, restores: usize, bytes: u64, json: &Path) -> Result<()> {
+pub fn exec(execs: usize, restores: usize, bytes: u64, out: &Output) -> Result<()> {
     let host_agent = artifacts::vmm_binary()
         .ok()
         .and_then(|v| v.parent().map(|d| d.join("shoal-agent")))
@@ -126,8 +126,7 @@ pub fn exec(execs: usize, restores: usize, bytes: u64, json: &Path) -> Result<()
         host_agent,
     };
     let report = shoal_bench::exec::run(&opts, &mut |l| eprintln!("{l}"))?;
-    emit(&report.render(), &report, json)?;
-    Ok(())
+    out.emit(&report.render(), &report, plot::benches::exec)
 }
 
 /// `shoal bench pmem` options.
@@ -141,7 +140,7 @@ pub struct PmemArgs {
     pub workdir: Option<PathBuf>,
 }
 
-pub fn pmem(a: PmemArgs, json: &Path) -> Result<()> {
+pub fn pmem(a: PmemArgs, out: &Output) -> Result<()> {
     use shoal_bench::pmem::{self as pb, PmemBenchOpts};
     let hw = vmm::host::kvm_kind() == vmm::host::KvmKind::Hardware;
     let vm_counts = a
@@ -177,8 +176,7 @@ pub fn pmem(a: PmemArgs, json: &Path) -> Result<()> {
     let report = pb::run(&o, &mut |l| eprintln!("{l}"));
     let _ = std::fs::remove_dir_all(&work);
     let report = report?;
-    emit(&report.render(), &report, json)?;
-    Ok(())
+    out.emit(&report.render(), &report, plot::benches::pmem)
 }
 
 /// `shoal bench load` settings.
@@ -213,7 +211,7 @@ impl Drop for PrivateDaemon {
     }
 }
 
-pub fn load(g: &crate::daemon_cmds::Global, a: &LoadArgs, json: &Path) -> Result<()> {
+pub fn load(g: &crate::daemon_cmds::Global, a: &LoadArgs, out: &Output) -> Result<()> {
     use shoal_client::DaemonClient;
     let concurrency = a
         .concurrency
@@ -274,15 +272,62 @@ pub fn load(g: &crate::daemon_cmds::Global, a: &LoadArgs, json: &Path) -> Result
     };
     let report = shoal_bench::load::run(&c, &opts, &mut |l| eprintln!("{l}"));
     drop(private);
-    emit(&report.render(), &report, json)?;
-    Ok(())
+    out.emit(&report.render(), &report, plot::benches::load)
 }
 
-/// Prints a bench's table and writes its JSON report to `json`.
-fn emit(table: &str, report: &impl serde::Serialize, json: &Path) -> Result<()> {
-    print!("{table}");
-    std::fs::write(json, serde_json::to_string_pretty(report)?)
-        .with_context(|| format!("cannot write {}", json.display()))?;
-    eprintln!("wrote {}", json.display());
+/// Where a bench writes its JSON report and its figures.
+pub struct Output<'a> {
+    json: &'a Path,
+    plot: Option<&'a Path>,
+}
+
+impl<'a> Output<'a> {
+    /// The report goes to `json`; the figures to `plot`, or beside the
+    /// report when `None` (the current directory for a bare file name).
+    pub fn new(json: &'a Path, plot: Option<&'a Path>) -> Self {
+        Self { json, plot }
+    }
+
+    fn plot_dir(&self) -> &Path {
+        match self.plot {
+            Some(d) => d,
+            None => self
+                .json
+                .parent()
+                .filter(|d| !d.as_os_str().is_empty())
+                .unwrap_or(Path::new(".")),
+        }
+    }
+
+    /// Prints a bench's table, writes its JSON report, then its figures
+    /// (`figures` draws them).
+    fn emit<R: serde::Serialize>(
+        &self,
+        table: &str,
+        report: &R,
+        figures: fn(&R, &Out) -> Result<Vec<PathBuf>, PlotError>,
+    ) -> Result<()> {
+        print!("{table}");
+        let json = self.json;
+        std::fs::write(json, serde_json::to_string_pretty(report)?)
+            .with_context(|| format!("cannot write {}", json.display()))?;
+        eprintln!("wrote {}", json.display());
+        let files = figures(report, &Out::for_json(self.plot_dir(), json))
+            .context("cannot draw the figures (the JSON report is written)")?;
+        wrote_figures(&files);
+        Ok(())
+    }
+}
+
+fn wrote_figures(files: &[PathBuf]) {
+    for f in files {
+        eprintln!("wrote {}", f.display());
+    }
+}
+
+/// `shoal bench plot FILE.json`: draws a generic plot document.
+pub fn plot_doc(out: &Output) -> Result<()> {
+    let files = plot::doc::draw_file(out.json, out.plot_dir())?;
+    wrote_figures(&files);
     Ok(())
 }

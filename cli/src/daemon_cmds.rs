@@ -378,15 +378,22 @@ pub fn cp(g: &Global, src: &str, dst: &str) -> Result<i32> {
                 mode: Some(mode),
                 ..api::UploadQuery::new(&path)
             };
-            let v = c.put_file(&id, &q, &mut f)?;
+            let len = f.metadata().ok().map(|m| m.len());
+            let live = Progress::start_quiet(&format!("copying {src} to {id}:{path}"));
+            let v = c.put_file(&id, &q, &mut live.counted(&mut f, len))?;
+            drop(live);
             eprintln!("copied {} bytes to {id}:{path}", v.bytes);
         }
         (Some((id, path)), None) => {
-            let mut r = c.get_file(&id, &path)?;
+            let r = c.get_file(&id, &path)?;
             let tmp = format!("{dst}.shoal-partial");
             let mut f =
                 std::fs::File::create(&tmp).with_context(|| format!("cannot create {tmp}"))?;
-            match std::io::copy(&mut r, &mut f) {
+            let live = Progress::start_quiet(&format!("copying {id}:{path} to {dst}"));
+            let size = r.size;
+            let copied = std::io::copy(&mut live.counted(r, size), &mut f);
+            drop(live);
+            match copied {
                 Ok(n) => {
                     std::fs::rename(&tmp, dst)?;
                     eprintln!("copied {n} bytes from {id}:{path}");
