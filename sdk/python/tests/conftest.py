@@ -4,7 +4,8 @@ without /dev/kvm, the binaries or the guest artifacts fails every test
 with the reason (never skips).
 
 The binaries are ``$SHOAL_BIN_DIR`` (default: the checkout's
-``target/release``: shoald, shoal-vmm, shoal-jailer); the guest kernel and
+``target/release``: shoald, shoal-vmm, shoal-jailer; ``$SHOAL_VMM`` and
+``$SHOAL_JAILER`` win for those two when set); the guest kernel and
 images ``$SHOAL_ARTIFACTS`` (default ``~/.cache/shoal/artifacts``, what
 ``target/release/shoal artifacts build tiny`` installs)."""
 
@@ -70,8 +71,8 @@ class Daemon:
         self.dir = Path(self.tmp)
         self.sock = str(self.dir / "shoald.sock")
         env = dict(os.environ)
-        env["SHOAL_VMM"] = str(bins / "shoal-vmm")
-        env["SHOAL_JAILER"] = str(bins / "shoal-jailer")
+        env.setdefault("SHOAL_VMM", str(bins / "shoal-vmm"))
+        env.setdefault("SHOAL_JAILER", str(bins / "shoal-jailer"))
         self.log_path = self.dir / "shoald.log"
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
@@ -128,7 +129,9 @@ class Daemon:
 def daemon() -> Iterator[Daemon]:
     """The session's daemon, with the template ``py-tiny`` (the tiny
     image, 1 vCPU, 128 MiB) built and a warm pool of 10."""
-    d = Daemon()
+    # A generous agent deadline: the host may be busy (PVM, shared CPUs),
+    # and these tests assert behaviour, not speed.
+    d = Daemon("--agent-timeout", "300")
     try:
         with shoal.Shoal(d.sock, autostart=False) as c:
             c.create_template(TEMPLATE, "tiny", timeout=300)

@@ -43,7 +43,7 @@ async def test_async_callbacks_are_awaited(asandbox):
 SERVER = (
     # A process whose state lives only in its memory: a token drawn at
     # start and a counter of the questions it answered.
-    "mkfifo /tmp/q; tok=$$-$RANDOM$RANDOM; n=0; "
+    "tok=$$-$RANDOM$RANDOM; n=0; "
     "while :; do read c < /tmp/q; n=$((n+1)); echo \"$tok $n $c\" > /tmp/r.new; "
     "mv /tmp/r.new /tmp/r; done"
 )
@@ -63,7 +63,11 @@ async def test_fork_clones_share_memory_and_files_then_diverge(aclient):
     src = await aclient.create(template=TEMPLATE, keep_running=True)
     clones: list[shoal.AsyncSandbox] = []
     try:
-        await src.start(["sh", "-c", SERVER])
+        # Detached (its own session), so it outlives the exec that starts it.
+        await src.exec(
+            ["sh", "-c", f"mkfifo /tmp/q && (setsid sh -c '{SERVER}' </dev/null >/dev/null 2>&1 &)"],
+            check=True,
+        )
         await src.files.write("/tmp/state.txt", b"before-fork")
         tok, n, _ = await ask(src, "src")
         assert n == 1
