@@ -143,12 +143,12 @@ def daemon() -> Iterator[Daemon]:
 
 
 @pytest.fixture(scope="session")
-def disk_template(daemon: Daemon) -> str:
-    """A template of the tiny image whose upper layer is a 512 MiB scratch
-    disk (for the large file tests)."""
+def big_template(daemon: Daemon) -> str:
+    """A template of the tiny image with 512 MiB of memory and a 384 MiB
+    upper layer (for the 100 MiB transfer)."""
     with shoal.Shoal(daemon.sock, autostart=False) as c:
-        c.create_template("py-tiny-disk", "tiny", upper_disk_mib=512, timeout=300)
-    return "py-tiny-disk"
+        c.create_template("py-tiny-big", "tiny", memory_mib=512, upper_size_mib=384, timeout=300)
+    return "py-tiny-big"
 
 
 @pytest.fixture(scope="session")

@@ -201,9 +201,11 @@ def test_pause_resume_snapshot_ttl(client, sandbox):
     client.delete_template(name)
     with pytest.raises(shoal.TemplateNotFound):
         client.get_template(name)
+    # The TTL counts from now: the daemon keeps it from creation.
     info = sandbox.set_ttl(3600, idle_timeout_s=600)
-    assert (info.ttl_s, info.idle_timeout_s) == (3600, 600)
-    assert (sandbox.refresh()).ttl_s == 3600
+    age = time.time() - info.created_at
+    assert 3600 <= info.ttl_s <= 3600 + age + 2 and info.idle_timeout_s == 600
+    assert (sandbox.refresh()).ttl_s == info.ttl_s
     info = sandbox.set_ttl(0)
     assert info.ttl_s == 0 and info.idle_timeout_s == 600
 
@@ -260,29 +262,23 @@ def test_daemon_calls(client):
     assert t.state == "ready" and t.source == "image:tiny"
 
 
-def test_upload_and_download_checksums(client, disk_template, big_size):
-    """Streams ``big_size`` bytes in and back out with SHA-256 on both
-    sides (and the guest's own), to a sandbox whose upper layer is a
-    scratch disk (tmpfs would not hold it)."""
-    sandbox = client.create(template=disk_template)
+def test_upload_and_download_checksums(sandbox):
+    """4 MiB streamed in from a generator and back out, SHA-256 on both
+    sides and the guest's own (the 100 MiB transfer is in
+    test_async_only.py)."""
     chunk = hashlib.sha256(b"seed").digest() * 32768  # 1 MiB
     want = hashlib.sha256()
 
     def source():
-        for i in range(big_size // len(chunk)):
-            piece = bytes([i & 0xFF]) + chunk[1:]
+        for i in range(4):
+            piece = bytes([i]) + chunk[1:]
             want.update(piece)
             yield piece
 
-    n = sandbox.files.write("/tmp/big.bin", source())
-    assert n == big_size
-    assert (sandbox.files.stat("/tmp/big.bin")).size == big_size
+    assert sandbox.files.write("/tmp/big.bin", source()) == 4 << 20
     r = sandbox.exec(["sha256sum", "/tmp/big.bin"], check=True)
     assert r.text.split()[0] == want.hexdigest()
     got = hashlib.sha256()
-    total = 0
-    for c in sandbox.files.iter_read("/tmp/big.bin"):
+    for c in sandbox.files.iter_read("/tmp/big.bin", chunk_size=65536):
         got.update(c)
-        total += len(c)
-    assert total == big_size and got.hexdigest() == want.hexdigest()
-    sandbox.kill()
+    assert got.hexdigest() == want.hexdigest()

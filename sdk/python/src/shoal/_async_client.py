@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Any, AsyncIterator, Mapping, Sequence
+from typing import Any, AsyncIterator, List, Mapping, Sequence
 
 import httpx
 
@@ -191,6 +191,10 @@ class AsyncShoal:
         r = await self._send(method, path, stream=True, **kw)
         try:
             yield r
+        except httpx.TimeoutException as e:
+            raise Timeout(f"{method} {path}: the answer stalled ({e})") from e
+        except httpx.TransportError as e:
+            raise ConnectionFailed(f"{method} {path}: the answer broke off ({e})") from e
         finally:
             await r.aclose()
 
@@ -265,7 +269,7 @@ class AsyncShoal:
         state: str | None = None,
         template: str | None = None,
         metadata: Mapping[str, str] | None = None,
-    ) -> list[AsyncSandbox]:
+    ) -> List[AsyncSandbox]:
         """Sandboxes matching every filter given: a ``state``
         (``running``, ``paused``, ...), a ``template``, all of the
         ``metadata`` labels."""
@@ -368,7 +372,7 @@ class AsyncShoal:
         v = await self._json("GET", f"/v1/templates/{_seg(name)}", not_found=TemplateNotFound)
         return TemplateInfo.from_json(v)
 
-    async def list_templates(self) -> list[TemplateInfo]:
+    async def list_templates(self) -> List[TemplateInfo]:
         """Every template, by name."""
         return [TemplateInfo.from_json(v) for v in await self._json("GET", "/v1/templates")]
 
@@ -387,7 +391,7 @@ class AsyncShoal:
         )
         return PoolInfo.from_json(v)
 
-    async def pools(self) -> list[PoolInfo]:
+    async def pools(self) -> List[PoolInfo]:
         """Every warm pool with its target and ready sizes."""
         return [PoolInfo.from_json(v) for v in await self._json("GET", "/v1/pools")]
 

@@ -3,7 +3,7 @@ from this file by ``tools/gen_sync.py`` (never edit it by hand)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, AsyncIterator
+from typing import TYPE_CHECKING, Any, AsyncIterator, List
 
 from . import _aio as _io
 from ._errors import FileNotFound
@@ -87,7 +87,7 @@ class AsyncFiles:
             async for c in r.aiter_bytes(chunk_size):
                 yield c
 
-    async def list(self, path: str = "/") -> list[DirEntry]:
+    async def list(self, path: str = "/") -> List[DirEntry]:
         """The entries of the directory ``path``, by name."""
         return [DirEntry.from_json(v) for v in await self._call("GET", "/list", params={"path": path})]
 

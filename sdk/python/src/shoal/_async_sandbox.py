@@ -123,8 +123,8 @@ class AsyncSandbox:
             AsyncSandbox(self.client, SandboxInfo.from_json(s)) for s in v.get("sandboxes", [])
         )
         for f in v.get("failed") or []:
-            body = _json.dumps({"error": f}).encode()
-            made.failures.append(error_from_response(0, body, None))
+            err = _json.dumps({"error": f}).encode()
+            made.failures.append(error_from_response(0, err, None))
         if made.failures and not partial:
             raise ForkFailed(list(made), made.failures, n)
         return made
@@ -185,7 +185,7 @@ class AsyncSandbox:
         if stdin is not None and small is None:
             c = await self.start(cmd, shell=shell, env=env, cwd=cwd, timeout=timeout, stdin=True)
             await c.write_stdin(stdin, close=True)
-            res = await c.wait(on_stdout=on_stdout, on_stderr=on_stderr, timeout=timeout)
+            res = await c.wait(on_stdout=on_stdout, on_stderr=on_stderr)
         elif on_stdout is None and on_stderr is None:
             body = exec_body(cmd, shell, env, cwd, timeout, small)
             v = await self._do("POST", "/exec", json=body, timeout=exec_read_timeout(timeout))
@@ -315,9 +315,9 @@ class AsyncCommand:
         if on_stdout is not None or on_stderr is not None:
             res = await _collect(self.stream(), on_stdout, on_stderr, t0)
         else:
-            wait_s = timeout if timeout is not None else self._timeout
-            params = {"timeout_s": wait_s} if wait_s is not None else None
-            v = await self._do("POST", "/wait", params=params, timeout=exec_read_timeout(wait_s))
+            params = {"timeout_s": timeout} if timeout is not None else None
+            read = exec_read_timeout(timeout if timeout is not None else self._timeout)
+            v = await self._do("POST", "/wait", params=params, timeout=read)
             res = ExecResult.from_json(v)
         if check and not res.ok:
             raise (CommandTimedOut if res.timed_out else CommandFailed)(res, self.id)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Iterator, List, Mapping, Sequence
 
 import httpx
 
@@ -191,6 +191,10 @@ class Shoal:
         r = self._send(method, path, stream=True, **kw)
         try:
             yield r
+        except httpx.TimeoutException as e:
+            raise Timeout(f"{method} {path}: the answer stalled ({e})") from e
+        except httpx.TransportError as e:
+            raise ConnectionFailed(f"{method} {path}: the answer broke off ({e})") from e
         finally:
             r.close()
 
@@ -265,7 +269,7 @@ class Shoal:
         state: str | None = None,
         template: str | None = None,
         metadata: Mapping[str, str] | None = None,
-    ) -> list[Sandbox]:
+    ) -> List[Sandbox]:
         """Sandboxes matching every filter given: a ``state``
         (``running``, ``paused``, ...), a ``template``, all of the
         ``metadata`` labels."""
@@ -368,7 +372,7 @@ class Shoal:
         v = self._json("GET", f"/v1/templates/{_seg(name)}", not_found=TemplateNotFound)
         return TemplateInfo.from_json(v)
 
-    def list_templates(self) -> list[TemplateInfo]:
+    def list_templates(self) -> List[TemplateInfo]:
         """Every template, by name."""
         return [TemplateInfo.from_json(v) for v in self._json("GET", "/v1/templates")]
 
@@ -387,7 +391,7 @@ class Shoal:
         )
         return PoolInfo.from_json(v)
 
-    def pools(self) -> list[PoolInfo]:
+    def pools(self) -> List[PoolInfo]:
         """Every warm pool with its target and ready sizes."""
         return [PoolInfo.from_json(v) for v in self._json("GET", "/v1/pools")]
 

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator, List
 
 from . import _sio as _io
 from ._errors import FileNotFound
@@ -87,7 +87,7 @@ class Files:
             for c in r.iter_bytes(chunk_size):
                 yield c
 
-    def list(self, path: str = "/") -> list[DirEntry]:
+    def list(self, path: str = "/") -> List[DirEntry]:
         """The entries of the directory ``path``, by name."""
         return [DirEntry.from_json(v) for v in self._call("GET", "/list", params={"path": path})]
 
