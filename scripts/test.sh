@@ -44,10 +44,12 @@ cargo clippy -p guest-agent --target x86_64-unknown-linux-musl -- -D warnings
 python3 scripts/check-structure.py
 echo "== tests" >&2
 # Sandboxes in the integration tests run the optimised VMM (as users do).
-# Daemons started as root jail every VMM through shoal-jailer.
+# Daemons started as root jail every VMM through the static shoal-jailer,
+# as ./shoal builds it.
 cargo build --release -p vmm --bin shoal-vmm -p shoal-jailer
+cargo build --release --target x86_64-unknown-linux-musl -p shoal-jailer --bin shoal-jailer
 export SHOAL_VMM="$PWD/target/release/shoal-vmm"
-export SHOAL_JAILER="$PWD/target/release/shoal-jailer"
+export SHOAL_JAILER="$PWD/target/x86_64-unknown-linux-musl/release/shoal-jailer"
 cargo test --workspace
 echo "== Python SDK (sdk/python: pytest against a real shoald and real guests)" >&2
 # The daemon and CLI the SDK tests drive, the guest artifacts they read

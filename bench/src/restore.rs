@@ -118,9 +118,9 @@ pub fn run(
     let (mut run_ms, mut out_ms, mut errors) = (vec![], vec![], 0);
     for i in 0..o.restores {
         match one_restore_latency(&o.vmm, &printer_dir, &sock, None) {
-            Ok((a, b)) => {
-                run_ms.push(a);
-                out_ms.push(b);
+            Ok(t) => {
+                run_ms.push(t.vcpu_run);
+                out_ms.push(t.first_output);
             }
             Err(e) => {
                 errors += 1;

@@ -331,3 +331,48 @@ pub fn plot_doc(out: &Output) -> Result<()> {
     wrote_figures(&files);
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn figures_go_beside_the_report_unless_told() {
+        let dir = |json: &str, plot: Option<&str>| {
+            Output::new(Path::new(json), plot.map(Path::new))
+                .plot_dir()
+                .to_path_buf()
+        };
+        assert_eq!(dir("bench-boot.json", None), Path::new("."));
+        assert_eq!(dir("/r/bench-boot.json", None), Path::new("/r"));
+        assert_eq!(dir("/r/bench-boot.json", Some("/figs")), Path::new("/figs"));
+    }
+
+    #[test]
+    fn the_report_then_its_figures() {
+        let d = tempfile::tempdir().unwrap();
+        let json = d.path().join("bench-x.json");
+        let figs = d.path().join("figs");
+        let out = Output::new(&json, Some(&figs));
+        let doc = plot::Doc {
+            title: "t".into(),
+            series: vec![plot::Series::new("shoal", vec![1.0, 2.0])],
+            ..Default::default()
+        };
+        out.emit("", &doc, plot::doc::draw).unwrap();
+        assert!(std::fs::read_to_string(&json)
+            .unwrap()
+            .contains("\"shoal\""));
+        assert!(figs.join("bench-x-cdf.png").is_file());
+        // A figure that cannot be drawn fails the command, the JSON written.
+        let bad = plot::Doc {
+            title: "t".into(),
+            ..Default::default()
+        };
+        let e = out.emit("", &bad, plot::doc::draw).unwrap_err();
+        assert!(format!("{e:#}").contains("nothing to draw"), "{e:#}");
+        assert!(std::fs::read_to_string(&json)
+            .unwrap()
+            .contains("\"title\""));
+    }
+}

@@ -255,3 +255,39 @@ pub fn run(g: &crate::daemon_cmds::Global, a: BenchArgs) -> Result<i32> {
         BenchCmd::Plot { doc } => bench::plot_doc(&bench::Output::new(&doc, plot)).map(|_| 0),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::{CommandFactory, Parser};
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        crate::Cli::command().debug_assert();
+    }
+
+    fn plot_of(args: &[&str]) -> Option<PathBuf> {
+        match crate::Cli::try_parse_from(args).unwrap().cmd {
+            crate::Cmd::Bench(a) => a.plot,
+            _ => panic!("not a bench: {args:?}"),
+        }
+    }
+
+    #[test]
+    fn plot_dir_before_or_after_the_bench() {
+        let d = Some(PathBuf::from("/d"));
+        assert_eq!(plot_of(&["shoal", "bench", "restore", "--plot", "/d"]), d);
+        assert_eq!(plot_of(&["shoal", "bench", "--plot", "/d", "boot"]), d);
+        assert_eq!(plot_of(&["shoal", "bench", "exec"]), None);
+        // The document is not `json`: that is the global --json flag's id
+        // (a positional of that name panicked when parsed).
+        let a = crate::Cli::try_parse_from(["shoal", "bench", "plot", "x.json"]).unwrap();
+        assert!(matches!(
+            a.cmd,
+            crate::Cmd::Bench(BenchArgs {
+                which: BenchCmd::Plot { .. },
+                ..
+            })
+        ));
+    }
+}

@@ -97,7 +97,16 @@ impl Output {
             return;
         }
         self.truncated[s] = true;
-        let rest = data.slice(n..);
+        let mut rest = data.slice(n..);
+        // A chunk larger than the whole tail keeps its last bytes.
+        let fits = self.tail_limit.saturating_sub(CHUNK_COST);
+        if rest.len() > fits {
+            self.dropped += (rest.len() - fits) as u64;
+            rest = rest.slice(rest.len() - fits..);
+        }
+        if rest.is_empty() {
+            return;
+        }
         self.tail_cost += rest.len() + CHUNK_COST;
         self.tail.push_back(Chunk {
             seq: self.next,
@@ -222,5 +231,15 @@ mod tests {
         let r = replay(&o);
         assert_eq!(r.len(), 2);
         assert_eq!(r[0].1.len() + r[1].1.len(), 250);
+        // One larger than the whole tail keeps its last bytes there.
+        let mut o = Output::new(10 + CHUNK_COST, 100 + CHUNK_COST);
+        let big: Vec<u8> = (0..=255u8).collect();
+        o.push(Stream::Stdout, Bytes::from(big.clone()));
+        let r = replay(&o);
+        assert_eq!(r.len(), 2);
+        assert_eq!(r[0].1, big[..10]);
+        assert_eq!(r[1].1, big[156..]);
+        assert_eq!(o.dropped(), 146);
+        assert!(o.cost() <= 2 * (10 + CHUNK_COST) + 100 + CHUNK_COST);
     }
 }

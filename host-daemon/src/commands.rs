@@ -230,7 +230,6 @@ async fn pump(d: Arc<Daemon>, cmd: Arc<Cmd>, mut h: AsyncExecHandle, generation:
             Ok(Some(ExecEvent::Stderr(x))) => cmd.push(Stream::Stderr, x),
             Ok(Some(ExecEvent::Exit(r))) => {
                 let (exit_code, signal) = status_fields(r.status);
-                d.metrics.exec.observe(cmd.t0.elapsed().as_secs_f64());
                 cmd.finish(End::Exited {
                     exit_code,
                     signal,
@@ -321,7 +320,6 @@ pub async fn start(d: &Arc<Daemon>, id: &str, b: api::ExecRequest) -> ApiResult<
     });
     live.commands.insert(slot, cmd.clone());
     link(d, &cmd, h, busy);
-    d.event(id, "command", &format!("started command {}", cmd.exec_id));
     Ok(cmd.view())
 }
 

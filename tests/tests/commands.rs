@@ -191,3 +191,33 @@ fn shoal_daemon_start_status_stop() {
     let (code, text) = shoal(&["daemon", "status"]);
     assert_eq!(code, Some(3), "{text}");
 }
+
+#[test]
+fn a_background_command_survives_pause_and_resume() {
+    let d = Daemon::start(&["--no-pools"]);
+    let sb = d.create(CreateSandbox::default());
+    let id = sb.id.as_str();
+    let req = ExecRequest::shell("echo before; sleep 4; echo after");
+    let cmd = d.must("start", d.c.start_command(id, &req));
+    let mut s = d.must("stream", d.c.command_stream(id, &cmd.id));
+    assert!(matches!(s.next(), Some(Ok(ExecEvent::Start { .. }))));
+    assert!(matches!(s.next(), Some(Ok(ExecEvent::Stdout { .. }))));
+    // Paused to disk mid-way (the daemon's link to it goes with the VMM):
+    // the stream that was following it says so.
+    d.must("pause", d.c.pause(id));
+    let last = s.last().map(|e| d.must("event", e));
+    assert!(
+        matches!(&last, Some(ExecEvent::Error { message }) if message.contains("stream it again")),
+        "{last:?}"
+    );
+    // The wait resumes the sandbox and re-attaches: the command went on
+    // from where it was and its output is whole.
+    let r = d.must("wait", d.c.wait_command(id, &cmd.id, Some(120.0)));
+    assert_eq!(
+        (r.exit_code, r.stdout.as_str()),
+        (Some(0), "before\nafter\n"),
+        "{r:?}"
+    );
+    assert_eq!(d.state(id), api::SandboxState::Running);
+    d.kill(id);
+}

@@ -13,56 +13,86 @@ use crate::restore::RestoreReport;
 use crate::stats::Samples;
 use std::path::PathBuf;
 
-/// Collects the figures of one report.
+/// What a figure draws.
+#[derive(Debug)]
+enum Kind {
+    Cdf(Vec<Series>),
+    Xy(Vec<XySeries>),
+    Bars(Vec<Bar>),
+}
+
+/// A figure to draw: file name part, labels, data.
+#[derive(Debug)]
+struct Planned {
+    name: String,
+    fig: Figure,
+    kind: Kind,
+}
+
+/// The figures of one report, planned, then drawn.
 struct Figs<'a> {
     out: &'a Out,
-    files: Vec<PathBuf>,
+    planned: Vec<Planned>,
 }
 
 impl<'a> Figs<'a> {
     fn new(out: &'a Out) -> Self {
-        Self { out, files: vec![] }
+        Self {
+            out,
+            planned: vec![],
+        }
+    }
+
+    fn plan(&mut self, name: &str, fig: Figure, kind: Kind) {
+        self.planned.push(Planned {
+            name: name.into(),
+            fig,
+            kind,
+        });
     }
 
     /// A CDF of the non-empty series (none: no figure).
-    fn cdf(&mut self, name: &str, fig: &Figure, series: Vec<Series>) -> Result<(), PlotError> {
+    fn cdf(&mut self, name: &str, fig: Figure, series: Vec<Series>) {
         let series: Vec<Series> = series
             .into_iter()
             .filter(|s| !s.samples.is_empty())
             .collect();
-        if series.is_empty() {
-            return Ok(());
+        if !series.is_empty() {
+            self.plan(name, fig, Kind::Cdf(series));
         }
-        let p = self.out.path(name);
-        latency_cdf(&p, fig, &series)?;
-        self.files.push(p);
-        Ok(())
     }
 
     /// Lines through the non-empty series (none: no figure).
-    fn xy(&mut self, name: &str, fig: &Figure, series: Vec<XySeries>) -> Result<(), PlotError> {
+    fn xy(&mut self, name: &str, fig: Figure, series: Vec<XySeries>) {
         let series: Vec<XySeries> = series
             .into_iter()
             .filter(|s| !s.points.is_empty())
             .collect();
-        if series.is_empty() {
-            return Ok(());
+        if !series.is_empty() {
+            self.plan(name, fig, Kind::Xy(series));
         }
-        let p = self.out.path(name);
-        xy(&p, fig, &series)?;
-        self.files.push(p);
-        Ok(())
     }
 
     /// Bars (none: no figure).
-    fn bars(&mut self, name: &str, fig: &Figure, b: Vec<Bar>) -> Result<(), PlotError> {
-        if b.is_empty() {
-            return Ok(());
+    fn bars(&mut self, name: &str, fig: Figure, b: Vec<Bar>) {
+        if !b.is_empty() {
+            self.plan(name, fig, Kind::Bars(b));
         }
-        let p = self.out.path(name);
-        bars(&p, fig, &b)?;
-        self.files.push(p);
-        Ok(())
+    }
+
+    /// Draws them all; the files written.
+    fn draw(self) -> Result<Vec<PathBuf>, PlotError> {
+        let mut files = vec![];
+        for p in self.planned {
+            let path = self.out.path(&p.name);
+            match &p.kind {
+                Kind::Cdf(s) => latency_cdf(&path, &p.fig, s)?,
+                Kind::Xy(s) => xy(&path, &p.fig, s)?,
+                Kind::Bars(b) => bars(&path, &p.fig, b)?,
+            }
+            files.push(path);
+        }
+        Ok(files)
     }
 }
 
@@ -82,6 +112,10 @@ fn file_name(metric: &str) -> String {
 /// `shoal bench boot`: one CDF per boot step (Shoal vs QEMU microvm), and
 /// the monitors' own memory.
 pub fn boot(r: &BootReport, out: &Out) -> Result<Vec<PathBuf>, PlotError> {
+    boot_figs(r, out).draw()
+}
+
+fn boot_figs<'a>(r: &BootReport, out: &'a Out) -> Figs<'a> {
     let mut f = Figs::new(out);
     let steps = [
         (
@@ -103,9 +137,9 @@ pub fn boot(r: &BootReport, out: &Out) -> Result<Vec<PathBuf>, PlotError> {
             .subtitle(sub);
         f.cdf(
             &file_name(metric),
-            &fig,
+            fig,
             of_metric(&r.samples, metric, |s| s.to_string()),
-        )?;
+        );
     }
     let fig = out
         .figure("Boot: the monitor's own memory at the init marker")
@@ -116,14 +150,18 @@ pub fn boot(r: &BootReport, out: &Out) -> Result<Vec<PathBuf>, PlotError> {
         .iter()
         .map(|(s, kib)| Bar::new(s.clone(), *kib as f64 / 1024.0))
         .collect();
-    f.bars("memory", &fig, mem)?;
-    Ok(f.files)
+    f.bars("memory", fig, mem);
+    f
 }
 
 /// `shoal bench restore`: restore latency CDFs (new VMM process,
 /// pre-warmed VM, jailed), the restore rate against concurrency, and the
 /// PSS of idle restored VMs.
 pub fn restore(r: &RestoreReport, out: &Out) -> Result<Vec<PathBuf>, PlotError> {
+    restore_figs(r, out).draw()
+}
+
+fn restore_figs<'a>(r: &RestoreReport, out: &'a Out) -> Figs<'a> {
     let mut f = Figs::new(out);
     let sub = format!("{} MiB guest, restored from one snapshot", r.memory_mib);
     let jailed = |metric: &str| {
@@ -145,7 +183,7 @@ pub fn restore(r: &RestoreReport, out: &Out) -> Result<Vec<PathBuf>, PlotError> 
         .figure("Restore: start to vCPUs running")
         .unit(r.unit)
         .subtitle(sub.clone());
-    f.cdf("cdf-vcpu-run", &fig, run)?;
+    f.cdf("cdf-vcpu-run", fig, run);
     let mut first = of_metric(&r.samples, "restore_to_first_output", |_| {
         "shoal: new VMM process".into()
     });
@@ -154,7 +192,13 @@ pub fn restore(r: &RestoreReport, out: &Out) -> Result<Vec<PathBuf>, PlotError> 
         .figure("Restore: start to the guest's first output")
         .unit(r.unit)
         .subtitle(sub.clone());
-    f.cdf("cdf-first-output", &fig, first)?;
+    f.cdf("cdf-first-output", fig, first);
+
+    let fig = out
+        .figure("Restore: start to the VMM's main (the jail's set-up)")
+        .unit(r.unit)
+        .subtitle(format!("{sub}; jailed and unjailed interleaved"));
+    f.cdf("cdf-vmm-start", fig, jailed("restore_to_vmm_start"));
 
     let pts = |v: Vec<(usize, f64)>| v.into_iter().map(|(k, y)| (k as f64, y)).collect();
     let mut rates = vec![XySeries::new(
@@ -193,7 +237,7 @@ pub fn restore(r: &RestoreReport, out: &Out) -> Result<Vec<PathBuf>, PlotError> 
         .figure("Restore rate against concurrency")
         .axes("concurrent restores", "restores/s (sustained)")
         .subtitle(sub);
-    f.xy("rate", &fig, rates)?;
+    f.xy("rate", fig, rates);
     if r.pss_vms > 0 {
         let fig = out
             .figure(format!(
@@ -204,19 +248,23 @@ pub fn restore(r: &RestoreReport, out: &Out) -> Result<Vec<PathBuf>, PlotError> 
             .subtitle(format!("{} MiB guest", r.memory_mib));
         f.bars(
             "memory",
-            &fig,
+            fig,
             vec![
                 Bar::new("mean", r.pss_kib_mean / 1024.0),
                 Bar::new("max", r.pss_kib_max / 1024.0),
             ],
-        )?;
+        );
     }
-    Ok(f.files)
+    f
 }
 
 /// `shoal bench exec`: the exec round trip's CDF, the steps from restore
 /// to agent-ready, and the throughputs.
 pub fn exec(r: &ExecReport, out: &Out) -> Result<Vec<PathBuf>, PlotError> {
+    exec_figs(r, out).draw()
+}
+
+fn exec_figs<'a>(r: &ExecReport, out: &'a Out) -> Figs<'a> {
     let mut f = Figs::new(out);
     let fig = out
         .figure("Exec round trip of /bin/true (host to guest agent and back)")
@@ -224,9 +272,9 @@ pub fn exec(r: &ExecReport, out: &Out) -> Result<Vec<PathBuf>, PlotError> {
         .subtitle("one restored sandbox, sequential execs");
     f.cdf(
         "cdf-exec",
-        &fig,
+        fig,
         of_metric(&r.samples, "exec_true_rtt", |_| "shoal".into()),
-    )?;
+    );
     let steps = [
         ("restore_to_vsock_socket", "vsock socket accepts"),
         ("restore_to_guest_accept", "guest accepted the connection"),
@@ -241,26 +289,30 @@ pub fn exec(r: &ExecReport, out: &Out) -> Result<Vec<PathBuf>, PlotError> {
         .figure("Restore to agent-ready, step by step (shoal)")
         .unit(r.unit)
         .subtitle("time from the VMM's start to each step");
-    f.cdf("cdf-restore", &fig, series)?;
+    f.cdf("cdf-restore", fig, series);
     let fig = out
         .figure("Guest I/O throughput through the agent (shoal)")
         .axes("", "MB/s")
         .subtitle(format!("{} MB each", r.bytes / 1_000_000));
     f.bars(
         "throughput",
-        &fig,
+        fig,
         vec![
             Bar::new("guest stdout to host", r.stdout_mb_s),
             Bar::new("upload (host to guest file)", r.upload_mb_s),
             Bar::new("download (guest file to host)", r.download_mb_s),
         ],
-    )?;
-    Ok(f.files)
+    );
+    f
 }
 
 /// `shoal bench load`: sandboxes/s and latencies against concurrency, the
 /// cycle's CDF per concurrency, the create bursts' CDFs.
 pub fn load(r: &LoadReport, out: &Out) -> Result<Vec<PathBuf>, PlotError> {
+    load_figs(r, out).draw()
+}
+
+fn load_figs<'a>(r: &LoadReport, out: &'a Out) -> Figs<'a> {
     let mut f = Figs::new(out);
     let cycle = if r.exec.is_empty() {
         "create \u{2192} destroy".to_string()
@@ -284,7 +336,7 @@ pub fn load(r: &LoadReport, out: &Out) -> Result<Vec<PathBuf>, PlotError> {
         .iter()
         .map(|l| (k(l.concurrency), l.sandboxes_per_s))
         .collect();
-    f.xy("throughput", &fig, vec![XySeries::new("shoald", thr)])?;
+    f.xy("throughput", fig, vec![XySeries::new("shoald", thr)]);
 
     let mut lat = vec![];
     type Pick = fn(&crate::load::Level) -> &Option<crate::stats::Summary>;
@@ -295,6 +347,10 @@ pub fn load(r: &LoadReport, out: &Out) -> Result<Vec<PathBuf>, PlotError> {
         ("destroy", |l| &l.destroy_ms),
     ];
     for (c, (name, pick)) in steps.into_iter().enumerate() {
+        // Without an exec step its (zero) times say nothing.
+        if name == "exec" && r.exec.is_empty() {
+            continue;
+        }
         for (q, get) in [("p50", 0), ("p99", 1)] {
             let pts = r
                 .levels
@@ -315,7 +371,7 @@ pub fn load(r: &LoadReport, out: &Out) -> Result<Vec<PathBuf>, PlotError> {
         .figure("shoald latency against concurrency")
         .axes("concurrent clients", format!("latency ({})", r.unit))
         .subtitle(format!("a cycle: {cycle}"));
-    f.xy("latency", &fig, lat)?;
+    f.xy("latency", fig, lat);
     let fig = out
         .figure(format!("shoald: one cycle ({cycle})"))
         .unit(r.unit)
@@ -330,7 +386,7 @@ pub fn load(r: &LoadReport, out: &Out) -> Result<Vec<PathBuf>, PlotError> {
             )
         })
         .collect();
-    f.cdf("cdf-cycle", &fig, cdf)?;
+    f.cdf("cdf-cycle", fig, cdf);
     let fig = out
         .figure("shoald: create latency in a burst")
         .unit(r.unit)
@@ -345,19 +401,24 @@ pub fn load(r: &LoadReport, out: &Out) -> Result<Vec<PathBuf>, PlotError> {
             )
         })
         .collect();
-    f.cdf("cdf-create-burst", &fig, bursts)?;
-    Ok(f.files)
+    f.cdf("cdf-create-burst", fig, bursts);
+    f
 }
 
 /// `shoal bench pmem`: host memory against the number of VMs (pmem+DAX vs
 /// virtio-blk), the guests' read times, host disk bytes per VM.
 pub fn pmem(r: &PmemReport, out: &Out) -> Result<Vec<PathBuf>, PlotError> {
+    pmem_figs(r, out).draw()
+}
+
+fn pmem_figs<'a>(r: &PmemReport, out: &'a Out) -> Figs<'a> {
     let mut f = Figs::new(out);
-    let roots: Vec<&str> = {
-        let mut v: Vec<&str> = r.memory.iter().map(|m| m.root.as_str()).collect();
-        v.dedup();
-        v
-    };
+    let mut roots: Vec<&str> = vec![];
+    for m in &r.memory {
+        if !roots.contains(&m.root.as_str()) {
+            roots.push(&m.root);
+        }
+    }
     let label = |root: &str| match root {
         "pmem" => "virtio-pmem + DAX (shared)".to_string(),
         "blk" => "virtio-blk (per-guest page cache)".to_string(),
@@ -386,7 +447,7 @@ pub fn pmem(r: &PmemReport, out: &Out) -> Result<Vec<PathBuf>, PlotError> {
         .figure("Host memory per VM against the number of VMs")
         .axes("VMs alive", "host memory per VM (MiB)")
         .subtitle(sub.clone());
-    f.xy("memory-per-vm", &fig, per_vm)?;
+    f.xy("memory-per-vm", fig, per_vm);
     let total = roots
         .iter()
         .map(|root| line(root, &|m| m.host_total_kib as f64 / 1024.0))
@@ -395,7 +456,7 @@ pub fn pmem(r: &PmemReport, out: &Out) -> Result<Vec<PathBuf>, PlotError> {
         .figure("Host memory of all VMs against the number of VMs")
         .axes("VMs alive", "host memory (MiB)")
         .subtitle(sub.clone());
-    f.xy("memory", &fig, total)?;
+    f.xy("memory", fig, total);
     // The largest run of each root kind holds every VM's read time.
     let reads = roots
         .iter()
@@ -411,7 +472,7 @@ pub fn pmem(r: &PmemReport, out: &Out) -> Result<Vec<PathBuf>, PlotError> {
         .figure("Guest read time of the shared files")
         .unit("ms")
         .subtitle(sub);
-    f.cdf("cdf-read", &fig, reads)?;
+    f.cdf("cdf-read", fig, reads);
     let fig = out
         .figure(format!(
             "Host disk bytes per VM for a guest writing {:.0} MB",
@@ -424,8 +485,8 @@ pub fn pmem(r: &PmemReport, out: &Out) -> Result<Vec<PathBuf>, PlotError> {
         .iter()
         .map(|w| Bar::new(w.root.clone(), w.host_bytes_per_vm / 1e6))
         .collect();
-    f.bars("disk", &fig, writes)?;
-    Ok(f.files)
+    f.bars("disk", fig, writes);
+    f
 }
 
 #[cfg(test)]

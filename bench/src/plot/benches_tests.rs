@@ -33,6 +33,23 @@ fn names(files: &[PathBuf]) -> Vec<String> {
         .collect()
 }
 
+/// The legend labels (or bar labels) of planned figure `name`.
+fn labels(f: &Figs, name: &str) -> Vec<String> {
+    let p = f
+        .planned
+        .iter()
+        .find(|p| p.name == name)
+        .unwrap_or_else(|| panic!("no figure {name}: {:?}", f.planned));
+    match &p.kind {
+        Kind::Cdf(s) => s.iter().map(|s| s.label.clone()).collect(),
+        Kind::Xy(s) => s
+            .iter()
+            .map(|s| format!("{} x{}", s.label, s.points.len()))
+            .collect(),
+        Kind::Bars(b) => b.iter().map(|b| b.label.clone()).collect(),
+    }
+}
+
 fn ramp(n: u32, base: f64) -> Vec<f64> {
     (0..n).map(|i| base + f64::from(i) * 0.5).collect()
 }
@@ -54,7 +71,17 @@ fn boot_figures() {
             Samples::new("shoal", "vmm_exit", ramp(5, 120.0)),
         ],
     };
-    let files = boot(&r, &out(&d, "bench-boot.json")).unwrap();
+    let o = out(&d, "bench-boot.json");
+    let f = boot_figs(&r, &o);
+    assert_eq!(labels(&f, "cdf-init-marker"), ["shoal", "qemu-microvm"]);
+    assert_eq!(labels(&f, "cdf-vmm-exit"), ["shoal"]);
+    assert_eq!(labels(&f, "memory"), ["shoal", "qemu-microvm"]);
+    assert!(
+        f.planned[0].fig.subtitle.contains("1.80x"),
+        "{:?}",
+        f.planned[0]
+    );
+    let files = boot(&r, &o).unwrap();
     assert_eq!(
         names(&files),
         [
@@ -104,11 +131,11 @@ fn restore_figures() {
                 errors: (0, 0),
             }],
             errors: (0, 0),
-            samples: vec![Samples::new(
-                "shoal jailed",
-                "restore_to_vcpu_run",
-                ramp(10, 9.0),
-            )],
+            samples: vec![
+                Samples::new("shoal jailed", "restore_to_vcpu_run", ramp(10, 9.0)),
+                Samples::new("shoal unjailed", "restore_to_vmm_start", ramp(10, 0.5)),
+                Samples::new("shoal jailed", "restore_to_vmm_start", ramp(10, 2.0)),
+            ],
         }),
         memory_mib: 128,
         samples: vec![
@@ -116,12 +143,37 @@ fn restore_figures() {
             Samples::new("shoal", "restore_to_first_output", ramp(10, 8.0)),
         ],
     };
-    let files = restore(&r, &out(&d, "r.json")).unwrap();
+    let o = out(&d, "r.json");
+    let f = restore_figs(&r, &o);
+    assert_eq!(
+        labels(&f, "cdf-vcpu-run"),
+        [
+            "shoal: new VMM process",
+            "shoal: into a pre-warmed VM (request to vCPUs running)",
+            "shoal jailed, A/B run"
+        ]
+    );
+    assert_eq!(labels(&f, "cdf-first-output"), ["shoal: new VMM process"]);
+    assert_eq!(
+        labels(&f, "cdf-vmm-start"),
+        ["shoal unjailed, A/B run", "shoal jailed, A/B run"]
+    );
+    assert_eq!(
+        labels(&f, "rate"),
+        [
+            "shoal: new VMM per restore x2",
+            "shoal, A/B run: plain x1",
+            "shoal, A/B run: jailed x1",
+            "shoal: pre-warmed VMs (one per worker) x1"
+        ]
+    );
+    let files = restore(&r, &o).unwrap();
     assert_eq!(
         names(&files),
         [
             "r-cdf-vcpu-run.png",
             "r-cdf-first-output.png",
+            "r-cdf-vmm-start.png",
             "r-rate.png",
             "r-memory.png"
         ]
@@ -203,7 +255,24 @@ fn load_figures() {
         }],
         idle: None,
     };
-    let files = load(&r, &out(&d, "l.json")).unwrap();
+    let o = out(&d, "l.json");
+    let f = load_figs(&r, &o);
+    assert_eq!(labels(&f, "throughput"), ["shoald x2"]);
+    // No exec step measured: no exec lines.
+    assert_eq!(
+        labels(&f, "latency"),
+        [
+            "cycle p50 x2",
+            "cycle p99 x2",
+            "create p50 x2",
+            "create p99 x2",
+            "destroy p50 x2",
+            "destroy p99 x2"
+        ]
+    );
+    assert_eq!(labels(&f, "cdf-cycle"), ["1 concurrent", "10 concurrent"]);
+    assert_eq!(labels(&f, "cdf-create-burst"), ["warm pool (100/s)"]);
+    let files = load(&r, &o).unwrap();
     assert_eq!(
         names(&files),
         [
@@ -213,6 +282,16 @@ fn load_figures() {
             "l-cdf-create-burst.png"
         ]
     );
+    // --no-exec: the exec step's times (all 0) are not drawn.
+    let mut r = LoadReport {
+        exec: vec![],
+        create_rate: vec![],
+        ..r
+    };
+    r.levels[0].exec_ms = summarize(&[0.0, 0.0]);
+    let f = load_figs(&r, &o);
+    assert!(!labels(&f, "latency").iter().any(|l| l.starts_with("exec")));
+    assert!(f.planned.iter().all(|p| p.name != "cdf-create-burst"));
 }
 
 #[test]
@@ -243,9 +322,10 @@ fn pmem_figures() {
         pmem_guest_memmap_bytes: 1 << 20,
         memory_mib: 128,
         memory: vec![
+            // Interleaved, as the bench may list them.
             row("pmem", 2, 3000),
-            row("pmem", 4, 2800),
             row("blk", 2, 9000),
+            row("pmem", 4, 2800),
             row("blk", 4, 8500),
         ],
         writes: vec![WriteRow {
@@ -260,7 +340,16 @@ fn pmem_figures() {
         host_memory_reduction_pct: vec![],
         disk_write_reduction_pct: None,
     };
-    let files = pmem(&r, &out(&d, "p.json")).unwrap();
+    let o = out(&d, "p.json");
+    let f = pmem_figs(&r, &o);
+    let both = [
+        "virtio-pmem + DAX (shared) x2",
+        "virtio-blk (per-guest page cache) x2",
+    ];
+    assert_eq!(labels(&f, "memory-per-vm"), both);
+    assert_eq!(labels(&f, "memory"), both);
+    assert_eq!(labels(&f, "disk"), ["pmem"]);
+    let files = pmem(&r, &o).unwrap();
     assert_eq!(
         names(&files),
         [

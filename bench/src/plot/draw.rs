@@ -69,6 +69,11 @@ pub(super) fn num(v: f64) -> String {
             .trim_end_matches('0')
             .trim_end_matches('.')
             .into()
+    } else if a >= 0.1 {
+        format!("{v:.3}")
+            .trim_end_matches('0')
+            .trim_end_matches('.')
+            .into()
     } else if a >= 0.001 {
         format!("{v:.4}")
             .trim_end_matches('0')
@@ -184,6 +189,8 @@ struct Lines {
     /// A logarithmic x axis (its minor grid lines are left out: they
     /// crowd at each decade's end).
     log_x: bool,
+    /// Every x is a whole number (concurrency, N): no labels between.
+    int_x: bool,
 }
 
 fn chart<X>(path: &Path, fig: &Figure, x: X, y: Range<f64>, l: &Lines) -> Result<(), PlotError>
@@ -211,6 +218,10 @@ where
         .build_cartesian_2d(x, y)
         .map_err(&e)?;
     let fmt = |v: &f64| num(*v);
+    let xfmt = |v: &f64| match l.int_x && v.fract() != 0.0 {
+        true => String::new(),
+        false => num(*v),
+    };
     let light = match l.log_x {
         true => WHITE,
         false => RGBColor(235, 235, 235),
@@ -218,7 +229,7 @@ where
     c.configure_mesh()
         .x_desc(l.x_desc.as_str())
         .y_desc(l.y_desc.as_str())
-        .x_label_formatter(&fmt)
+        .x_label_formatter(&xfmt)
         .y_label_formatter(&fmt)
         .label_style((SANS, 17))
         .axis_desc_style((SANS, 20))
@@ -285,11 +296,26 @@ fn with_x(
     }
 }
 
+/// Milliseconds of which every one is a second or more read better as
+/// seconds: (the unit to show, the factor to the samples).
+pub(super) fn display_unit(unit: &str, lo: f64) -> (&str, f64) {
+    match unit {
+        "ms" if lo >= 1000.0 => ("s", 1e-3),
+        u => (u, 1.0),
+    }
+}
+
 pub(super) fn cdf(path: &Path, fig: &Figure, series: &[Series]) -> Result<(), PlotError> {
-    let unit = fig.unit.as_str();
+    let (lo, hi) = span(series.iter().flat_map(|s| s.samples.iter().copied()));
+    // A given x label names its own unit: the samples stay as they are.
+    let (unit, k) = match fig.x_label.is_empty() {
+        true => display_unit(&fig.unit, lo),
+        false => (fig.unit.as_str(), 1.0),
+    };
+    let (lo, hi) = (lo * k, hi * k);
     let mut lines = Vec::new();
     for (i, s) in series.iter().enumerate() {
-        let mut v = s.samples.clone();
+        let mut v: Vec<f64> = s.samples.iter().map(|x| x * k).collect();
         v.sort_by(f64::total_cmp);
         let n = v.len() as f64;
         let label = format!(
@@ -312,7 +338,6 @@ pub(super) fn cdf(path: &Path, fig: &Figure, series: &[Series]) -> Result<(), Pl
             dashed: false,
         });
     }
-    let (lo, hi) = span(series.iter().flat_map(|s| s.samples.iter().copied()));
     let x_desc = match (fig.x_label.is_empty(), unit.is_empty()) {
         (false, _) => fig.x_label.clone(),
         (true, false) => format!("latency ({unit})"),
@@ -324,6 +349,7 @@ pub(super) fn cdf(path: &Path, fig: &Figure, series: &[Series]) -> Result<(), Pl
         lines,
         markers: false,
         log_x: false,
+        int_x: false,
     };
     with_x(path, fig, lo, hi, 0.0..1.02, &mut l)
 }
@@ -358,6 +384,9 @@ pub(super) fn xy(path: &Path, fig: &Figure, series: &[XySeries]) -> Result<(), P
         lines,
         markers: true,
         log_x: false,
+        int_x: series
+            .iter()
+            .all(|s| s.points.iter().all(|p| p.0.fract() == 0.0)),
     };
     with_x(path, fig, xlo, xhi, y0..top, &mut l)
 }

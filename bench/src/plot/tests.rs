@@ -218,4 +218,8 @@ fn label_numbers() {
     assert_eq!(draw::num(2.5), "2.5");
     assert_eq!(draw::num(3.0), "3");
     assert_eq!(draw::num(0.0125), "0.0125");
+    assert_eq!(draw::num(0.62951), "0.63");
+    assert_eq!(draw::display_unit("ms", 13000.0), ("s", 1e-3));
+    assert_eq!(draw::display_unit("ms", 999.0), ("ms", 1.0));
+    assert_eq!(draw::display_unit("MiB", 5000.0), ("MiB", 1.0));
 }

@@ -306,3 +306,28 @@ fn limits_changed_after_creation_are_kept_and_enforced() {
         d.c.update_sandbox("000000000000", &api::UpdateSandbox::default());
     assert!(e.unwrap_err().is_not_found());
 }
+
+#[test]
+fn many_streams_of_one_command_each_get_all_of_it() {
+    let d = TestDaemon::start();
+    let sb = d.create();
+    let script = "for i in $(seq 1 200); do echo line $i; done; sleep 1; echo end";
+    let cmd =
+        d.c.start_command(&sb.id, &ExecRequest::shell(script))
+            .unwrap();
+    let want: String = (1..=200).map(|i| format!("line {i}\n")).collect::<String>() + "end\n";
+    let readers: Vec<_> = (0..8)
+        .map(|_| {
+            let (c, id, cid) = (d.c.clone(), sb.id.clone(), cmd.id.clone());
+            std::thread::spawn(move || {
+                let mut s = c.command_stream(&id, &cid).unwrap();
+                read_until(&mut s, None)
+            })
+        })
+        .collect();
+    for r in readers {
+        let (out, kinds) = r.join().unwrap();
+        assert_eq!(out, want);
+        assert_eq!((kinds[0], *kinds.last().unwrap()), ("start", "exit"));
+    }
+}
