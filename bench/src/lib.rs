@@ -4,6 +4,7 @@
 
 pub mod boot;
 pub mod exec;
+pub mod fork;
 pub mod hostmem;
 pub mod jail_ab;
 pub mod load;

@@ -198,6 +198,37 @@ struct PrivateDaemon {
     dir: PathBuf,
 }
 
+impl PrivateDaemon {
+    /// Starts `shoald` (beside this program) on a new state directory
+    /// for bench `name`, with `args`, and waits until it answers.
+    fn start(name: &str, args: &str) -> Result<(shoal_client::DaemonClient, PrivateDaemon)> {
+        let dir = std::env::temp_dir().join(format!("shoal-bench-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir)?;
+        let bin = std::env::current_exe()?.with_file_name("shoald");
+        let log = std::fs::File::create(dir.join("shoald.log"))?;
+        let child = std::process::Command::new(&bin)
+            .arg("--state-dir")
+            .arg(&dir)
+            .args(args.split_whitespace())
+            .stdin(std::process::Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .with_context(|| format!("cannot start {}", bin.display()))?;
+        let c = shoal_client::DaemonClient::unix(dir.join("shoald.sock"));
+        let p = PrivateDaemon { child, dir };
+        let end = std::time::Instant::now() + Duration::from_secs(30);
+        while !c.ping() {
+            if std::time::Instant::now() > end {
+                bail!("the private shoald did not come up");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        eprintln!("private shoald on {}", c.target_display());
+        Ok((c, p))
+    }
+}
+
 impl Drop for PrivateDaemon {
     fn drop(&mut self) {
         // SAFETY: SIGTERM to our own child.
@@ -212,7 +243,6 @@ impl Drop for PrivateDaemon {
 }
 
 pub fn load(g: &crate::daemon_cmds::Global, a: &LoadArgs, out: &Output) -> Result<()> {
-    use shoal_client::DaemonClient;
     let concurrency = a
         .concurrency
         .split(',')
@@ -226,29 +256,8 @@ pub fn load(g: &crate::daemon_cmds::Global, a: &LoadArgs, out: &Output) -> Resul
     let c = match &g.daemon {
         Some(_) => crate::daemon_client::connect(g.daemon.as_deref())?,
         None => {
-            let dir = std::env::temp_dir().join(format!("shoal-bench-load-{}", std::process::id()));
-            std::fs::create_dir_all(&dir)?;
-            let bin = std::env::current_exe()?.with_file_name("shoald");
-            let log = std::fs::File::create(dir.join("shoald.log"))?;
-            let child = std::process::Command::new(&bin)
-                .arg("--state-dir")
-                .arg(&dir)
-                .args(a.daemon_args.split_whitespace())
-                .stdin(std::process::Stdio::null())
-                .stdout(log.try_clone()?)
-                .stderr(log)
-                .spawn()
-                .with_context(|| format!("cannot start {}", bin.display()))?;
-            let c = DaemonClient::unix(dir.join("shoald.sock"));
-            private = Some(PrivateDaemon { child, dir });
-            let end = std::time::Instant::now() + Duration::from_secs(30);
-            while !c.ping() {
-                if std::time::Instant::now() > end {
-                    bail!("the private shoald did not come up");
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            eprintln!("private shoald on {}", c.target_display());
+            let (c, p) = PrivateDaemon::start("load", &a.daemon_args)?;
+            private = Some(p);
             c
         }
     };
@@ -375,4 +384,65 @@ mod tests {
             .unwrap()
             .contains("\"title\""));
     }
+}
+
+/// `shoal bench fork`.
+#[derive(clap::Args, Clone)]
+pub struct ForkArgs {
+    /// Root image of the template (tiny or base), 1 vCPU, 128 MiB.
+    #[arg(long, default_value = "tiny")]
+    pub image: String,
+    /// Clone counts (comma-separated, each 1 to 100).
+    #[arg(long, default_value = "1,10,100")]
+    pub counts: String,
+    /// Concurrent clients of the peer's creates and of the execs.
+    #[arg(long, default_value_t = 16)]
+    pub clients: usize,
+    /// Extra arguments of the private shoald the benchmark runs.
+    #[arg(long, default_value = "--no-pools")]
+    pub daemon_args: String,
+    /// Where to write the JSON report.
+    #[arg(long = "out", default_value = "bench-fork.json")]
+    pub out: PathBuf,
+    /// Skip the exec phase (time to all answering an exec, memory after it).
+    #[arg(long)]
+    pub no_exec: bool,
+}
+
+/// `shoal bench fork`: on a private shoald (its sandboxes' VMMs are read
+/// for their memory).
+pub fn fork(g: &crate::daemon_cmds::Global, a: &ForkArgs, out: &Output) -> Result<()> {
+    if g.daemon.is_some() {
+        bail!("bench fork runs a private shoald (it reads its VMMs' memory): drop --daemon");
+    }
+    let counts = a
+        .counts
+        .split(',')
+        .map(|k| {
+            k.trim()
+                .parse::<usize>()
+                .ok()
+                .filter(|n| (1..=100).contains(n))
+                .with_context(|| format!("bad clone count {k:?} (1 to 100)"))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let (c, private) = PrivateDaemon::start("fork", &a.daemon_args)?;
+    let template = format!("{}-1c-128m", a.image);
+    crate::daemon_cmds::image_template(g, &c, &a.image, 1, 128, &Default::default())?;
+    let opts = shoal_bench::fork::ForkBenchOpts {
+        template,
+        counts,
+        clients: a.clients.max(1),
+        sandboxes_dir: private.dir.join("sandboxes"),
+        settle: Duration::from_secs(4),
+        no_exec: a.no_exec,
+    };
+    let report = shoal_bench::fork::run(&c, &opts, &mut |l| eprintln!("{l}"));
+    drop(private);
+    let report = report?;
+    out.emit(
+        &report.render(),
+        &report,
+        shoal_bench::fork::ForkReport::plot,
+    )
 }

@@ -55,6 +55,8 @@ pub enum BenchCmd {
         #[arg(long = "out", default_value = "bench-load.json")]
         out: PathBuf,
     },
+    /// Fork a running sandbox into 1, 10, 100 clones vs as many creates: time, memory.
+    Fork(bench::ForkArgs),
     /// VMM start to first instruction, console, init and exit; vs QEMU microvm.
     Boot {
         /// Boots per system (>= 20 on hardware KVM; each takes seconds on PVM hosts).
@@ -192,6 +194,7 @@ pub fn run(g: &crate::daemon_cmds::Global, a: BenchArgs) -> Result<i32> {
             &bench::Output::new(&json, plot),
         )
         .map(|_| 0),
+        BenchCmd::Fork(f) => bench::fork(g, &f, &bench::Output::new(&f.out, plot)).map(|_| 0),
         BenchCmd::Boot {
             runs,
             image,

@@ -1,6 +1,6 @@
 //! CLI commands that go through shoald: run, create, ls, exec (also in
-//! the background), attach, cp, snapshot, pause, resume, rm, template,
-//! pool, stats.
+//! the background), attach, cp, snapshot, fork, pause, resume, rm,
+//! template, pool, stats.
 
 use crate::daemon_client::{age, connect, table, Progress};
 use crate::{ExecArgs, SandboxArgs};
@@ -455,6 +455,43 @@ pub fn snapshot(g: &Global, id: &str, template: Option<&str>) -> Result<i32> {
     let v = c.snapshot(id, &req)?;
     drop(_p);
     print(g, &v, |v| v.name.clone())
+}
+
+/// `shoal fork ID -n N`.
+#[derive(clap::Args, Clone)]
+pub struct ForkArgs {
+    /// Sandbox id (running or paused; it keeps running).
+    pub id: String,
+    /// Clones to make (1 to 100).
+    #[arg(short = 'n', long = "count", default_value_t = 1)]
+    pub count: u32,
+    /// Labels of the clones in place of the source's (repeatable NAME=VALUE).
+    #[arg(long = "meta", short = 'm')]
+    pub meta: Vec<String>,
+}
+
+/// `shoal fork ID -n N`: the new ids, one a line (the whole reply with
+/// `--json`); clones not made are reported on stderr (exit 1 when some
+/// were not).
+pub fn fork(g: &Global, a: &ForkArgs) -> Result<i32> {
+    let c = connect(g.daemon.as_deref())?;
+    let _p = Progress::start(&format!("shoal: forking {} into {}", a.id, a.count));
+    let req = api::ForkRequest {
+        count: a.count,
+        metadata: (!a.meta.is_empty())
+            .then(|| pairs(&a.meta, "--meta"))
+            .transpose()?,
+    };
+    let v = c.fork(&a.id, &req)?;
+    drop(_p);
+    for e in &v.failed {
+        eprintln!("shoal: a clone was not made: {} ({})", e.message, e.code);
+    }
+    print(g, &v, |v| {
+        let ids: Vec<&str> = v.sandboxes.iter().map(|s| s.id.as_str()).collect();
+        ids.join("\n")
+    })?;
+    Ok(i32::from(!v.failed.is_empty()))
 }
 
 /// A template's upper layer in a few words.

@@ -3,7 +3,7 @@
 //! - `shoal run [--image base|tiny] -- CMD...`: run CMD in a fresh sandbox
 //!   through the daemon (`shoald`, started on demand), stream its output,
 //!   exit with its exit code.
-//! - `shoal create|ls|exec|attach|cp|snapshot|pause|resume|rm`, `shoal template
+//! - `shoal create|ls|exec|attach|cp|snapshot|fork|pause|resume|rm`, `shoal template
 //!   ...`, `shoal pool ...`, `shoal stats`: sandboxes through the daemon;
 //!   `shoal daemon start|stop|status`: the local daemon itself.
 //! - `shoal vm ...`: sandboxes without the daemon (one VMM process each).
@@ -192,6 +192,8 @@ enum Cmd {
         #[arg(long)]
         template: Option<String>,
     },
+    /// Fork a running sandbox into N live clones (it keeps running); prints their ids.
+    Fork(daemon_cmds::ForkArgs),
     /// Pause a sandbox: its state goes to disk and its VMM ends.
     Pause {
         /// Sandbox id.
@@ -502,6 +504,7 @@ fn main() {
         Cmd::Attach { id, cmd } => dc::attach(g, &id, &cmd),
         Cmd::Cp { src, dst } => dc::cp(g, &src, &dst),
         Cmd::Snapshot { id, template } => dc::snapshot(g, &id, template.as_deref()),
+        Cmd::Fork(a) => dc::fork(g, &a),
         Cmd::Pause { id } => dc::lifecycle(g, &id, "pause"),
         Cmd::Resume { id } => dc::lifecycle(g, &id, "resume"),
         Cmd::Rm { ids } => dc::rm(g, &ids),

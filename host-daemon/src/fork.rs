@@ -30,7 +30,7 @@
 
 use super::db::{self, SandboxRow, State};
 use super::lifecycle::ensure_running;
-use super::ops::{admit_and_insert, start_vmm, SandboxView};
+use super::ops::{start_vmm, SandboxView};
 use super::{admission, blocking, inputs, ApiError, ApiResult, Daemon};
 use shoal_api::{ErrorDetail, ForkRequest, Forked, MAX_FORK_COUNT};
 use shoal_runtime::backend::Source;
@@ -59,6 +59,11 @@ pub async fn fork(d: &Arc<Daemon>, id: &str, req: ForkRequest) -> ApiResult<Fork
         })?
 }
 
+/// How many clones `req` asks for.
+fn rows_asked(req: &ForkRequest) -> usize {
+    usize::try_from(req.count).unwrap_or(usize::MAX)
+}
+
 /// The row of a clone of `src`.
 fn clone_row(d: &Daemon, src: &SandboxRow, req: &ForkRequest, now: f64) -> SandboxRow {
     let id = random_id();
@@ -84,6 +89,45 @@ fn clone_row(d: &Daemon, src: &SandboxRow, req: &ForkRequest, now: f64) -> Sandb
     }
 }
 
+/// Admits and records the clones `rows` in turn, as
+/// [`admit_and_insert`](crate::ops::admit_and_insert)
+/// does each (the same checks against the usage as recorded), in one hold
+/// of the database and with one reading of the host's memory and disk,
+/// until one is refused: those admitted, and the refusal.
+fn admit_clones(
+    d: &Daemon,
+    rows: Vec<SandboxRow>,
+) -> ApiResult<(Vec<SandboxRow>, Option<admission::Refusal>)> {
+    let avail = admission::available_mib();
+    let free_disk = admission::free_disk_mib(&d.cfg.state_dir);
+    d.db(|db| {
+        let mut admitted = Vec::with_capacity(rows.len());
+        for r in rows {
+            let u = db.usage()?;
+            let upper = db
+                .template(&r.template)?
+                .and_then(|t| t.root.upper_disk_mib);
+            let need = admission::disk_need_mib(r.memory_mib, upper);
+            let ok = admission::admit(
+                &d.cfg.limits,
+                &u,
+                u64::from(r.vcpus),
+                u64::from(r.memory_mib),
+                avail,
+            )
+            .and_then(|()| admission::admit_disk(&d.cfg.limits, &u, need, free_disk));
+            match ok {
+                Ok(()) => {
+                    db.put_sandbox(&r)?;
+                    admitted.push(r);
+                }
+                Err(e) => return Ok((admitted, Some(e))),
+            }
+        }
+        Ok((admitted, None))
+    })
+}
+
 /// Forgets a clone that was admitted but not started.
 async fn drop_clone(d: &Daemon, id: &str) {
     let _ = d.db(|db| db.delete_sandbox(id));
@@ -101,35 +145,35 @@ async fn run(d: &Arc<Daemon>, id: &str, req: ForkRequest) -> ApiResult<Forked> {
     let t0 = Instant::now();
     let (src, live, _busy) = ensure_running(d, id).await?;
     let now = db::now();
-    let mut admitted = Vec::new();
+    let rows: Vec<SandboxRow> = (0..req.count)
+        .map(|_| clone_row(d, &src, &req, now))
+        .collect();
+    let (admitted, refusal) = admit_clones(d, rows)?;
+    let admit_ms = t0.elapsed().as_secs_f64() * 1e3;
     let mut failed: Vec<ErrorDetail> = Vec::new();
     let mut first_err: Option<ApiError> = None;
-    for _ in 0..req.count {
+    if let Some(e) = refusal {
+        d.metrics.refused(e.reason());
+        tracing::warn!(sandbox = %id, "fork: admission refused: {e}");
+        let e = ApiError::Refused(e);
         // Once one is refused the rest would be too (usage only grew).
-        if let Some(e) = &first_err {
-            failed.push(e.body().error);
-            continue;
-        }
-        let row = clone_row(d, &src, &req, now);
-        match admit_and_insert(d, &row, true) {
-            Ok(()) => admitted.push(row),
-            Err(e) => {
-                failed.push(e.body().error);
-                first_err = Some(e);
-            }
-        }
+        let left = rows_asked(&req) - admitted.len();
+        failed.extend(std::iter::repeat_n(e.body().error, left));
+        first_err = Some(e);
     }
     if admitted.is_empty() {
         return Err(first_err.unwrap_or_else(|| ApiError::Internal("no clone admitted".into())));
     }
     let dir = d.cfg.forks_dir().join(format!("{id}-{}", random_id()));
+    let ts = Instant::now();
     if let Err(e) = snapshot(d, &live, &src, &dir).await {
         for r in &admitted {
             drop_clone(d, &r.id).await;
         }
         return Err(e);
     }
-    let snap_ms = t0.elapsed().as_secs_f64() * 1e3;
+    let snap_ms = ts.elapsed().as_secs_f64() * 1e3;
+    let tr = Instant::now();
     // Every clone restored concurrently (the restore queue bounds them).
     let mut set = tokio::task::JoinSet::new();
     for (i, row) in admitted.into_iter().enumerate() {
@@ -158,6 +202,7 @@ async fn run(d: &Arc<Daemon>, id: &str, req: ForkRequest) -> ApiResult<Forked> {
             }
         }
     }
+    let restore_ms = tr.elapsed().as_secs_f64() * 1e3;
     remove_snapshot(dir).await;
     if made.is_empty() {
         return Err(first_err.unwrap_or_else(|| ApiError::Internal("no clone made".into())));
@@ -170,7 +215,8 @@ async fn run(d: &Arc<Daemon>, id: &str, req: ForkRequest) -> ApiResult<Forked> {
         id,
         "forked",
         &format!(
-            "{} clones in {:.1} ms (snapshot {snap_ms:.1} ms), {} failed",
+            "{} clones in {:.1} ms (admission {admit_ms:.1} ms, snapshot {snap_ms:.1} ms, \
+             restores {restore_ms:.1} ms), {} failed",
             made.len(),
             t0.elapsed().as_secs_f64() * 1e3,
             failed.len()
@@ -201,10 +247,12 @@ async fn snapshot(
     let need = admission::disk_need_mib(src.memory_mib, upper);
     let free = admission::free_disk_mib(&d.cfg.state_dir);
     if free < need + d.cfg.limits.min_free_disk_mib {
-        return Err(ApiError::Refused(admission::Refusal::HostPressure(format!(
-            "host disk is low: {free} MiB free on the state filesystem, {need} MiB needed \
+        return Err(ApiError::Refused(admission::Refusal::HostPressure(
+            format!(
+                "host disk is low: {free} MiB free on the state filesystem, {need} MiB needed \
              for the fork's snapshot; not forking"
-        ))));
+            ),
+        )));
     }
     let _g = live.op.lock().await;
     // No agent connection may be open in the snapshot.
@@ -215,9 +263,8 @@ async fn snapshot(
     let out = dir.to_path_buf();
     let res = blocking("fork snapshot", Duration::from_secs(180), move || {
         if let Some(p) = out.parent() {
-            std::fs::create_dir_all(p).map_err(|e| {
-                ApiError::Internal(format!("cannot create {}: {e}", p.display()))
-            })?;
+            std::fs::create_dir_all(p)
+                .map_err(|e| ApiError::Internal(format!("cannot create {}: {e}", p.display())))?;
         }
         vm.snapshot(&out).map_err(|source| ApiError::Backend {
             context: "fork snapshot",
