@@ -44,8 +44,20 @@ cargo clippy -p guest-agent --target x86_64-unknown-linux-musl -- -D warnings
 python3 scripts/check-structure.py
 echo "== tests" >&2
 # Sandboxes in the integration tests run the optimised VMM (as users do).
-# Daemons started as root jail every VMM through shoal-jailer.
+# Daemons started as root jail every VMM through the static shoal-jailer,
+# as ./shoal builds it.
 cargo build --release -p vmm --bin shoal-vmm -p shoal-jailer
+cargo build --release --target x86_64-unknown-linux-musl -p shoal-jailer --bin shoal-jailer
 export SHOAL_VMM="$PWD/target/release/shoal-vmm"
-export SHOAL_JAILER="$PWD/target/release/shoal-jailer"
+export SHOAL_JAILER="$PWD/target/x86_64-unknown-linux-musl/release/shoal-jailer"
 cargo test --workspace
+echo "== Python SDK (sdk/python: pytest against a real shoald and real guests)" >&2
+# The daemon and CLI the SDK tests drive, the guest artifacts they read
+# (~/.cache/shoal/artifacts), and a venv of their own under target/.
+cargo build --release -p shoald --bin shoald -p shoal-cli --bin shoal
+target/release/shoal artifacts build tiny >/dev/null
+[[ -x target/pyenv/bin/python ]] || python3 -m venv target/pyenv
+target/pyenv/bin/pip install -q --disable-pip-version-check "httpx>=0.25,<1" "pytest>=7.4" "pytest-asyncio>=0.23"
+target/pyenv/bin/pip install -q --disable-pip-version-check --no-deps --force-reinstall ./sdk/python
+bins="$PWD/target/release"
+(cd sdk/python && SHOAL_BIN_DIR="$bins" ../../target/pyenv/bin/python -m pytest -q tests)

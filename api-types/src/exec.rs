@@ -1,6 +1,8 @@
 //! Exec: `POST /v1/sandboxes/{id}/exec` (one-shot: [`ExecRequest`] in,
-//! [`ExecResult`] out) and `POST /v1/sandboxes/{id}/exec/stream`
-//! (newline-delimited JSON [`ExecEvent`]s).
+//! [`ExecResult`] out), `POST /v1/sandboxes/{id}/exec/stream`
+//! (newline-delimited JSON [`ExecEvent`]s), and the same request starting
+//! a background command (`POST /v1/sandboxes/{id}/commands`, see
+//! [`crate::commands`]).
 
 use base64::Engine;
 use serde::{Deserialize, Serialize};
@@ -70,6 +72,11 @@ pub struct ExecRequest {
     /// Standard input (base64), instead of `stdin`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stdin_b64: Option<String>,
+    /// Background commands only (`POST .../commands`): keep standard input
+    /// open after `stdin`/`stdin_b64` (if any) for later writes
+    /// (`POST .../commands/{cid}/stdin`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub stdin_open: bool,
 }
 
 impl ExecRequest {

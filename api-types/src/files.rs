@@ -119,6 +119,50 @@ impl UploadQuery {
     }
 }
 
+/// Query of `POST /v1/sandboxes/{id}/files/mkdir`.
+#[derive(Debug, Clone, PartialEq, Eq, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct MkdirQuery {
+    /// Absolute guest path of the new directory.
+    pub path: String,
+    /// Create missing parents too, and succeed if it exists (`mkdir -p`).
+    pub parents: Option<bool>,
+    /// Permission bits, octal (default 755).
+    #[param(value_type = Option<String>, example = "755")]
+    pub mode: Option<u32>,
+}
+
+impl MkdirQuery {
+    /// A plain mkdir of `path` (mode 755, no parents).
+    pub fn new(path: impl Into<String>) -> MkdirQuery {
+        MkdirQuery {
+            path: path.into(),
+            parents: None,
+            mode: None,
+        }
+    }
+
+    /// The query string.
+    pub fn to_query(&self) -> String {
+        crate::query_string([
+            ("path", Some(self.path.clone())),
+            ("parents", self.parents.map(|b| b.to_string())),
+            ("mode", self.mode.map(|m| format!("{m:o}"))),
+        ])
+    }
+}
+
+/// `POST /v1/sandboxes/{id}/files/rename`: rename(2) within the sandbox
+/// (replaces an existing `to` as rename(2) does).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RenameRequest {
+    /// Absolute guest path of what is renamed.
+    pub from: String,
+    /// Absolute guest path it gets.
+    pub to: String,
+}
+
 /// Query of `DELETE /v1/sandboxes/{id}/files`.
 #[derive(Debug, Clone, PartialEq, Eq, IntoParams)]
 #[into_params(parameter_in = Query)]

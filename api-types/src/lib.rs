@@ -13,23 +13,35 @@
 //! - errors are [`ErrorBody`]: `{"error":{"code":..,"message":..}}`.
 //!
 //! - [`sandbox`]: create, view, list filters, snapshot.
+//! - [`fork`]: fork a running sandbox into clones.
 //! - [`exec`]: exec request, one-shot result, streamed events.
-//! - [`files`]: upload, download, stat, list, remove.
+//! - [`commands`]: background commands (started, listed, streamed,
+//!   waited for, signalled, written to).
+//! - [`files`]: upload, download, stat, list, remove, mkdir, rename.
 //! - [`templates`]: templates and warm pools.
 //! - [`stats`]: usage, limits, host, events.
 //! - [`error`]: the error body and its codes.
 
+pub mod commands;
 pub mod error;
 pub mod exec;
 pub mod files;
+pub mod fork;
 pub mod sandbox;
 pub mod stats;
 pub mod templates;
 
+pub use commands::{Command, CommandState, SignalCommand, StdinQuery, WaitQuery};
 pub use error::{ErrorBody, ErrorCode, ErrorDetail};
 pub use exec::{Encoding, ExecEvent, ExecRequest, ExecResult};
-pub use files::{DirEntry, FileQuery, FileStat, FileType, RemoveQuery, UploadQuery, Uploaded};
-pub use sandbox::{CreateSandbox, ListFilter, Sandbox, SandboxState, SnapshotRequest};
+pub use files::{
+    DirEntry, FileQuery, FileStat, FileType, MkdirQuery, RemoveQuery, RenameRequest, UploadQuery,
+    Uploaded,
+};
+pub use fork::{ForkRequest, Forked, MAX_FORK_COUNT};
+pub use sandbox::{
+    CreateSandbox, ListFilter, Sandbox, SandboxState, SnapshotRequest, UpdateSandbox,
+};
 pub use stats::{Event, EventQuery, HostStats, Limits, Stats, Usage};
 pub use templates::{CreateTemplate, Pool, RootRequest, SetPool, Template, TemplateState};
 

@@ -1,5 +1,6 @@
 //! Sandboxes: `POST /v1/sandboxes` ([`CreateSandbox`]), the view every
-//! sandbox route answers with ([`Sandbox`]), the list filters
+//! sandbox route answers with ([`Sandbox`]), its new limits
+//! (`PATCH /v1/sandboxes/{id}`: [`UpdateSandbox`]), the list filters
 //! ([`ListFilter`]) and `POST /v1/sandboxes/{id}/snapshot`
 //! ([`SnapshotRequest`]).
 
@@ -202,6 +203,20 @@ pub struct Sandbox {
     /// Served from a warm pool (only in the reply to a create).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub from_pool: Option<bool>,
+}
+
+/// `PATCH /v1/sandboxes/{id}`: new limits (each optional; what is left
+/// out stays). Answered with the [`Sandbox`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct UpdateSandbox {
+    /// Killed this many seconds from now (0: never). The sandbox's
+    /// `ttl_s` becomes the seconds from its creation to then (rounded up).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_s: Option<u64>,
+    /// Paused after this many seconds without API activity (0: never).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_timeout_s: Option<u64>,
 }
 
 /// `GET /v1/sandboxes` filters (all must match).

@@ -3,7 +3,7 @@
 //! same kernel and root image in the same run (runs interleaved).
 
 use super::{table, Row};
-use crate::stats::summarize;
+use crate::stats::{summarize, Samples};
 use serde::Serialize;
 use shoal_runtime::launch::{self, BootRun, BootSpec, LaunchError, Monitor};
 use std::time::Duration;
@@ -42,6 +42,9 @@ pub struct BootReport {
     pub own_memory_kib: Vec<(String, u64)>,
     /// Failed boots per system.
     pub failures: Vec<(String, usize)>,
+    /// The samples behind `rows` (figures only).
+    #[serde(skip)]
+    pub samples: Vec<Samples>,
 }
 
 const METRICS: [&str; 4] = [
@@ -103,10 +106,12 @@ pub fn run(o: &BootBenchOpts, progress: &mut dyn FnMut(&str)) -> Result<BootRepo
     let mut rows = Vec::new();
     let mut medians = vec![];
     let mut own = vec![];
+    let mut samples = vec![];
     for (k, m) in monitors.iter().enumerate() {
         for met in METRICS {
             let v: Vec<f64> = results[k].iter().filter_map(|r| metric(r, met)).collect();
             if let Some(s) = summarize(&v) {
+                samples.push(Samples::new(m.name(), met, v.clone()));
                 medians.push((m.name(), met, s.median));
                 rows.push(Row {
                     system: m.name().into(),
@@ -156,6 +161,7 @@ pub fn run(o: &BootBenchOpts, progress: &mut dyn FnMut(&str)) -> Result<BootRepo
             .zip(failures)
             .map(|(m, f)| (m.name().to_string(), f))
             .collect(),
+        samples,
     })
 }
 

@@ -4,7 +4,7 @@
 //! a host-mode agent, which is stable on any host).
 
 use super::{table, Row};
-use crate::stats::summarize;
+use crate::stats::{summarize, Samples};
 use agent_client::{Client, ExecEvent, ExecRequest, UploadOptions};
 use serde::Serialize;
 use shoal_runtime::sandbox::{self, Sandbox, SandboxError, TemplateSpec};
@@ -56,6 +56,9 @@ pub struct ExecReport {
     pub agent_syscalls_per_mib_download: Option<f64>,
     /// Why syscall counts are missing, if they are.
     pub syscall_note: Option<String>,
+    /// The samples behind `rows` (figures only).
+    #[serde(skip)]
+    pub samples: Vec<Samples>,
 }
 
 /// Times from VMM process start (`t0`) to each step of a first connection.
@@ -167,16 +170,19 @@ pub fn run(o: &ExecBenchOpts, progress: &mut dyn FnMut(&str)) -> Result<ExecRepo
             Some("host shoal-agent binary not found".into()),
         ),
     };
-    let rows = [
-        row("exec_true_rtt", &exec_ms),
-        row("restore_to_agent_ready", &ready_ms),
-        row("restore_to_vsock_socket", &sock_ms),
-        row("restore_to_guest_accept", &accept_ms),
-        row("restore_to_post_restore_done", &post_ms),
-    ]
-    .into_iter()
-    .flatten()
-    .collect();
+    let measured = [
+        ("exec_true_rtt", exec_ms),
+        ("restore_to_agent_ready", ready_ms),
+        ("restore_to_vsock_socket", sock_ms),
+        ("restore_to_guest_accept", accept_ms),
+        ("restore_to_post_restore_done", post_ms),
+    ];
+    let rows = measured.iter().filter_map(|(m, v)| row(m, v)).collect();
+    let samples = measured
+        .into_iter()
+        .filter(|(_, v)| !v.is_empty())
+        .map(|(m, v)| Samples::new("shoal", m, v))
+        .collect();
     Ok(ExecReport {
         bench: "exec",
         host_kvm: vmm::host::kvm_kind().as_str(),
@@ -190,6 +196,7 @@ pub fn run(o: &ExecBenchOpts, progress: &mut dyn FnMut(&str)) -> Result<ExecRepo
         agent_syscalls_per_mib_upload: per_up,
         agent_syscalls_per_mib_download: per_down,
         syscall_note: note,
+        samples,
     })
 }
 

@@ -1,7 +1,8 @@
 //! Jailer A/B (`shoal bench restore --jail`): the same templates restored
 //! with and without `shoal-jailer`, interleaved one by one in one run so
-//! that both see the same host state; restore latency (to vCPUs running,
-//! to the guest's first output) p50/p90/p99 and the sustained restore rate
+//! that both see the same host state; restore latency (to the VMM's
+//! `main`, which splits the jail's set-up from the VMM's own work; to vCPUs
+//! running; to the guest's first output) p50/p90/p99 and the sustained restore rate
 //! at each concurrency. A jailed restore's time includes everything the
 //! daemon does for it: the uid lease, the sandbox directory's owner, the
 //! jailer's namespaces, mounts, cgroup and credential changes.
@@ -65,6 +66,10 @@ pub struct JailAb {
     pub rates: Vec<AbRate>,
     /// Failed latency restores (plain, jailed).
     pub errors: (usize, usize),
+    /// The samples behind `rows`: system "shoal unjailed" or "shoal jailed"
+    /// (figures only).
+    #[serde(skip)]
+    pub samples: Vec<crate::stats::Samples>,
 }
 
 /// Runs the A/B on the bench's templates (made readable to jailed VMMs
@@ -87,7 +92,7 @@ pub fn run(
     std::fs::create_dir_all(&lat_dir).map_err(|e| TemplateError::NotReady(e.to_string()))?;
     let plain_sock = o.workdir.join("ab-plain.sock");
     let jail_sock = lat_dir.join("ab.sock");
-    let mut v: [[Vec<f64>; 2]; 2] = Default::default();
+    let mut v: [[Vec<f64>; 3]; 2] = Default::default();
     let mut errors = (0, 0);
     for i in 0..o.restores {
         for jailed in [false, true] {
@@ -96,9 +101,11 @@ pub fn run(
                 true => (&jail_sock, Some(j)),
             };
             match one_restore_latency(&o.vmm, printer, sock, jl) {
-                Ok((run, out)) => {
-                    v[usize::from(jailed)][0].push(run);
-                    v[usize::from(jailed)][1].push(out);
+                Ok(t) => {
+                    let side = &mut v[usize::from(jailed)];
+                    side[0].push(t.vmm_start);
+                    side[1].push(t.vcpu_run);
+                    side[2].push(t.first_output);
                 }
                 Err(e) => {
                     match jailed {
@@ -111,11 +118,19 @@ pub fn run(
         }
     }
     let mut rows = vec![];
-    for (m, metric) in ["restore_to_vcpu_run", "restore_to_first_output"]
-        .iter()
-        .enumerate()
+    let mut samples = vec![];
+    for (m, metric) in [
+        "restore_to_vmm_start",
+        "restore_to_vcpu_run",
+        "restore_to_first_output",
+    ]
+    .iter()
+    .enumerate()
     {
         if let (Some(plain), Some(jailed)) = (summarize(&v[0][m]), summarize(&v[1][m])) {
+            for (system, vals) in [("shoal unjailed", &v[0][m]), ("shoal jailed", &v[1][m])] {
+                samples.push(crate::stats::Samples::new(system, metric, vals.clone()));
+            }
             rows.push(AbRow {
                 metric: (*metric).into(),
                 delta_p50_ms: jailed.median - plain.median,
@@ -143,6 +158,7 @@ pub fn run(
         rows,
         rates,
         errors,
+        samples,
     })
 }
 

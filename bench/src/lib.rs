@@ -4,9 +4,11 @@
 
 pub mod boot;
 pub mod exec;
+pub mod fork;
 pub mod hostmem;
 pub mod jail_ab;
 pub mod load;
+pub mod plot;
 pub mod pmem;
 pub mod pmem_report;
 pub mod prewarm;

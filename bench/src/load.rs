@@ -55,6 +55,9 @@ pub struct Level {
     pub destroy_ms: Option<Summary>,
     /// Whole cycle (ms).
     pub cycle_ms: Option<Summary>,
+    /// The samples behind `cycle_ms` (figures only).
+    #[serde(skip)]
+    pub cycle_samples: Vec<f64>,
 }
 
 /// A create burst.
@@ -72,6 +75,9 @@ pub struct Burst {
     pub create_ms: Option<Summary>,
     /// Pool hits among them.
     pub pool_hits: usize,
+    /// The samples behind `create_ms` (figures only).
+    #[serde(skip)]
+    pub create_samples: Vec<f64>,
 }
 
 /// Idle capacity.
@@ -199,6 +205,7 @@ fn level(c: &DaemonClient, o: &LoadOpts, k: usize) -> Level {
         exec_ms: summarize(&b),
         destroy_ms: summarize(&d),
         cycle_ms: summarize(&cy),
+        cycle_samples: cy,
     }
 }
 
@@ -244,6 +251,7 @@ fn burst(c: &DaemonClient, o: &LoadOpts, source: &str) -> Burst {
         per_s: lat.len() as f64 / secs,
         create_ms: summarize(&lat),
         pool_hits: hits.load(Ordering::Relaxed),
+        create_samples: lat,
     }
 }
 

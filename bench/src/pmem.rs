@@ -420,6 +420,8 @@ fn memory_pass(
             pss += all;
             per_vm.push(all as f64 / 1024.0);
         }
+        // One lock: two in one statement (a struct literal) deadlock.
+        let read_samples = lock(&times).clone();
         let growth = files() - files0;
         let total = i64::try_from(private).unwrap_or(i64::MAX) + growth;
         let m = MemoryRow {
@@ -433,7 +435,8 @@ fn memory_pass(
             host_total_kib: total,
             host_per_vm_kib: total as f64 / vms.len().max(1) as f64,
             mem_available_drop_kib: avail0 - meminfo_kib("MemAvailable:"),
-            read_ms: summarize(&lock(&times)),
+            read_ms: summarize(&read_samples),
+            read_samples,
         };
         progress(&format!(
             "{} x{}: host {:.1} MiB ({:.2} MiB/VM: VMM private {:.1} MiB + page cache {:+.1} MiB), \

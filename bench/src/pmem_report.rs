@@ -34,6 +34,9 @@ pub struct MemoryRow {
     pub mem_available_drop_kib: i64,
     /// Guest time of the reads, per VM (ms): min, median, p99, max.
     pub read_ms: Option<crate::stats::Summary>,
+    /// The samples behind `read_ms` (figures only).
+    #[serde(skip)]
+    pub read_samples: Vec<f64>,
 }
 
 /// Host disk bytes one VM costs for a write workload.

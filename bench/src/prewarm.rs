@@ -28,6 +28,9 @@ pub struct PrewarmReport {
     pub workers: usize,
     /// Failed requests.
     pub errors: usize,
+    /// The samples behind `restore_ms` (figures only).
+    #[serde(skip)]
+    pub restore_samples: Vec<f64>,
 }
 
 struct Warm {
@@ -121,6 +124,7 @@ pub fn run(
     }
     Ok(PrewarmReport {
         restore_ms: summarize(&own),
+        restore_samples: own.clone(),
         request_rtt_ms: summarize(&rtt),
         rate_per_second: (workers * per_worker) as f64 / secs,
         workers,

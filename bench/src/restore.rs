@@ -6,7 +6,7 @@
 use super::{table, Row};
 use crate::restore_rate::one_restore_latency;
 pub use crate::restore_rate::{rate, rate_with, Rate};
-use crate::stats::summarize;
+use crate::stats::{summarize, Samples};
 use serde::Serialize;
 use shoal_runtime::jail::JailConfig;
 use shoal_runtime::launch::BootSpec;
@@ -68,6 +68,11 @@ pub struct RestoreReport {
     pub prewarmed: Option<super::prewarm::PrewarmReport>,
     /// Jailed vs unjailed restores, interleaved in this run.
     pub jail_ab: Option<crate::jail_ab::JailAb>,
+    /// Guest memory of the VMs (MiB).
+    pub memory_mib: u32,
+    /// The samples behind `rows` (figures only).
+    #[serde(skip)]
+    pub samples: Vec<Samples>,
 }
 
 fn pss_kib(pid: u32) -> Option<f64> {
@@ -113,9 +118,9 @@ pub fn run(
     let (mut run_ms, mut out_ms, mut errors) = (vec![], vec![], 0);
     for i in 0..o.restores {
         match one_restore_latency(&o.vmm, &printer_dir, &sock, None) {
-            Ok((a, b)) => {
-                run_ms.push(a);
-                out_ms.push(b);
+            Ok(t) => {
+                run_ms.push(t.vcpu_run);
+                out_ms.push(t.first_output);
             }
             Err(e) => {
                 errors += 1;
@@ -124,11 +129,13 @@ pub fn run(
         }
     }
     let mut rows = vec![];
+    let mut samples = vec![];
     for (metric, v) in [
         ("restore_to_vcpu_run", &run_ms),
         ("restore_to_first_output", &out_ms),
     ] {
         if let Some(s) = summarize(v) {
+            samples.push(Samples::new("shoal", metric, v.clone()));
             rows.push(Row {
                 system: "shoal".into(),
                 metric: metric.into(),
@@ -222,6 +229,8 @@ pub fn run(
         latency_errors: errors,
         prewarmed,
         jail_ab,
+        memory_mib: o.spec.memory_mib,
+        samples,
     })
 }
 

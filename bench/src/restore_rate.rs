@@ -25,15 +25,26 @@ pub struct Rate {
     pub per_second: f64,
 }
 
+/// One restore's times from its start (ms).
+#[derive(Debug, Clone, Copy)]
+pub struct RestoreTimes {
+    /// To the VMM's `main` (the process start; jailed: the jail's set-up).
+    pub vmm_start: f64,
+    /// To vCPUs running.
+    pub vcpu_run: f64,
+    /// To the guest's first output.
+    pub first_output: f64,
+}
+
 /// One restore of `tpl` timed from the start (jailed: in `jail`, whose
 /// sandbox directory holds `sock`; the jail's set-up is in the time, as in
-/// the daemon): to vCPUs running and to the guest's first output (ms).
+/// the daemon).
 pub fn one_restore_latency(
     vmm: &Path,
     tpl: &Path,
     sock: &Path,
     jail: Option<&JailConfig>,
-) -> Result<(f64, f64), TemplateError> {
+) -> Result<RestoreTimes, TemplateError> {
     let t0 = monotonic_ns();
     let mut p = VmmProcess::restore(vmm, tpl)
         .api_sock(sock)
@@ -56,11 +67,28 @@ pub fn one_restore_latency(
             last.join(" | ")
         )));
     }
-    let first = first_run_ns(&err).ok_or_else(|| TemplateError::NotReady("timing line".into()))?;
-    Ok((
-        first.saturating_sub(t0) as f64 / 1e6,
-        t_out.saturating_sub(t0) as f64 / 1e6,
-    ))
+    let timing =
+        |key| timing_ns(&err, key).ok_or_else(|| TemplateError::NotReady("timing line".into()));
+    let ms = |t: u128| t.saturating_sub(t0) as f64 / 1e6;
+    Ok(RestoreTimes {
+        vmm_start: ms(timing("start_ns")?),
+        vcpu_run: ms(timing("first_run_ns")?),
+        first_output: ms(t_out),
+    })
+}
+
+/// A `SHOAL-TIMING` value (ns, on the monotonic clock).
+fn timing_ns(stderr: &str, key: &str) -> Option<u128> {
+    if key == "first_run_ns" {
+        return first_run_ns(stderr);
+    }
+    stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("SHOAL-TIMING "))?
+        .split_whitespace()
+        .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))?
+        .parse()
+        .ok()
 }
 
 /// The jail of a bench VMM whose sockets are in `sock`'s directory,

@@ -2,6 +2,28 @@
 
 use serde::Serialize;
 
+/// The samples behind a summary, kept for figures (not in the JSON).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Samples {
+    /// "shoal" or the peer's name.
+    pub system: String,
+    /// What was measured.
+    pub metric: String,
+    /// The samples, in the report's unit.
+    pub values: Vec<f64>,
+}
+
+impl Samples {
+    /// Samples of `metric` for `system`.
+    pub fn new(system: &str, metric: &str, values: Vec<f64>) -> Self {
+        Self {
+            system: system.into(),
+            metric: metric.into(),
+            values,
+        }
+    }
+}
+
 /// min / median / p99 / max over `n` samples.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct Summary {

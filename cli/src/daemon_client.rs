@@ -39,7 +39,7 @@ pub fn connect(daemon: Option<&str>) -> Result<DaemonClient> {
 
 /// Starts `shoald` (next to this executable) detached, for the state
 /// directory holding `sock`, and waits for it to answer.
-fn start_daemon(sock: &std::path::Path) -> Result<()> {
+pub(crate) fn start_daemon(sock: &std::path::Path) -> Result<()> {
     use std::os::unix::process::CommandExt;
     let state = sock
         .parent()

@@ -1,5 +1,6 @@
-//! CLI commands that go through shoald: run, create, ls, exec, cp,
-//! snapshot, pause, resume, rm, template, pool, stats.
+//! CLI commands that go through shoald: run, create, ls, exec (also in
+//! the background), attach, cp, snapshot, fork, pause, resume, rm,
+//! template, pool, stats.
 
 use crate::daemon_client::{age, connect, table, Progress};
 use crate::{ExecArgs, SandboxArgs};
@@ -48,8 +49,13 @@ fn exec_body(e: &ExecArgs, stdin: Option<Vec<u8>>) -> Result<api::ExecRequest> {
 
 /// Streams an exec's output to ours; returns the shell-style exit code.
 fn stream_exec(c: &DaemonClient, id: &str, body: &api::ExecRequest) -> Result<i32> {
+    print_events(c.exec_stream(id, body)?)
+}
+
+/// Writes a stream's output to ours; returns the shell-style exit code.
+pub(crate) fn print_events(events: shoal_client::ExecStream) -> Result<i32> {
     let (mut out, mut err) = (std::io::stdout().lock(), std::io::stderr().lock());
-    for ev in c.exec_stream(id, body)? {
+    for ev in events {
         match ev? {
             ExecEvent::Stdout { data, encoding } => {
                 out.write_all(&encoding.decode(&data).context("stdout")?)?;
@@ -329,9 +335,26 @@ pub fn ls(g: &Global, state: Option<&str>, template: Option<&str>, meta: &[Strin
 }
 
 /// `shoal exec`.
-pub fn exec(g: &Global, id: &str, e: &ExecArgs, stdin: bool) -> Result<i32> {
+pub fn exec(g: &Global, id: &str, e: &ExecArgs, stdin: bool, background: bool) -> Result<i32> {
     let c = connect(g.daemon.as_deref())?;
-    stream_exec(&c, id, &exec_body(e, read_stdin(stdin)?)?)
+    let body = exec_body(e, read_stdin(stdin)?)?;
+    if background {
+        let cmd = c.start_command(id, &body)?;
+        if g.json {
+            println!("{}", serde_json::to_string(&cmd)?);
+        } else {
+            println!("{}", cmd.id);
+        }
+        return Ok(0);
+    }
+    stream_exec(&c, id, &body)
+}
+
+/// `shoal attach ID CMD_ID`: a background command's output (what it
+/// wrote so far, then live); exits with its exit code.
+pub fn attach(g: &Global, id: &str, cmd: &str) -> Result<i32> {
+    let c = connect(g.daemon.as_deref())?;
+    print_events(c.command_stream(id, cmd)?)
 }
 
 /// `shoal cp LOCAL ID:PATH` or `shoal cp ID:PATH LOCAL`.
@@ -355,15 +378,22 @@ pub fn cp(g: &Global, src: &str, dst: &str) -> Result<i32> {
                 mode: Some(mode),
                 ..api::UploadQuery::new(&path)
             };
-            let v = c.put_file(&id, &q, &mut f)?;
+            let len = f.metadata().ok().map(|m| m.len());
+            let live = Progress::start_quiet(&format!("copying {src} to {id}:{path}"));
+            let v = c.put_file(&id, &q, &mut live.counted(&mut f, len))?;
+            drop(live);
             eprintln!("copied {} bytes to {id}:{path}", v.bytes);
         }
         (Some((id, path)), None) => {
-            let mut r = c.get_file(&id, &path)?;
+            let r = c.get_file(&id, &path)?;
             let tmp = format!("{dst}.shoal-partial");
             let mut f =
                 std::fs::File::create(&tmp).with_context(|| format!("cannot create {tmp}"))?;
-            match std::io::copy(&mut r, &mut f) {
+            let live = Progress::start_quiet(&format!("copying {id}:{path} to {dst}"));
+            let size = r.size;
+            let copied = std::io::copy(&mut live.counted(r, size), &mut f);
+            drop(live);
+            match copied {
                 Ok(n) => {
                     std::fs::rename(&tmp, dst)?;
                     eprintln!("copied {n} bytes from {id}:{path}");
@@ -425,6 +455,43 @@ pub fn snapshot(g: &Global, id: &str, template: Option<&str>) -> Result<i32> {
     let v = c.snapshot(id, &req)?;
     drop(_p);
     print(g, &v, |v| v.name.clone())
+}
+
+/// `shoal fork ID -n N`.
+#[derive(clap::Args, Clone)]
+pub struct ForkArgs {
+    /// Sandbox id (running or paused; it keeps running).
+    pub id: String,
+    /// Clones to make (1 to 100).
+    #[arg(short = 'n', long = "count", default_value_t = 1)]
+    pub count: u32,
+    /// Labels of the clones in place of the source's (repeatable NAME=VALUE).
+    #[arg(long = "meta", short = 'm')]
+    pub meta: Vec<String>,
+}
+
+/// `shoal fork ID -n N`: the new ids, one a line (the whole reply with
+/// `--json`); clones not made are reported on stderr (exit 1 when some
+/// were not).
+pub fn fork(g: &Global, a: &ForkArgs) -> Result<i32> {
+    let c = connect(g.daemon.as_deref())?;
+    let _p = Progress::start(&format!("shoal: forking {} into {}", a.id, a.count));
+    let req = api::ForkRequest {
+        count: a.count,
+        metadata: (!a.meta.is_empty())
+            .then(|| pairs(&a.meta, "--meta"))
+            .transpose()?,
+    };
+    let v = c.fork(&a.id, &req)?;
+    drop(_p);
+    for e in &v.failed {
+        eprintln!("shoal: a clone was not made: {} ({})", e.message, e.code);
+    }
+    print(g, &v, |v| {
+        let ids: Vec<&str> = v.sandboxes.iter().map(|s| s.id.as_str()).collect();
+        ids.join("\n")
+    })?;
+    Ok(i32::from(!v.failed.is_empty()))
 }
 
 /// A template's upper layer in a few words.

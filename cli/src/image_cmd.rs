@@ -33,8 +33,11 @@ pub fn build(src: &str, out: &Path, agent: Option<PathBuf>, no_agent: bool) -> R
         }
         (None, false) => AgentSource::Auto,
     };
+    let live = crate::progress::Live::start_quiet(&format!("building {}", out.display()));
     let info = image::build_image_with(src, out, &BuildOptions { agent })
-        .with_context(|| format!("cannot build {}", out.display()))?;
+        .with_context(|| format!("cannot build {}", out.display()));
+    drop(live);
+    let info = info?;
     let align = pmem::IMAGE_ALIGN;
     println!("image     {}", info.path.display());
     println!(

@@ -3,8 +3,9 @@
 //! - `shoal run [--image base|tiny] -- CMD...`: run CMD in a fresh sandbox
 //!   through the daemon (`shoald`, started on demand), stream its output,
 //!   exit with its exit code.
-//! - `shoal create|ls|exec|cp|snapshot|pause|resume|rm`, `shoal template
-//!   ...`, `shoal pool ...`, `shoal stats`: sandboxes through the daemon.
+//! - `shoal create|ls|exec|attach|cp|snapshot|fork|pause|resume|rm`, `shoal template
+//!   ...`, `shoal pool ...`, `shoal stats`: sandboxes through the daemon;
+//!   `shoal daemon start|stop|status`: the local daemon itself.
 //! - `shoal vm ...`: sandboxes without the daemon (one VMM process each).
 //! - `shoal restore`: a snapshot in the foreground.
 //! - `shoal image build SRC -o OUT`: a DAX-ready root image (erofs, 4 KiB
@@ -16,9 +17,11 @@
 
 mod artifacts_cmd;
 mod bench;
+mod bench_cmd;
 mod confinement;
 mod daemon_client;
 mod daemon_cmds;
+mod daemon_ctl;
 mod image_cmd;
 mod progress;
 mod sandbox_cmds;
@@ -162,6 +165,17 @@ enum Cmd {
         /// Forward our standard input to the command (read to its end first).
         #[arg(long, short = 'i')]
         stdin: bool,
+        /// Leave it running in the background; prints its id (`shoal attach`).
+        #[arg(long, short = 'd')]
+        background: bool,
+    },
+    /// Follow a background command's output (from its start) to its end;
+    /// exits with its exit code.
+    Attach {
+        /// Sandbox id.
+        id: String,
+        /// Command id (`shoal exec --background`).
+        cmd: String,
     },
     /// Copy files: `shoal cp LOCAL ID:/PATH` or `shoal cp ID:/PATH LOCAL`.
     Cp {
@@ -178,6 +192,8 @@ enum Cmd {
         #[arg(long)]
         template: Option<String>,
     },
+    /// Fork a running sandbox into N live clones (it keeps running); prints their ids.
+    Fork(daemon_cmds::ForkArgs),
     /// Pause a sandbox: its state goes to disk and its VMM ends.
     Pause {
         /// Sandbox id.
@@ -206,6 +222,11 @@ enum Cmd {
     },
     /// What the daemon holds: sandboxes, reservations, host memory, pools.
     Stats,
+    /// The local daemon (shoald): start, stop, status.
+    Daemon {
+        #[command(subcommand)]
+        op: daemon_ctl::DaemonCmd,
+    },
     /// Sandboxes without the daemon (one VMM process each, driven here).
     Vm {
         #[command(subcommand)]
@@ -238,11 +259,8 @@ enum Cmd {
         #[command(subcommand)]
         op: ImageCmd,
     },
-    /// Benchmarks.
-    Bench {
-        #[command(subcommand)]
-        which: BenchCmd,
-    },
+    /// Benchmarks: a table, a JSON report and PNG figures.
+    Bench(bench_cmd::BenchArgs),
 }
 
 /// `shoal template ...`.
@@ -388,133 +406,6 @@ enum VmCmd {
     },
 }
 
-#[derive(Subcommand)]
-enum BenchCmd {
-    /// shoald under load: create -> exec -> destroy at each concurrency,
-    /// the create rate from a warm template, idle sandboxes held until
-    /// admission refuses.
-    Load {
-        /// Image whose template the sandboxes restore from.
-        #[arg(long, default_value = "tiny")]
-        image: String,
-        /// Concurrency levels (comma-separated).
-        #[arg(long, default_value = "1,10,100,500")]
-        concurrency: String,
-        /// Cycles per level (at least the level).
-        #[arg(long, default_value_t = 20)]
-        cycles: usize,
-        /// The exec step's command (the cheapest: busybox `true`).
-        #[arg(long, default_value = "true")]
-        exec: String,
-        /// Skip the exec step.
-        #[arg(long)]
-        no_exec: bool,
-        /// Creates per create-rate burst (0 skips).
-        #[arg(long, default_value_t = 200)]
-        burst: usize,
-        /// Clients in the bursts and the idle fill.
-        #[arg(long, default_value_t = 16)]
-        burst_concurrency: usize,
-        /// Most idle sandboxes to hold (0 skips the idle test).
-        #[arg(long, default_value_t = 2000)]
-        idle_max: usize,
-        /// Extra shoald arguments for the private daemon (e.g. "--memory-overcommit 16").
-        #[arg(long, default_value = "")]
-        daemon_args: String,
-        /// Where to write the JSON report.
-        #[arg(long = "out", default_value = "bench-load.json")]
-        out: PathBuf,
-    },
-    /// VMM start to first instruction, console, init and exit; vs QEMU microvm.
-    Boot {
-        /// Boots per system (>= 20 on hardware KVM; each takes seconds on PVM hosts).
-        #[arg(long)]
-        runs: Option<usize>,
-        /// Root image (tiny or base).
-        #[arg(long, default_value = "tiny")]
-        image: String,
-        /// Guest memory in MiB.
-        #[arg(long, default_value_t = 128)]
-        memory: u32,
-        /// Skip the QEMU peer.
-        #[arg(long)]
-        no_qemu: bool,
-        /// Where to write the JSON report.
-        #[arg(long = "out", default_value = "bench-boot.json")]
-        out: PathBuf,
-    },
-    /// Exec round trip, stdout/upload/download throughput, restore to
-    /// agent-ready, and the agent's syscalls per exec and per MiB.
-    Exec {
-        /// Execs of /bin/true timed.
-        #[arg(long, default_value_t = 50)]
-        execs: usize,
-        /// Restores timed (to agent-ready).
-        #[arg(long, default_value_t = 20)]
-        restores: usize,
-        /// Bytes per throughput test.
-        #[arg(long, default_value_t = 8 << 20)]
-        bytes: u64,
-        /// Where to write the JSON report.
-        #[arg(long = "out", default_value = "bench-exec.json")]
-        out: PathBuf,
-    },
-    /// Snapshot size/time, restore latency, restore rate and PSS per restored VM.
-    Restore {
-        /// Sequential restores timed.
-        #[arg(long, default_value_t = 100)]
-        restores: usize,
-        /// Concurrency levels for the rate test (comma-separated).
-        #[arg(long, default_value = "1,2,4,8")]
-        concurrency: String,
-        /// Restores per concurrency level.
-        #[arg(long, default_value_t = 200)]
-        rate_restores: usize,
-        /// Idle VMs kept alive for the PSS measurement.
-        #[arg(long, default_value_t = 50)]
-        pss_vms: usize,
-        /// Guest memory in MiB.
-        #[arg(long, default_value_t = 128)]
-        memory: u32,
-        /// Also restore through shoal-jailer, interleaved with unjailed
-        /// restores (A/B in one run; needs root).
-        #[arg(long)]
-        jail: bool,
-        /// Where to write the JSON report.
-        #[arg(long = "out", default_value = "bench-restore.json")]
-        out: PathBuf,
-    },
-    /// Host memory of N VMs reading the same files from one image (pmem+DAX
-    /// vs virtio-blk), guest page metadata, host disk writes per VM.
-    Pmem {
-        /// VM counts (comma-separated); each for both root kinds.
-        #[arg(long, default_value = "50,200")]
-        vms: String,
-        /// Bytes each guest reads (default: 50 MB on hardware KVM, 5 MB on
-        /// PVM hosts, where a guest reads ~1 MB/s).
-        #[arg(long)]
-        read_bytes: Option<u64>,
-        /// Files the read set is split into.
-        #[arg(long, default_value_t = 5)]
-        read_files: usize,
-        /// Guests reading at the same time.
-        #[arg(long, default_value_t = 2)]
-        concurrency: usize,
-        /// Bytes one guest writes for the disk-write figure (0: skip).
-        #[arg(long, default_value_t = 20_000_000)]
-        write_bytes: u64,
-        /// Guest memory in MiB.
-        #[arg(long, default_value_t = 128)]
-        memory: u32,
-        /// Scratch directory (not on tmpfs; default: under the state dir).
-        #[arg(long)]
-        workdir: Option<PathBuf>,
-        /// Where to write the JSON report.
-        #[arg(long = "out", default_value = "bench-pmem.json")]
-        out: PathBuf,
-    },
-}
-
 /// Images by name.
 pub const IMAGES: [&str; 2] = ["base", "tiny"];
 
@@ -604,15 +495,23 @@ fn main() {
             template,
             meta,
         } => dc::ls(g, state.as_deref(), template.as_deref(), &meta),
-        Cmd::Exec { id, exec, stdin } => dc::exec(g, &id, &exec, stdin),
+        Cmd::Exec {
+            id,
+            exec,
+            stdin,
+            background,
+        } => dc::exec(g, &id, &exec, stdin, background),
+        Cmd::Attach { id, cmd } => dc::attach(g, &id, &cmd),
         Cmd::Cp { src, dst } => dc::cp(g, &src, &dst),
         Cmd::Snapshot { id, template } => dc::snapshot(g, &id, template.as_deref()),
+        Cmd::Fork(a) => dc::fork(g, &a),
         Cmd::Pause { id } => dc::lifecycle(g, &id, "pause"),
         Cmd::Resume { id } => dc::lifecycle(g, &id, "resume"),
         Cmd::Rm { ids } => dc::rm(g, &ids),
         Cmd::Template { op } => dc::template(g, &op),
         Cmd::Pool { op } => dc::pool(g, &op),
         Cmd::Stats => dc::stats(g),
+        Cmd::Daemon { op } => daemon_ctl::run(g, &op),
         Cmd::Vm { op } => match op {
             VmCmd::Start { sandbox } => sb::start(&sandbox),
             VmCmd::Ls => sb::ls(),
@@ -650,104 +549,7 @@ fn main() {
                     no_agent,
                 },
         } => image_cmd::build(&source, &output, agent, no_agent),
-        Cmd::Bench {
-            which:
-                BenchCmd::Load {
-                    image,
-                    concurrency,
-                    cycles,
-                    exec,
-                    no_exec,
-                    burst,
-                    burst_concurrency,
-                    idle_max,
-                    daemon_args,
-                    out: json,
-                },
-        } => bench::load(
-            g,
-            &bench::LoadArgs {
-                image,
-                concurrency,
-                cycles,
-                exec: if no_exec {
-                    vec![]
-                } else {
-                    exec.split_whitespace().map(String::from).collect()
-                },
-                burst,
-                burst_concurrency,
-                idle_max,
-                daemon_args,
-            },
-            &json,
-        )
-        .map(|_| 0),
-        Cmd::Bench {
-            which:
-                BenchCmd::Boot {
-                    runs,
-                    image,
-                    memory,
-                    no_qemu,
-                    out: json,
-                },
-        } => bench::boot(runs, &image, memory, no_qemu, &json).map(|_| 0),
-        Cmd::Bench {
-            which:
-                BenchCmd::Exec {
-                    execs,
-                    restores,
-                    bytes,
-                    out: json,
-                },
-        } => bench::exec(execs, restores, bytes, &json).map(|_| 0),
-        Cmd::Bench {
-            which:
-                BenchCmd::Restore {
-                    restores,
-                    concurrency,
-                    rate_restores,
-                    pss_vms,
-                    memory,
-                    jail,
-                    out: json,
-                },
-        } => bench::restore(
-            restores,
-            &concurrency,
-            rate_restores,
-            pss_vms,
-            jail,
-            memory,
-            &json,
-        )
-        .map(|_| 0),
-        Cmd::Bench {
-            which:
-                BenchCmd::Pmem {
-                    vms,
-                    read_bytes,
-                    read_files,
-                    concurrency,
-                    write_bytes,
-                    memory,
-                    workdir,
-                    out: json,
-                },
-        } => bench::pmem(
-            bench::PmemArgs {
-                vms,
-                read_bytes,
-                read_files,
-                concurrency,
-                write_bytes,
-                memory,
-                workdir,
-            },
-            &json,
-        )
-        .map(|_| 0),
+        Cmd::Bench(a) => bench_cmd::run(g, a),
     };
     match res {
         Ok(code) => std::process::exit(code),

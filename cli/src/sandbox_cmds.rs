@@ -1,6 +1,7 @@
 //! `shoal run --direct` and `shoal vm ...` (without the daemon:
 //! each sandbox is a `shoal-vmm` process restored from a template).
 
+use crate::progress::Live;
 use crate::{ExecArgs, SandboxArgs};
 use agent_client::{Client, ExecEvent, ExecRequest, ExitStatus, UploadOptions};
 use anyhow::{bail, Context, Result};
@@ -200,7 +201,10 @@ pub fn cp(src: &str, dst: &str) -> Result<i32> {
                 mode,
                 ..Default::default()
             };
-            let n = c.upload(&mut f, &path, opts)?;
+            let len = f.metadata().ok().map(|m| m.len());
+            let live = Live::start_quiet(&format!("copying {src} to {id}:{path}"));
+            let n = c.upload(&mut live.counted(&mut f, len), &path, opts)?;
+            drop(live);
             eprintln!("copied {n} bytes to {id}:{path}");
         }
         (Some((id, path)), None) => {
@@ -208,7 +212,9 @@ pub fn cp(src: &str, dst: &str) -> Result<i32> {
             let tmp = format!("{dst}.shoal-partial");
             let mut f =
                 std::fs::File::create(&tmp).with_context(|| format!("cannot create {tmp}"))?;
-            let r = c.download(&path, &mut f);
+            let live = Live::start_quiet(&format!("copying {id}:{path} to {dst}"));
+            let r = c.download(&path, &mut live.counted(&mut f, None));
+            drop(live);
             match r {
                 Ok(n) => {
                     std::fs::rename(&tmp, dst)?;

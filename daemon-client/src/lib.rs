@@ -16,6 +16,7 @@
 //! # Ok::<(), shoal_client::ClientError>(())
 //! ```
 
+mod commands;
 mod typed;
 
 pub use shoal_api as api;

@@ -85,6 +85,12 @@ impl DaemonClient {
         self.call("POST", &format!("{}/snapshot", sandbox(id)), Some(req))
     }
 
+    /// `POST /v1/sandboxes/{id}/fork`: live clones of a running sandbox
+    /// (those made, and why the others were not).
+    pub fn fork(&self, id: &str, req: &api::ForkRequest) -> Result<api::Forked> {
+        self.call("POST", &format!("{}/fork", sandbox(id)), Some(req))
+    }
+
     /// `POST /v1/sandboxes/{id}/exec`: runs a command to its end.
     pub fn exec(&self, id: &str, req: &api::ExecRequest) -> Result<api::ExecResult> {
         self.call("POST", &format!("{}/exec", sandbox(id)), Some(req))
@@ -202,6 +208,16 @@ impl DaemonClient {
 pub struct ExecStream {
     lines: BufReader<Response>,
     done: bool,
+}
+
+impl ExecStream {
+    /// The events of a streamed response.
+    pub(crate) fn new(r: Response) -> ExecStream {
+        ExecStream {
+            lines: BufReader::new(r),
+            done: false,
+        }
+    }
 }
 
 impl Iterator for ExecStream {

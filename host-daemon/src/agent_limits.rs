@@ -27,6 +27,15 @@ pub struct AgentLimits {
     /// Most bytes per stream (stdout, stderr) a one-shot exec returns; the
     /// rest is dropped and the result says `truncated`.
     pub exec_output_limit: usize,
+    /// Most bytes per stream of a background command's output kept from
+    /// its start (what a wait returns; bookkeeping counted, see
+    /// [`crate::command_output`]).
+    pub command_output_limit: usize,
+    /// Most bytes of a background command's latest output kept past that
+    /// (replayed to a re-attach).
+    pub command_replay_limit: usize,
+    /// Background commands one sandbox remembers (running or finished).
+    pub max_commands: usize,
     /// Most entries of one directory listing.
     pub max_dir_entries: usize,
     /// Most bytes one directory listing may hold (names, and
@@ -43,6 +52,9 @@ impl Default for AgentLimits {
             stall_timeout: Duration::from_secs(15),
             max_in_flight: 1024,
             exec_output_limit: 16 << 20,
+            command_output_limit: 1 << 20,
+            command_replay_limit: 1 << 20,
+            max_commands: 32,
             max_dir_entries: 1 << 20,
             max_dir_bytes: 64 << 20,
         }

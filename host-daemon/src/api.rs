@@ -10,6 +10,7 @@
 //! router serves and that every body in it is the schema of its shared
 //! type.
 
+mod fork_route;
 mod handlers;
 mod wire;
 
@@ -21,6 +22,7 @@ use axum::http::header;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::{Json, Router};
+use fork_route::*;
 use handlers::*;
 use std::sync::{Arc, OnceLock};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
@@ -40,13 +42,22 @@ pub fn routes() -> OpenApiRouter<Arc<Daemon>> {
         .routes(routes!(stats))
         .routes(routes!(events))
         .routes(routes!(create, list))
-        .routes(routes!(get_one, kill))
+        .routes(routes!(get_one, kill, update))
         .routes(routes!(exec_once))
         .routes(routes!(exec_stream))
+        .routes(routes!(cmd_start, cmd_list))
+        .routes(routes!(cmd_get))
+        .routes(routes!(cmd_stream))
+        .routes(routes!(cmd_wait))
+        .routes(routes!(cmd_signal))
+        .routes(routes!(cmd_stdin))
         .routes(routes!(upload, download, remove))
         .routes(routes!(stat))
         .routes(routes!(ls))
+        .routes(routes!(mkdir))
+        .routes(routes!(rename))
         .routes(routes!(snapshot))
+        .routes(routes!(fork))
         .routes(routes!(pause))
         .routes(routes!(resume))
         .routes(routes!(tpl_create, tpl_list))
@@ -78,7 +89,7 @@ async fn openapi_json() -> Json<serde_json::Value> {
     components(schemas(shoal_api::ErrorBody, shoal_api::ErrorCode)),
     modifiers(&Bearer),
     tags(
-        (name = "sandboxes", description = "Create, list, pause, resume, snapshot, kill"),
+        (name = "sandboxes", description = "Create, list, pause, resume, snapshot, fork, kill"),
         (name = "exec", description = "Commands in a sandbox"),
         (name = "files", description = "Files in a sandbox"),
         (name = "templates", description = "Snapshots sandboxes are restored from"),

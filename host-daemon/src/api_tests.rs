@@ -46,7 +46,8 @@ fn unrouted(status: u16, message: &str) -> bool {
         || (status == 400 && message.contains("method not allowed"))
 }
 
-/// The routes of API v1 (as they were before the document was generated).
+/// The routes of API v1 (as they were before the document was generated,
+/// and those added since).
 const V1: &[(&str, &str)] = &[
     ("get", "/openapi.json"),
     ("get", "/healthz"),
@@ -65,8 +66,19 @@ const V1: &[(&str, &str)] = &[
     ("get", "/v1/sandboxes/{id}/files/stat"),
     ("get", "/v1/sandboxes/{id}/files/list"),
     ("post", "/v1/sandboxes/{id}/snapshot"),
+    ("post", "/v1/sandboxes/{id}/fork"),
     ("post", "/v1/sandboxes/{id}/pause"),
     ("post", "/v1/sandboxes/{id}/resume"),
+    ("patch", "/v1/sandboxes/{id}"),
+    ("post", "/v1/sandboxes/{id}/files/mkdir"),
+    ("post", "/v1/sandboxes/{id}/files/rename"),
+    ("post", "/v1/sandboxes/{id}/commands"),
+    ("get", "/v1/sandboxes/{id}/commands"),
+    ("get", "/v1/sandboxes/{id}/commands/{cid}"),
+    ("get", "/v1/sandboxes/{id}/commands/{cid}/stream"),
+    ("post", "/v1/sandboxes/{id}/commands/{cid}/wait"),
+    ("post", "/v1/sandboxes/{id}/commands/{cid}/signal"),
+    ("post", "/v1/sandboxes/{id}/commands/{cid}/stdin"),
     ("post", "/v1/templates"),
     ("get", "/v1/templates"),
     ("get", "/v1/templates/{name}"),
@@ -90,6 +102,7 @@ async fn the_document_lists_exactly_the_routes_the_router_serves() {
     for p in paths {
         let concrete = p
             .replace("{id}", "0123456789ab")
+            .replace("{cid}", "1")
             .replace("{name}", "nope")
             .replace("{template}", "nope");
         for m in ["get", "put", "post", "delete", "patch"] {
@@ -121,6 +134,8 @@ fn shared_schemas() -> BTreeMap<String, Value> {
         schema::<t::Sandbox>(),
         schema::<t::SandboxState>(),
         schema::<t::SnapshotRequest>(),
+        schema::<t::ForkRequest>(),
+        schema::<t::Forked>(),
         schema::<t::ExecRequest>(),
         schema::<t::ExecResult>(),
         schema::<t::ExecEvent>(),
@@ -140,6 +155,11 @@ fn shared_schemas() -> BTreeMap<String, Value> {
         schema::<t::HostStats>(),
         schema::<t::Event>(),
         schema::<t::Health>(),
+        schema::<t::UpdateSandbox>(),
+        schema::<t::RenameRequest>(),
+        schema::<t::Command>(),
+        schema::<t::CommandState>(),
+        schema::<t::SignalCommand>(),
         schema::<t::ErrorBody>(),
         schema::<t::ErrorDetail>(),
         schema::<t::ErrorCode>(),
@@ -208,6 +228,12 @@ type BodyRow = (
     u16,
     Option<&'static str>,
 );
+
+const SB: &str = "application/json Sandbox";
+const CMD: &str = "application/json Command";
+const CMDS: &str = "application/json [Command]";
+const ND: &str = "application/x-ndjson ExecEvent";
+const RES: &str = "application/json ExecResult";
 
 #[test]
 fn every_body_is_the_shared_type() {
@@ -310,6 +336,13 @@ fn every_body_is_the_shared_type() {
         ),
         (
             "post",
+            "/v1/sandboxes/{id}/fork",
+            Some("ForkRequest"),
+            201,
+            Some("application/json Forked"),
+        ),
+        (
+            "post",
             "/v1/sandboxes/{id}/pause",
             None,
             200,
@@ -359,6 +392,64 @@ fn every_body_is_the_shared_type() {
             Some("application/json Pool"),
         ),
         ("delete", "/v1/pools/{template}", None, 204, None),
+        (
+            "patch",
+            "/v1/sandboxes/{id}",
+            Some("UpdateSandbox"),
+            200,
+            Some(SB),
+        ),
+        ("post", "/v1/sandboxes/{id}/files/mkdir", None, 204, None),
+        (
+            "post",
+            "/v1/sandboxes/{id}/files/rename",
+            Some("RenameRequest"),
+            204,
+            None,
+        ),
+        (
+            "post",
+            "/v1/sandboxes/{id}/commands",
+            Some("ExecRequest"),
+            201,
+            Some(CMD),
+        ),
+        ("get", "/v1/sandboxes/{id}/commands", None, 200, Some(CMDS)),
+        (
+            "get",
+            "/v1/sandboxes/{id}/commands/{cid}",
+            None,
+            200,
+            Some(CMD),
+        ),
+        (
+            "get",
+            "/v1/sandboxes/{id}/commands/{cid}/stream",
+            None,
+            200,
+            Some(ND),
+        ),
+        (
+            "post",
+            "/v1/sandboxes/{id}/commands/{cid}/wait",
+            None,
+            200,
+            Some(RES),
+        ),
+        (
+            "post",
+            "/v1/sandboxes/{id}/commands/{cid}/signal",
+            Some("SignalCommand"),
+            204,
+            None,
+        ),
+        (
+            "post",
+            "/v1/sandboxes/{id}/commands/{cid}/stdin",
+            Some("octet"),
+            204,
+            None,
+        ),
     ];
     assert_eq!(want.len(), V1.len());
     let doc = document_json();
@@ -392,8 +483,10 @@ fn every_body_is_the_shared_type() {
         assert_eq!(got.as_deref(), *res, "{m} {p} response body");
         // Errors: the shared error body, admission's on routes that may
         // start a VMM.
-        let may_restore =
-            p.contains("{id}/") && !p.ends_with("/pause") || *p == "/v1/sandboxes" && *m == "post";
+        let may_restore = p.contains("{id}/")
+            && !p.ends_with("/pause")
+            && !(*m == "get" && (p.ends_with("/commands") || p.ends_with("{cid}")))
+            || *p == "/v1/sandboxes" && *m == "post";
         for c in t::ErrorCode::ALL {
             let e = &op["responses"][c.status().to_string()];
             if c.retryable() && !may_restore || *p == "/openapi.json" || *p == "/healthz" {
@@ -471,6 +564,7 @@ fn every_field_is_documented() {
         timeout_s: Some(1.0),
         stdin: Some("x".into()),
         stdin_b64: Some("eA==".into()),
+        stdin_open: true,
     };
     let view = t::Sandbox {
         id: "i".into(),
@@ -504,15 +598,35 @@ fn every_field_is_documented() {
         upper_size_mib: Some(8),
         upper_disk_mib: Some(64),
     };
+    let command = t::Command {
+        id: "1".into(),
+        pid: 2,
+        sandbox_id: "i".into(),
+        state: t::CommandState::Exited,
+        exit_code: Some(0),
+        signal: Some(9),
+        timed_out: false,
+        started_at: 1.0,
+    };
     let full = |v: &dyn erased::Ser| v.value();
     for (name, v) in [
         ("CreateSandbox", full(&sandbox)),
         ("CreateTemplate", full(&template)),
         ("ExecRequest", full(&exec)),
         ("SnapshotRequest", json!({"template": "x"})),
+        ("ForkRequest", json!({"count": 2, "metadata": {"a": "b"}})),
+        (
+            "Forked",
+            json!({"source": "s", "sandboxes": [full(&view)],
+                "failed": [{"code": "host_full", "message": "m"}]}),
+        ),
         ("SetPool", json!({"target": 1})),
         ("Sandbox", full(&view)),
         ("Template", full(&tpl)),
+        ("UpdateSandbox", json!({"ttl_s": 1, "idle_timeout_s": 2})),
+        ("RenameRequest", json!({"from": "/a", "to": "/b"})),
+        ("SignalCommand", json!({"signal": 15, "group": true})),
+        ("Command", full(&command)),
     ] {
         check_fields(name, v);
     }
@@ -523,7 +637,11 @@ fn every_field_is_documented() {
         "CreateTemplate",
         "ExecRequest",
         "SnapshotRequest",
+        "ForkRequest",
         "SetPool",
+        "UpdateSandbox",
+        "RenameRequest",
+        "SignalCommand",
     ] {
         let s = &document_json()["components"]["schemas"][name];
         assert_eq!(s["additionalProperties"], false, "{name}");
@@ -583,6 +701,16 @@ fn query_parameters_are_the_shared_query_types() {
         limit: Some(2),
     };
     let f = "/v1/sandboxes/{id}/files";
+    let c = "/v1/sandboxes/{id}/commands/{cid}";
+    let mkdir = t::MkdirQuery {
+        parents: Some(true),
+        mode: Some(0o700),
+        ..t::MkdirQuery::new("/d")
+    };
+    let wait = t::WaitQuery {
+        timeout_s: Some(1.0),
+    };
+    let stdin = t::StdinQuery { close: Some(true) };
     for (m, p, q) in [
         ("get", "/v1/sandboxes", list.to_query()),
         ("put", f, upload.to_query()),
@@ -591,6 +719,9 @@ fn query_parameters_are_the_shared_query_types() {
         ("get", "/v1/sandboxes/{id}/files/stat", file.to_query()),
         ("get", "/v1/sandboxes/{id}/files/list", file.to_query()),
         ("get", "/v1/events", ev.to_query()),
+        ("post", "/v1/sandboxes/{id}/files/mkdir", mkdir.to_query()),
+        ("post", &format!("{c}/wait"), wait.to_query()),
+        ("post", &format!("{c}/stdin"), stdin.to_query()),
     ] {
         assert_eq!(names(m, p), keys(q), "{m} {p}");
     }

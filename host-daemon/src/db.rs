@@ -352,6 +352,19 @@ impl Db {
         Ok(())
     }
 
+    /// Sets a sandbox's TTL (s from its creation; 0 none) and idle
+    /// timeout (s; 0 none), each only if given.
+    pub fn set_limits(&self, id: &str, ttl_s: Option<u64>, idle_s: Option<u64>) -> Result<()> {
+        let int = |v: Option<u64>| v.map(|v| i64::try_from(v).unwrap_or(i64::MAX));
+        self.conn.execute(
+            "UPDATE sandboxes SET ttl_s = COALESCE(?2, ttl_s),
+                idle_timeout_s = COALESCE(?3, idle_timeout_s)
+             WHERE id = ?1",
+            params![id, int(ttl_s), int(idle_s)],
+        )?;
+        Ok(())
+    }
+
     /// Records activity on a sandbox.
     pub fn touch(&self, id: &str, t: f64) -> Result<()> {
         self.conn.execute(

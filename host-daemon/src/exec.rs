@@ -1,5 +1,6 @@
 //! Exec (one-shot JSON, or streamed newline-delimited JSON events) and
-//! files (streamed upload and download, stat, list, remove) through the
+//! files (streamed upload and download, stat, list, remove, mkdir,
+//! rename) through the
 //! sandbox's agent, over its one tokio connection (no thread per request
 //! or per stream), always under a deadline.
 
@@ -21,13 +22,27 @@ use tokio::sync::mpsc;
 /// Default limit on a command's run time (s).
 pub const DEFAULT_EXEC_TIMEOUT_S: f64 = 300.0;
 
-struct Prepared {
-    req: ExecRequest,
-    stdin: Option<Vec<u8>>,
-    timeout: Duration,
+/// An exec request made the agent's: the request, its initial stdin and
+/// its timeout.
+pub(crate) struct Prepared {
+    pub(crate) req: ExecRequest,
+    pub(crate) stdin: Option<Vec<u8>>,
+    pub(crate) timeout: Duration,
 }
 
-fn prepare(env: &BTreeMap<String, String>, b: api::ExecRequest) -> ApiResult<Prepared> {
+/// The agent's request for `b` in a sandbox whose environment is `env`
+/// (`stdin_open` only for a background command).
+pub(crate) fn prepare(
+    env: &BTreeMap<String, String>,
+    b: api::ExecRequest,
+    background: bool,
+) -> ApiResult<Prepared> {
+    if b.stdin_open && !background {
+        return Err(ApiError::BadRequest(
+            "'stdin_open' is for background commands (POST /v1/sandboxes/{id}/commands)".into(),
+        ));
+    }
+    let stdin_open = b.stdin_open;
     let mut req = match (b.cmd, b.shell) {
         (Some(c), None) if !c.is_empty() && !c[0].is_empty() => ExecRequest::argv(c),
         (None, Some(s)) => ExecRequest::shell(s),
@@ -69,7 +84,7 @@ fn prepare(env: &BTreeMap<String, String>, b: api::ExecRequest) -> ApiResult<Pre
         ),
         (None, None) => None,
     };
-    if stdin.is_some() {
+    if stdin.is_some() || stdin_open {
         req = req.with_stdin();
     }
     Ok(Prepared {
@@ -81,15 +96,21 @@ fn prepare(env: &BTreeMap<String, String>, b: api::ExecRequest) -> ApiResult<Pre
 
 async fn feed(h: &AsyncExecHandle, stdin: Option<Vec<u8>>) -> Result<(), ClientError> {
     if let Some(data) = stdin {
-        for c in data.chunks(256 * 1024) {
-            h.write_stdin(c).await?;
-        }
+        write_all(h, &data).await?;
         h.close_stdin().await?;
     }
     Ok(())
 }
 
-fn status_fields(s: ExitStatus) -> (Option<i32>, Option<i32>) {
+/// Writes `data` to an exec's stdin in frames of at most 256 KiB.
+pub(crate) async fn write_all(h: &AsyncExecHandle, data: &[u8]) -> Result<(), ClientError> {
+    for c in data.chunks(256 * 1024) {
+        h.write_stdin(c).await?;
+    }
+    Ok(())
+}
+
+pub(crate) fn status_fields(s: ExitStatus) -> (Option<i32>, Option<i32>) {
     match s {
         ExitStatus::Exited(c) => (Some(c), None),
         ExitStatus::Signaled(s) => (None, Some(s)),
@@ -129,7 +150,7 @@ impl Capped {
 pub async fn exec(d: &Arc<Daemon>, id: &str, b: api::ExecRequest) -> ApiResult<api::ExecResult> {
     let t0 = Instant::now();
     let (row, live, _busy) = ensure_running(d, id).await?;
-    let p = prepare(&row.env, b)?;
+    let p = prepare(&row.env, b, false)?;
     let c = agent(d, &live).await?;
     let limit = d.cfg.agent.exec_output_limit;
     let work = async {
@@ -177,11 +198,11 @@ pub async fn exec(d: &Arc<Daemon>, id: &str, b: api::ExecRequest) -> ApiResult<a
     })
 }
 
-fn line(e: api::ExecEvent) -> Bytes {
+pub(crate) fn line(e: api::ExecEvent) -> Bytes {
     Bytes::from(e.to_line())
 }
 
-fn error_line(message: impl Into<String>) -> Bytes {
+pub(crate) fn error_line(message: impl Into<String>) -> Bytes {
     line(api::ExecEvent::Error {
         message: message.into(),
     })
@@ -260,7 +281,7 @@ async fn stream_exec(
 pub async fn exec_stream(d: &Arc<Daemon>, id: &str, b: api::ExecRequest) -> ApiResult<Body> {
     let t0 = Instant::now();
     let (row, live, busy) = ensure_running(d, id).await?;
-    let p = prepare(&row.env, b)?;
+    let p = prepare(&row.env, b, false)?;
     let c = agent(d, &live).await?;
     let deadline = tokio::time::Instant::now() + p.timeout + d.cfg.agent.exec_slack;
     let (tx, rx) = mpsc::channel::<Bytes>(64);
@@ -322,7 +343,7 @@ fn stat_view(s: FileStat) -> api::FileStat {
     }
 }
 
-fn check_path(p: &str) -> ApiResult<()> {
+pub(crate) fn check_path(p: &str) -> ApiResult<()> {
     if !p.starts_with('/') || p.contains('\0') {
         return Err(ApiError::BadRequest(format!(
             "path {p:?}: give an absolute guest path (?path=/...)"
@@ -370,6 +391,35 @@ pub async fn remove(d: &Arc<Daemon>, id: &str, path: String, recursive: bool) ->
     let c = agent(d, &live).await?;
     within("remove", d.cfg.agent.file_op_timeout, async {
         Ok(c.remove(&path, recursive).await?)
+    })
+    .await
+}
+
+/// mkdir(2) (`mkdir -p` with `parents`).
+pub async fn mkdir(
+    d: &Arc<Daemon>,
+    id: &str,
+    path: String,
+    mode: u32,
+    parents: bool,
+) -> ApiResult<()> {
+    check_path(&path)?;
+    let (_, live, _busy) = ensure_running(d, id).await?;
+    let c = agent(d, &live).await?;
+    within("mkdir", d.cfg.agent.file_op_timeout, async {
+        Ok(c.mkdir(&path, mode, parents).await?)
+    })
+    .await
+}
+
+/// rename(2).
+pub async fn rename(d: &Arc<Daemon>, id: &str, from: String, to: String) -> ApiResult<()> {
+    check_path(&from)?;
+    check_path(&to)?;
+    let (_, live, _busy) = ensure_running(d, id).await?;
+    let c = agent(d, &live).await?;
+    within("rename", d.cfg.agent.file_op_timeout, async {
+        Ok(c.rename(&from, &to).await?)
     })
     .await
 }

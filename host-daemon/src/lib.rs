@@ -10,8 +10,11 @@
 //!   [`inputs`]: bounds on what a request may ask for.
 //! - [`lifecycle`]: create, pause, resume, snapshot; built on [`ops`], the
 //!   operations on one sandbox (row, admission, its VM, its agent);
+//!   [`fork`]: a running sandbox into N live clones;
 //!   [`templates`] and [`template_dirs`]: templates and their directories;
 //!   [`template_names`]: the daemon's derived names and templates' owners.
+//! - [`exec`]: exec and files through a sandbox's agent; [`commands`]:
+//!   background commands, their output kept by [`command_output`].
 //! - [`db`]: state in SQLite (WAL).
 //! - [`watch`]: VM exits (pidfd) noticed and reclaimed; [`supervisor`]:
 //!   TTL and idle sweeps, recovery on start (reattach or reclaim).
@@ -26,9 +29,12 @@ pub mod admission;
 pub mod agent_limits;
 pub mod api;
 pub mod auth;
+pub mod command_output;
+pub mod commands;
 pub mod cpu_share;
 pub mod db;
 pub mod exec;
+pub mod fork;
 pub mod freeze;
 pub mod inputs;
 pub mod layer_files;
@@ -130,6 +136,12 @@ impl Config {
         self.state_dir.join("sandboxes")
     }
 
+    /// Where forks' snapshots live while their clones are restored
+    /// ([`fork`]).
+    pub fn forks_dir(&self) -> PathBuf {
+        self.state_dir.join("forks")
+    }
+
     /// The only directory callers' layer files may come from (the daemon
     /// opens files in it as root, beneath it, following no symbolic link;
     /// see [`layer_files`]).
@@ -193,6 +205,9 @@ pub enum ApiError {
     /// 409: not possible in the current state.
     #[error("{0}")]
     Conflict(String),
+    /// 429: the sandbox has as much going on as it may.
+    #[error("{0}")]
+    Busy(String),
     /// 429 or 503: admission refused.
     #[error("{0}")]
     Refused(#[from] Refusal),
@@ -286,7 +301,7 @@ impl ApiError {
             }
             ApiError::Agent(C::Remote { .. }) => ErrorCode::BadRequest,
             ApiError::Agent(C::Timeout) | ApiError::Timeout(_) => ErrorCode::DeadlineExceeded,
-            ApiError::Agent(C::Busy(_)) => ErrorCode::SandboxBusy,
+            ApiError::Agent(C::Busy(_)) | ApiError::Busy(_) => ErrorCode::SandboxBusy,
             ApiError::Backend { source, .. } if source.is_host_fault() => ErrorCode::Internal,
             ApiError::Agent(_)
             | ApiError::AgentUnreachable { .. }
@@ -343,6 +358,8 @@ pub struct Live {
     pub keep_running: AtomicBool,
     /// Its VMM cgroup's CPU weight (fresh requests first).
     pub cpu: cpu_share::CpuShare,
+    /// Its background commands.
+    pub commands: commands::Registry,
 }
 
 impl Live {
@@ -371,6 +388,7 @@ impl Live {
                     .map(|n| n.to_string_lossy())
                     .unwrap_or_default(),
             ),
+            commands: commands::Registry::default(),
         }
     }
 
@@ -541,6 +559,7 @@ pub async fn serve_until(
     let _ = std::fs::remove_file(&sock);
     supervisor::recover(&d).await;
     template_dirs::recover(&d);
+    fork::recover(&d);
     let unix =
         tokio::net::UnixListener::bind(&sock).map_err(|e| format!("{}: {e}", sock.display()))?;
     {

@@ -308,3 +308,34 @@ pub async fn snapshot(
     d.event(id, "snapshot", &format!("template '{name}'"));
     Ok(t)
 }
+
+/// New limits for a sandbox (`PATCH`): a TTL counted from now (0: none),
+/// stored as seconds from its creation (rounded up), and an idle timeout;
+/// the sweeps read them from the database, so they hold across restarts.
+pub fn update_limits(
+    d: &Daemon,
+    id: &str,
+    req: shoal_api::UpdateSandbox,
+) -> ApiResult<SandboxView> {
+    let r = row(d, id)?;
+    let ttl = req.ttl_s.map(|n| match n {
+        0 => 0,
+        n => {
+            let age = Duration::try_from_secs_f64((db::now() - r.created_at).max(0.0))
+                .unwrap_or_default();
+            let age = age.as_secs() + u64::from(age.subsec_nanos() > 0);
+            age.saturating_add(n)
+        }
+    });
+    d.db(|db| db.set_limits(id, ttl, req.idle_timeout_s))?;
+    let what = |v: Option<u64>, s: &str| v.map(|v| format!("{s} {v} s"));
+    let detail: Vec<String> = [
+        what(req.ttl_s, "TTL from now"),
+        what(req.idle_timeout_s, "idle timeout"),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    d.event(id, "limits", &detail.join(", "));
+    Ok(SandboxView::from(row(d, id)?))
+}

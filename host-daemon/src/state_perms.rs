@@ -1,5 +1,5 @@
 //! The state directory is its daemon's alone: the directory and its
-//! `sandboxes/` and `templates/` 0700, `state.db` (sandbox environments
+//! `sandboxes/`, `templates/` and `forks/` 0700, `state.db` (sandbox environments
 //! hold secrets) and its WAL files 0600, whatever the umask; modes of an
 //! older daemon's state are narrowed on start. Jailed VMMs reach the files
 //! they need through bind mounts, which do not need the parents' modes
@@ -16,7 +16,12 @@ fn chmod(p: &Path, mode: u32) -> Result<(), String> {
 
 /// Makes (or narrows) the state directory of `cfg` and its database file.
 pub fn secure(cfg: &Config) -> Result<(), String> {
-    for d in [&cfg.state_dir, &cfg.sandboxes_dir(), &cfg.templates_dir()] {
+    for d in [
+        &cfg.state_dir,
+        &cfg.sandboxes_dir(),
+        &cfg.templates_dir(),
+        &cfg.forks_dir(),
+    ] {
         std::fs::create_dir_all(d).map_err(|e| format!("{}: {e}", d.display()))?;
         chmod(d, 0o700)?;
     }

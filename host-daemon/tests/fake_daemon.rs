@@ -1,9 +1,14 @@
 //! shoald's logic without KVM: a daemon in this process whose sandboxes
 //! are the fake backend's (real `shoal-agent` processes on the host, which
 //! freeze, pause to disk, die and get killed as VMs do), driven through
-//! its HTTP API. What it checks: operations and lifecycle, pools,
-//! supervision, admission, TTL and idle timeouts, recovery on restart.
+//! its HTTP API. What it checks: operations and lifecycle, fork, pools,
+//! supervision, admission, TTL and idle timeouts, recovery on restart;
+//! background commands, mkdir and rename, limits changed after creation.
 
+#[path = "fake_daemon/commands.rs"]
+mod commands;
+#[path = "fake_daemon/fork.rs"]
+mod fork;
 #[path = "fake_daemon/harness.rs"]
 mod harness;
 #[path = "fake_daemon/layers.rs"]

@@ -382,7 +382,10 @@ fn child_steps(
             0,
         )
     };
-    wait_go(alive).map_err(sys("the supervisor ended"))?;
+    // The supervisor may have ended before the death signal was set; its
+    // go (written once the VMM's pid is recorded) is read just before the
+    // exec, so that these steps overlap its own.
+    still_supervised(alive).map_err(sys("the supervisor ended"))?;
     // The jail's directories must be traversable by its user whatever
     // umask the jailer was started with (the VMM's own is set below).
     // SAFETY: umask cannot fail.
@@ -394,18 +397,19 @@ fn child_steps(
             String::from_utf8_lossy(p.as_bytes())
         )))?;
     }
-    // 4. Namespaces.
+    // 4. Namespaces: the network one joined or new, the others new (one
+    // call when all are).
+    let mut flags = libc::CLONE_NEWNS | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS;
     match netns {
-        // SAFETY: setns on a namespace file we opened.
-        Some(fd) => ok(unsafe { libc::setns(fd.as_raw_fd(), libc::CLONE_NEWNET) }.into())
-            .map_err(sys("setns(netns)"))?,
-        // SAFETY: unshare with a flag.
-        None => ok(unsafe { libc::unshare(libc::CLONE_NEWNET) }.into())
-            .map_err(sys("unshare(CLONE_NEWNET)"))?,
-    };
-    let flags = libc::CLONE_NEWNS | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS;
+        Some(fd) => {
+            // SAFETY: setns on a namespace file we opened.
+            ok(unsafe { libc::setns(fd.as_raw_fd(), libc::CLONE_NEWNET) }.into())
+                .map_err(sys("setns(netns)"))?;
+        }
+        None => flags |= libc::CLONE_NEWNET,
+    }
     // SAFETY: unshare with flags.
-    ok(unsafe { libc::unshare(flags) }.into()).map_err(sys("unshare(mount, ipc, uts)"))?;
+    ok(unsafe { libc::unshare(flags) }.into()).map_err(sys("unshare(net, mount, ipc, uts)"))?;
     // Every file the VMM will see, opened in this namespace (a bind's
     // source must be a mount of the caller's namespace) before the jail
     // root hides the host's tree.
@@ -602,7 +606,7 @@ fn child_steps(
             0,
         )
     };
-    still_supervised(alive).map_err(sys("the supervisor ended"))?;
+    wait_go(alive).map_err(sys("the supervisor ended"))?;
     // SAFETY: prctl with integer arguments.
     ok(unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) }.into())
         .map_err(sys("no_new_privs"))?;
@@ -651,13 +655,13 @@ fn close_all_but(keep: &[RawFd]) -> std::io::Result<()> {
     for &f in &k {
         if f > from {
             // SAFETY: close_range on a range of descriptor numbers.
-            ok(unsafe { libc::close_range(from, f - 1, 0) }.into())?;
+            ok(unsafe { libc::syscall(libc::SYS_close_range, from, f - 1, 0) })?;
         }
         // SAFETY: fcntl on a descriptor number (EBADF if not open).
         ok(unsafe { libc::fcntl(i32::try_from(f).unwrap_or(-1), libc::F_SETFD, 0) }.into())?;
         from = f + 1;
     }
     // SAFETY: as above, up to the highest number.
-    ok(unsafe { libc::close_range(from, u32::MAX, 0) }.into())?;
+    ok(unsafe { libc::syscall(libc::SYS_close_range, from, u32::MAX, 0) })?;
     Ok(())
 }

@@ -4,10 +4,13 @@
 //! are parsed here (not by extractors) so that a bad one gets a clear
 //! 400; the documented types are the ones parsed.
 
-use super::wire::{flag, json_body, path_arg, query, AdmissionErrors, Caller, Errors, Res, D};
+use super::wire::{
+    flag, json_body, octal, path_arg, query, AdmissionErrors, Caller, Errors, Res, D,
+};
 use crate::db::{Filter, State};
 use crate::{
-    admission, exec, inputs, lifecycle, metrics, ops, template_names, templates, ApiError, Daemon,
+    admission, commands, exec, inputs, lifecycle, metrics, ops, template_names, templates,
+    ApiError, Daemon,
 };
 use agent_client::UploadOptions;
 use axum::body::Body;
@@ -17,9 +20,10 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use shoal_api::{
-    CreateSandbox, CreateTemplate, DirEntry, Event, EventQuery, ExecEvent, ExecRequest, ExecResult,
-    FileQuery, FileStat, Health, HostStats, ListFilter, Pool, RemoveQuery, Sandbox, SetPool,
-    SnapshotRequest, Stats, Template, UploadQuery, Uploaded,
+    Command, CreateSandbox, CreateTemplate, DirEntry, Event, EventQuery, ExecEvent, ExecRequest,
+    ExecResult, FileQuery, FileStat, Health, HostStats, ListFilter, MkdirQuery, Pool, RemoveQuery,
+    RenameRequest, Sandbox, SetPool, SignalCommand, SnapshotRequest, Stats, StdinQuery, Template,
+    UpdateSandbox, UploadQuery, Uploaded, WaitQuery,
 };
 
 /// Liveness (no token needed on TCP).
@@ -182,6 +186,18 @@ pub(super) async fn kill(AxState(d): D, Path(id): Path<String>) -> Res<StatusCod
     Ok(StatusCode::NO_CONTENT)
 }
 
+/// Set a sandbox's TTL (from now) and idle timeout.
+///
+/// Each field is optional; `ttl_s` counts from this call (the sandbox is
+/// killed that many seconds from now; 0: never). Kept across restarts.
+#[utoipa::path(patch, path = "/v1/sandboxes/{id}", tag = "sandboxes", request_body = UpdateSandbox,
+    params(("id" = String, Path, description = "Sandbox id")),
+    responses((status = 200, description = "The sandbox", body = Sandbox), Errors))]
+pub(super) async fn update(AxState(d): D, Path(id): Path<String>, b: Body) -> Res<Json<Sandbox>> {
+    let req: UpdateSandbox = json_body(b, d.cfg.http.max_json_body).await?;
+    Ok(Json(lifecycle::update_limits(&d, &id, req)?))
+}
+
 /// Run a command and return its output when it exits.
 ///
 /// A paused sandbox is resumed first.
@@ -230,13 +246,7 @@ pub(super) async fn upload(
 ) -> Res<impl IntoResponse> {
     let q = query(&q)?;
     let path = path_arg(&q)?;
-    let mode = match q.get("mode") {
-        None => 0o644,
-        Some(m) => u32::from_str_radix(m, 8)
-            .ok()
-            .filter(|m| *m <= 0o7777)
-            .ok_or_else(|| ApiError::BadRequest(format!("mode={m}: expected octal like 644")))?,
-    };
+    let mode = octal(&q, 0o644)?;
     let opts = UploadOptions {
         mode,
         append: flag(&q, "append")?,
@@ -311,6 +321,32 @@ pub(super) async fn ls(
     RawQuery(q): RawQuery,
 ) -> Res<Json<Vec<DirEntry>>> {
     Ok(Json(exec::list(&d, &id, path_arg(&query(&q)?)?).await?))
+}
+
+/// Make a directory (`mkdir -p` with `parents`).
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/files/mkdir", tag = "files",
+    params(("id" = String, Path, description = "Sandbox id"), MkdirQuery),
+    responses((status = 204, description = "Made"), AdmissionErrors))]
+pub(super) async fn mkdir(
+    AxState(d): D,
+    Path(id): Path<String>,
+    RawQuery(q): RawQuery,
+) -> Res<StatusCode> {
+    let q = query(&q)?;
+    let mode = octal(&q, 0o755)?;
+    exec::mkdir(&d, &id, path_arg(&q)?, mode, flag(&q, "parents")?).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Rename a file or directory (rename(2): an existing `to` is replaced).
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/files/rename", tag = "files",
+    request_body = RenameRequest,
+    params(("id" = String, Path, description = "Sandbox id")),
+    responses((status = 204, description = "Renamed"), AdmissionErrors))]
+pub(super) async fn rename(AxState(d): D, Path(id): Path<String>, b: Body) -> Res<StatusCode> {
+    let req: RenameRequest = json_body(b, d.cfg.http.max_json_body).await?;
+    exec::rename(&d, &id, req.from, req.to).await?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 /// Snapshot a running sandbox into a new template (the sandbox goes on).
@@ -429,5 +465,137 @@ pub(super) async fn pool_delete(
     Path(t): Path<String>,
 ) -> Res<StatusCode> {
     templates::set_pool(&d, &t, SetPool { target: 0 }, &who).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Start a background command.
+///
+/// The body is an exec request; `stdin_open` keeps its standard input
+/// open for `POST .../stdin`. A paused sandbox is resumed first. The
+/// command runs on after this answers; its output is kept (the first MiB
+/// of each stream and the latest MiB past it, by default) for streams
+/// and waits from any connection.
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/commands", tag = "exec", request_body = ExecRequest,
+    params(("id" = String, Path, description = "Sandbox id")),
+    responses((status = 201, description = "Started (running)", body = Command), AdmissionErrors))]
+pub(super) async fn cmd_start(
+    AxState(d): D,
+    Path(id): Path<String>,
+    b: Body,
+) -> Res<impl IntoResponse> {
+    let req: ExecRequest = json_body(b, d.cfg.http.max_json_body).await?;
+    inputs::check_map(&req.env, &inputs::ENV)?;
+    Ok((
+        StatusCode::CREATED,
+        Json(commands::start(&d, &id, req).await?),
+    ))
+}
+
+/// List the sandbox's background commands (running, and the finished
+/// ones it still remembers), oldest first.
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/commands", tag = "exec",
+    params(("id" = String, Path, description = "Sandbox id")),
+    responses((status = 200, description = "Commands", body = Vec<Command>), Errors))]
+pub(super) async fn cmd_list(AxState(d): D, Path(id): Path<String>) -> Res<Json<Vec<Command>>> {
+    Ok(Json(commands::list(&d, &id)?))
+}
+
+/// A background command.
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/commands/{cid}", tag = "exec",
+    params(("id" = String, Path, description = "Sandbox id"),
+        ("cid" = String, Path, description = "Command id")),
+    responses((status = 200, description = "The command", body = Command), Errors))]
+pub(super) async fn cmd_get(
+    AxState(d): D,
+    Path((id, cid)): Path<(String, String)>,
+) -> Res<Json<Command>> {
+    Ok(Json(commands::find(&d, &id, &cid)?.view()))
+}
+
+/// Stream a background command's output (re-attach).
+///
+/// Newline-delimited JSON events as `/exec/stream`'s: `start`, the output
+/// kept so far, live output, then `exit` (or `error`). From any
+/// connection, any number at once; the command is not killed when a
+/// stream ends.
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/commands/{cid}/stream", tag = "exec",
+    params(("id" = String, Path, description = "Sandbox id"),
+        ("cid" = String, Path, description = "Command id")),
+    responses((status = 200, description = "One ExecEvent per line", body = ExecEvent,
+        content_type = "application/x-ndjson"), AdmissionErrors))]
+pub(super) async fn cmd_stream(
+    AxState(d): D,
+    Path((id, cid)): Path<(String, String)>,
+) -> Res<impl IntoResponse> {
+    let c = commands::find(&d, &id, &cid)?;
+    let s = commands::stream(&d, c).await?;
+    Ok(([(header::CONTENT_TYPE, "application/x-ndjson")], s))
+}
+
+/// Wait for a background command to end: its result and kept output.
+///
+/// 504 `deadline_exceeded` when `timeout_s` passes first (the command
+/// goes on); 502 `sandbox_error` when the command was lost.
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/commands/{cid}/wait", tag = "exec",
+    params(("id" = String, Path, description = "Sandbox id"),
+        ("cid" = String, Path, description = "Command id"), WaitQuery),
+    responses((status = 200, description = "The command ended", body = ExecResult), AdmissionErrors))]
+pub(super) async fn cmd_wait(
+    AxState(d): D,
+    Path((id, cid)): Path<(String, String)>,
+    RawQuery(q): RawQuery,
+) -> Res<Json<ExecResult>> {
+    let q = query(&q)?;
+    let timeout = match q.get("timeout_s") {
+        None => None,
+        Some(v) => Some(
+            v.parse::<f64>()
+                .ok()
+                .filter(|t| *t >= 0.0 && *t <= 86_400.0)
+                .map(std::time::Duration::from_secs_f64)
+                .ok_or_else(|| {
+                    ApiError::BadRequest(format!("timeout_s={v}: expected 0 <= seconds <= 86400"))
+                })?,
+        ),
+    };
+    let c = commands::find(&d, &id, &cid)?;
+    Ok(Json(commands::wait(&d, c, timeout).await?))
+}
+
+/// Send a signal to a background command (its process group by default).
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/commands/{cid}/signal", tag = "exec",
+    request_body = SignalCommand,
+    params(("id" = String, Path, description = "Sandbox id"),
+        ("cid" = String, Path, description = "Command id")),
+    responses((status = 204, description = "Sent"), AdmissionErrors))]
+pub(super) async fn cmd_signal(
+    AxState(d): D,
+    Path((id, cid)): Path<(String, String)>,
+    b: Body,
+) -> Res<StatusCode> {
+    let req: SignalCommand = json_body(b, d.cfg.http.max_json_body).await?;
+    let c = commands::find(&d, &id, &cid)?;
+    commands::signal(&d, c, req).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Write to a background command's stdin (the raw body, streamed).
+///
+/// The command must have been started with `stdin_open`; `close=true`
+/// closes its stdin after the body (an empty body only closes it).
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/commands/{cid}/stdin", tag = "exec",
+    request_body = Vec<u8>,
+    params(("id" = String, Path, description = "Sandbox id"),
+        ("cid" = String, Path, description = "Command id"), StdinQuery),
+    responses((status = 204, description = "Written"), AdmissionErrors))]
+pub(super) async fn cmd_stdin(
+    AxState(d): D,
+    Path((id, cid)): Path<(String, String)>,
+    RawQuery(q): RawQuery,
+    b: Body,
+) -> Res<StatusCode> {
+    let close = flag(&query(&q)?, "close")?;
+    let c = commands::find(&d, &id, &cid)?;
+    commands::stdin(&d, c, b, close).await?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -227,6 +227,17 @@ pub(crate) fn flag(q: &HashMap<String, String>, k: &str) -> Res<bool> {
     }
 }
 
+/// `?mode=` in octal (at most 7777), or `default`.
+pub(crate) fn octal(q: &HashMap<String, String>, default: u32) -> Res<u32> {
+    match q.get("mode") {
+        None => Ok(default),
+        Some(m) => u32::from_str_radix(m, 8)
+            .ok()
+            .filter(|m| *m <= 0o7777)
+            .ok_or_else(|| ApiError::BadRequest(format!("mode={m}: expected octal like 644"))),
+    }
+}
+
 pub(crate) fn path_arg(q: &HashMap<String, String>) -> Res<String> {
     q.get("path")
         .cloned()

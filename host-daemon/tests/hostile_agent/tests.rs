@@ -656,3 +656,88 @@ fn a_post_restore_never_answered_fails_the_call_within_the_agent_timeout() {
     }
     s.neighbours_answer();
 }
+
+#[test]
+fn a_background_command_flooding_output_nobody_reads_keeps_the_daemon_bounded() {
+    let _g = solo();
+    let s = setup(Behaviour::StdoutFlood);
+    let base = usage();
+    let tasks = s.settled_tasks();
+    let (c, id) = (s.client(), s.hostile.clone());
+    let req = ExecRequest::shell("yes").with_timeout(2.0);
+    let cmd = c.start_command(&id, &req).expect("started");
+    let cid = cmd.id.clone();
+    // 1 GiB of output comes while nobody attaches, then a reader takes a
+    // little and leaves; the command is given up on at its deadline (its
+    // timeout and the slack: the stand-in never ends it).
+    let (lost, took) = watched(
+        "background flood",
+        base,
+        Duration::from_secs(15),
+        move || {
+            std::thread::sleep(Duration::from_millis(500));
+            let mut st = c.command_stream(&id, &cid).expect("stream");
+            assert!(matches!(st.next(), Some(Ok(ExecEvent::Start { .. }))));
+            assert!(matches!(st.next(), Some(Ok(ExecEvent::Stdout { .. }))));
+            drop(st);
+            let early = c
+                .wait_command(&id, &cid, Some(0.2))
+                .expect_err("still running");
+            assert_eq!(code_of(early).1, Some(ErrorCode::DeadlineExceeded));
+            c.wait_command(&id, &cid, None).expect_err("lost")
+        },
+    );
+    let (status, code, msg) = code_of(lost);
+    assert_eq!(
+        (status, code),
+        (502, Some(ErrorCode::SandboxError)),
+        "{msg}"
+    );
+    assert!(msg.contains("deadline"), "{msg}");
+    assert!(took < Duration::from_secs(8), "took {took:?}");
+    let seen = s.client().command(&s.hostile, &cmd.id).expect("command");
+    assert_eq!(seen.state, shoal_client::api::CommandState::Lost);
+    s.tasks_back_to(tasks, "after the flood");
+    s.neighbours_answer();
+}
+
+#[test]
+fn a_background_yes_keeps_the_head_and_the_latest_output_only() {
+    let _g = solo();
+    let d = TestDaemon::with(Opts {
+        pools: false,
+        ..Opts::default()
+    });
+    let sb = d.create();
+    let base = usage();
+    let (c, id) = (d.c.clone(), sb.id.clone());
+    let cmd = c
+        .start_command(&id, &ExecRequest::shell("exec yes"))
+        .expect("started");
+    let (r, _) = watched("background yes", base, Duration::from_secs(60), move || {
+        // Seconds of `yes` (hundreds of MiB) with nobody attached.
+        std::thread::sleep(Duration::from_secs(3));
+        c.signal_command(&id, &cmd.id, libc::SIGKILL, true)
+            .expect("signal");
+        let r = c.wait_command(&id, &cmd.id, Some(30.0)).expect("wait");
+        let mut replay = 0usize;
+        for ev in c.command_stream(&id, &cmd.id).expect("stream") {
+            if let ExecEvent::Stdout { data, encoding } = ev.expect("event") {
+                replay += encoding.decode(&data).unwrap().len();
+            }
+        }
+        (r, replay)
+    });
+    let (r, replay) = r;
+    assert_eq!(r.signal, Some(libc::SIGKILL));
+    assert!(r.stdout_truncated && r.truncated && !r.stderr_truncated);
+    let out = r.stdout_bytes().unwrap();
+    assert!(
+        out.len() > 512 << 10 && out.len() <= 1 << 20,
+        "{} bytes kept",
+        out.len()
+    );
+    assert!(out.starts_with(b"y\ny\n") && out.iter().all(|b| b"y\n".contains(b)));
+    // The replay: that head and at most the latest MiB.
+    assert!(replay > out.len() && replay <= 2 << 20, "replayed {replay}");
+}

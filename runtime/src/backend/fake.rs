@@ -269,8 +269,10 @@ impl SandboxBackend for Fake {
     fn restore(&self, dir: &Path, from: &Source) -> Result<Arc<dyn SandboxVm>, BackendError> {
         self.faults.check(Op::Restore)?;
         match from {
-            Source::Template(t) if t.join(TEMPLATE_MARKER).is_file() => {}
-            Source::Template(t) => return Err(BackendError::NoSource(t.clone())),
+            Source::Template(t) | Source::Snapshot(t) if t.join(TEMPLATE_MARKER).is_file() => {}
+            Source::Template(t) | Source::Snapshot(t) => {
+                return Err(BackendError::NoSource(t.clone()))
+            }
             Source::Paused(s) => match s.decode::<Saved>()? {
                 Saved::Paused { state_file } if state_file.is_file() => {}
                 _ => return Err(BackendError::NoSource(dir.into())),

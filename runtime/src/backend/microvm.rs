@@ -117,6 +117,39 @@ impl MicroVm {
         Some(BackendState::encode(&saved))
     }
 
+    /// What restoring the sandbox in `dir` from `from` maps: the snapshot,
+    /// the files the jail binds read-only meanwhile, and the files its
+    /// state and later snapshots record (a one-off snapshot's own directory
+    /// is needed only until the VM runs: [`Source::Snapshot`]).
+    fn restore_source(
+        &self,
+        dir: &Path,
+        from: &Source,
+    ) -> Result<(PathBuf, Vec<PathBuf>, Vec<PathBuf>), BackendError> {
+        Ok(match from {
+            Source::Template(t) | Source::Snapshot(t) if t.join("state").is_file() => {
+                let files = jail::template_files(t);
+                let keep = match from {
+                    Source::Snapshot(_) => files.iter().filter(|f| *f != t).cloned().collect(),
+                    _ => files.clone(),
+                };
+                (t.clone(), files, keep)
+            }
+            Source::Template(t) | Source::Snapshot(t) => {
+                return Err(BackendError::NoSource(t.clone()))
+            }
+            Source::Paused(s) => match s.decode::<Saved>()? {
+                Saved::Paused { snapshot, files } => (
+                    self.snapshot_of(dir, snapshot.as_deref())
+                        .ok_or_else(|| BackendError::NoSource(dir.into()))?,
+                    files.clone(),
+                    files,
+                ),
+                Saved::Running { .. } => return Err(BackendError::NoSource(dir.into())),
+            },
+        })
+    }
+
     fn snapshot_of(&self, dir: &Path, snapshot: Option<&Path>) -> Option<PathBuf> {
         snapshot
             .filter(|s| s.join("state").is_file())
@@ -265,20 +298,7 @@ impl SandboxBackend for MicroVm {
     }
 
     fn restore(&self, dir: &Path, from: &Source) -> Result<Arc<dyn SandboxVm>, BackendError> {
-        let (snapshot, files) = match from {
-            Source::Template(t) if t.join("state").is_file() => {
-                (t.clone(), jail::template_files(t))
-            }
-            Source::Template(t) => return Err(BackendError::NoSource(t.clone())),
-            Source::Paused(s) => match s.decode::<Saved>()? {
-                Saved::Paused { snapshot, files } => (
-                    self.snapshot_of(dir, snapshot.as_deref())
-                        .ok_or_else(|| BackendError::NoSource(dir.into()))?,
-                    files,
-                ),
-                Saved::Running { .. } => return Err(BackendError::NoSource(dir.into())),
-            },
-        };
+        let (snapshot, files, keep) = self.restore_source(dir, from)?;
         let paths = Paths::new(dir);
         let (p, mut ready) =
             spawn_restore(&self.vmm, &snapshot, &paths, self.jail.as_ref(), &files)?;
@@ -286,7 +306,7 @@ impl SandboxBackend for MicroVm {
         Ok(Arc::new(MicroVmSandbox {
             proc: p,
             paths,
-            files,
+            files: keep,
             jailed: self.jailed(),
         }))
     }
@@ -581,6 +601,40 @@ mod tests {
             }
         );
         assert!(BackendState::from_stored("{}").decode::<Saved>().is_err());
+    }
+
+    #[test]
+    fn a_fork_snapshot_is_bound_while_restoring_and_never_recorded() {
+        let root = tempfile::tempdir().unwrap();
+        let b = MicroVm::new("/nonexistent/shoal-vmm", Layout::at(root.path()));
+        // A snapshot of a sandbox restored from a template with a layer.
+        let tpl = root.path().join("templates/t.000000000001");
+        let layer = root.path().join("layers/kit.img");
+        let snap = root.path().join("forks/src-000000000002");
+        std::fs::create_dir_all(&snap).unwrap();
+        std::fs::write(snap.join("state"), b"s").unwrap();
+        jail::write_files(&snap, &[tpl.clone(), layer.clone()]).unwrap();
+        let dir = root.path().join("sandboxes/c");
+        let (s, files, keep) = b
+            .restore_source(&dir, &Source::Snapshot(snap.clone()))
+            .unwrap();
+        assert_eq!(s, snap);
+        assert_eq!(files, [snap.clone(), tpl.clone(), layer.clone()]);
+        assert_eq!(
+            keep,
+            [tpl.clone(), layer.clone()],
+            "the fork's directory is not kept"
+        );
+        // The same directory as a template is kept: it outlives its sandboxes.
+        let (_, files, keep) = b
+            .restore_source(&dir, &Source::Template(snap.clone()))
+            .unwrap();
+        assert_eq!(files, keep);
+        assert_eq!(keep[0], snap);
+        assert!(matches!(
+            b.restore_source(&dir, &Source::Snapshot(root.path().join("gone"))),
+            Err(BackendError::NoSource(_))
+        ));
     }
 
     #[test]

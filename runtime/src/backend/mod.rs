@@ -109,6 +109,12 @@ pub enum Source {
     Template(PathBuf),
     /// The sandbox's own state from [`SandboxVm::pause_to_disk`].
     Paused(BackendState),
+    /// A snapshot of a running sandbox ([`SandboxVm::snapshot`]) that is
+    /// needed only while the VM starts (a fork's): the VM keeps nothing of
+    /// that directory by its path (its memory stays mapped, a scratch disk
+    /// is copied), so the directory may be removed once `restore` returns,
+    /// and neither the VM's state nor its later snapshots name it.
+    Snapshot(PathBuf),
 }
 
 /// Errors of a backend; each says what failed, with its cause.

@@ -86,7 +86,11 @@ impl Daemon {
             .unwrap();
         let bin = shoald_bin();
         let mut cmd = Command::new(&bin);
-        cmd.env("SHOAL_JAILER", bin.with_file_name("shoal-jailer"));
+        // The jailer scripts/test.sh names (the static build), else the
+        // one just built beside this daemon.
+        if std::env::var_os("SHOAL_JAILER").is_none() {
+            cmd.env("SHOAL_JAILER", bin.with_file_name("shoal-jailer"));
+        }
         cmd.envs(self.env.iter().map(|(k, v)| (k, v)));
         let child = cmd
             .arg("--state-dir")

@@ -1,0 +1,296 @@
+//! `shoal bench ...`: the subcommands and their options (the benchmarks
+//! themselves are in [`crate::bench`]).
+
+use crate::bench;
+use anyhow::Result;
+use clap::Subcommand;
+use std::path::PathBuf;
+
+/// `shoal bench` options.
+#[derive(clap::Args)]
+pub struct BenchArgs {
+    /// Directory for the PNG figures (default: the JSON report's directory;
+    /// the files are named after the report: bench-boot-cdf-init-marker.png).
+    #[arg(long, global = true, value_name = "DIR")]
+    pub plot: Option<PathBuf>,
+    #[command(subcommand)]
+    pub which: BenchCmd,
+}
+
+/// `shoal bench` subcommands.
+#[derive(Subcommand)]
+pub enum BenchCmd {
+    /// shoald under load: create -> exec -> destroy at each concurrency,
+    /// the create rate from a warm template, idle sandboxes held until
+    /// admission refuses.
+    Load {
+        /// Image whose template the sandboxes restore from.
+        #[arg(long, default_value = "tiny")]
+        image: String,
+        /// Concurrency levels (comma-separated).
+        #[arg(long, default_value = "1,10,100,500")]
+        concurrency: String,
+        /// Cycles per level (at least the level).
+        #[arg(long, default_value_t = 20)]
+        cycles: usize,
+        /// The exec step's command (the cheapest: busybox `true`).
+        #[arg(long, default_value = "true")]
+        exec: String,
+        /// Skip the exec step.
+        #[arg(long)]
+        no_exec: bool,
+        /// Creates per create-rate burst (0 skips).
+        #[arg(long, default_value_t = 200)]
+        burst: usize,
+        /// Clients in the bursts and the idle fill.
+        #[arg(long, default_value_t = 16)]
+        burst_concurrency: usize,
+        /// Most idle sandboxes to hold (0 skips the idle test).
+        #[arg(long, default_value_t = 2000)]
+        idle_max: usize,
+        /// Extra shoald arguments for the private daemon (e.g. "--memory-overcommit 16").
+        #[arg(long, default_value = "")]
+        daemon_args: String,
+        /// Where to write the JSON report.
+        #[arg(long = "out", default_value = "bench-load.json")]
+        out: PathBuf,
+    },
+    /// Fork a running sandbox into 1, 10, 100 clones vs as many creates: time, memory.
+    Fork(bench::ForkArgs),
+    /// VMM start to first instruction, console, init and exit; vs QEMU microvm.
+    Boot {
+        /// Boots per system (>= 20 on hardware KVM; each takes seconds on PVM hosts).
+        #[arg(long)]
+        runs: Option<usize>,
+        /// Root image (tiny or base).
+        #[arg(long, default_value = "tiny")]
+        image: String,
+        /// Guest memory in MiB.
+        #[arg(long, default_value_t = 128)]
+        memory: u32,
+        /// Skip the QEMU peer.
+        #[arg(long)]
+        no_qemu: bool,
+        /// Where to write the JSON report.
+        #[arg(long = "out", default_value = "bench-boot.json")]
+        out: PathBuf,
+    },
+    /// Exec round trip, stdout/upload/download throughput, restore to
+    /// agent-ready, and the agent's syscalls per exec and per MiB.
+    Exec {
+        /// Execs of /bin/true timed.
+        #[arg(long, default_value_t = 50)]
+        execs: usize,
+        /// Restores timed (to agent-ready).
+        #[arg(long, default_value_t = 20)]
+        restores: usize,
+        /// Bytes per throughput test.
+        #[arg(long, default_value_t = 8 << 20)]
+        bytes: u64,
+        /// Where to write the JSON report.
+        #[arg(long = "out", default_value = "bench-exec.json")]
+        out: PathBuf,
+    },
+    /// Snapshot size/time, restore latency, restore rate and PSS per restored VM.
+    Restore {
+        /// Sequential restores timed.
+        #[arg(long, default_value_t = 100)]
+        restores: usize,
+        /// Concurrency levels for the rate test (comma-separated).
+        #[arg(long, default_value = "1,2,4,8")]
+        concurrency: String,
+        /// Restores per concurrency level.
+        #[arg(long, default_value_t = 200)]
+        rate_restores: usize,
+        /// Idle VMs kept alive for the PSS measurement.
+        #[arg(long, default_value_t = 50)]
+        pss_vms: usize,
+        /// Guest memory in MiB.
+        #[arg(long, default_value_t = 128)]
+        memory: u32,
+        /// Also restore through shoal-jailer, interleaved with unjailed
+        /// restores (A/B in one run; needs root).
+        #[arg(long)]
+        jail: bool,
+        /// Where to write the JSON report.
+        #[arg(long = "out", default_value = "bench-restore.json")]
+        out: PathBuf,
+    },
+    /// Host memory of N VMs reading the same files from one image (pmem+DAX
+    /// vs virtio-blk), guest page metadata, host disk writes per VM.
+    Pmem {
+        /// VM counts (comma-separated); each for both root kinds.
+        #[arg(long, default_value = "50,200")]
+        vms: String,
+        /// Bytes each guest reads (default: 50 MB on hardware KVM, 5 MB on
+        /// PVM hosts, where a guest reads ~1 MB/s).
+        #[arg(long)]
+        read_bytes: Option<u64>,
+        /// Files the read set is split into.
+        #[arg(long, default_value_t = 5)]
+        read_files: usize,
+        /// Guests reading at the same time.
+        #[arg(long, default_value_t = 2)]
+        concurrency: usize,
+        /// Bytes one guest writes for the disk-write figure (0: skip).
+        #[arg(long, default_value_t = 20_000_000)]
+        write_bytes: u64,
+        /// Guest memory in MiB.
+        #[arg(long, default_value_t = 128)]
+        memory: u32,
+        /// Scratch directory (not on tmpfs; default: under the state dir).
+        #[arg(long)]
+        workdir: Option<PathBuf>,
+        /// Where to write the JSON report.
+        #[arg(long = "out", default_value = "bench-pmem.json")]
+        out: PathBuf,
+    },
+    /// Draws a generic JSON document (another language's benchmark) as PNG
+    /// figures.
+    ///
+    /// {"title", "host", "unit", "series": [{"label", "samples": [..]}]} is
+    /// drawn as a latency CDF (FILE-cdf.png), and
+    /// "xy": {"x_label", "y_label", "series": [{"label", "points": [[x, y], ..]}]}
+    /// (FILE-xy.png) and "bars": {"y_label", "bars": [{"label", "value"}]}
+    /// (FILE-bars.png) when present.
+    Plot {
+        /// The document.
+        #[arg(value_name = "FILE.json")]
+        doc: PathBuf,
+    },
+}
+
+/// Runs `shoal bench ...`.
+pub fn run(g: &crate::daemon_cmds::Global, a: BenchArgs) -> Result<i32> {
+    let plot = a.plot.as_deref();
+    match a.which {
+        BenchCmd::Load {
+            image,
+            concurrency,
+            cycles,
+            exec,
+            no_exec,
+            burst,
+            burst_concurrency,
+            idle_max,
+            daemon_args,
+            out: json,
+        } => bench::load(
+            g,
+            &bench::LoadArgs {
+                image,
+                concurrency,
+                cycles,
+                exec: if no_exec {
+                    vec![]
+                } else {
+                    exec.split_whitespace().map(String::from).collect()
+                },
+                burst,
+                burst_concurrency,
+                idle_max,
+                daemon_args,
+            },
+            &bench::Output::new(&json, plot),
+        )
+        .map(|_| 0),
+        BenchCmd::Fork(f) => bench::fork(g, &f, &bench::Output::new(&f.out, plot)).map(|_| 0),
+        BenchCmd::Boot {
+            runs,
+            image,
+            memory,
+            no_qemu,
+            out: json,
+        } => bench::boot(
+            runs,
+            &image,
+            memory,
+            no_qemu,
+            &bench::Output::new(&json, plot),
+        )
+        .map(|_| 0),
+        BenchCmd::Exec {
+            execs,
+            restores,
+            bytes,
+            out: json,
+        } => bench::exec(execs, restores, bytes, &bench::Output::new(&json, plot)).map(|_| 0),
+        BenchCmd::Restore {
+            restores,
+            concurrency,
+            rate_restores,
+            pss_vms,
+            memory,
+            jail,
+            out: json,
+        } => bench::restore(
+            restores,
+            &concurrency,
+            rate_restores,
+            pss_vms,
+            jail,
+            memory,
+            &bench::Output::new(&json, plot),
+        )
+        .map(|_| 0),
+        BenchCmd::Pmem {
+            vms,
+            read_bytes,
+            read_files,
+            concurrency,
+            write_bytes,
+            memory,
+            workdir,
+            out: json,
+        } => bench::pmem(
+            bench::PmemArgs {
+                vms,
+                read_bytes,
+                read_files,
+                concurrency,
+                write_bytes,
+                memory,
+                workdir,
+            },
+            &bench::Output::new(&json, plot),
+        )
+        .map(|_| 0),
+        BenchCmd::Plot { doc } => bench::plot_doc(&bench::Output::new(&doc, plot)).map(|_| 0),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::{CommandFactory, Parser};
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        crate::Cli::command().debug_assert();
+    }
+
+    fn plot_of(args: &[&str]) -> Option<PathBuf> {
+        match crate::Cli::try_parse_from(args).unwrap().cmd {
+            crate::Cmd::Bench(a) => a.plot,
+            _ => panic!("not a bench: {args:?}"),
+        }
+    }
+
+    #[test]
+    fn plot_dir_before_or_after_the_bench() {
+        let d = Some(PathBuf::from("/d"));
+        assert_eq!(plot_of(&["shoal", "bench", "restore", "--plot", "/d"]), d);
+        assert_eq!(plot_of(&["shoal", "bench", "--plot", "/d", "boot"]), d);
+        assert_eq!(plot_of(&["shoal", "bench", "exec"]), None);
+        // The document is not `json`: that is the global --json flag's id
+        // (a positional of that name panicked when parsed).
+        let a = crate::Cli::try_parse_from(["shoal", "bench", "plot", "x.json"]).unwrap();
+        assert!(matches!(
+            a.cmd,
+            crate::Cmd::Bench(BenchArgs {
+                which: BenchCmd::Plot { .. },
+                ..
+            })
+        ));
+    }
+}

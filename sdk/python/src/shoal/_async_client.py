@@ -1,0 +1,467 @@
+"""The asyncio client :class:`AsyncShoal`. ``_sync_client.py`` is made
+from this file by ``tools/gen_sync.py`` (never edit it by hand)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Any, AsyncIterator, List, Mapping, Sequence
+
+import httpx
+
+from . import _aio as _io
+from ._async_sandbox import AsyncSandbox
+from ._core import Backoff, Target, create_body, ensure_daemon, resolve_target
+from ._errors import (
+    ConnectionFailed,
+    KindNotAvailable,
+    NotFound,
+    Retryable,
+    SandboxNotFound,
+    ShoalError,
+    TemplateNotFound,
+    Timeout,
+    error_from_response,
+)
+from ._types import (
+    ContainerArgs,
+    FnCallArgs,
+    MicroVMArgs,
+    PoolInfo,
+    SandboxInfo,
+    TemplateInfo,
+    VMArgs,
+)
+
+__all__ = ["AsyncShoal"]
+
+
+class AsyncShoal:
+    """A client of one Shoal daemon (``shoald``).
+
+    The daemon is found like the ``shoal`` CLI finds it: ``daemon`` (a
+    Unix socket path or ``http://HOST:PORT``), else ``$SHOAL_DAEMON``,
+    else the local default socket (``~/.cache/shoal/daemon/shoald.sock``,
+    under ``$SHOAL_STATE`` when set). Over TCP every request carries
+    ``token`` (else ``$SHOAL_TOKEN``) as a bearer token. A local daemon
+    that is not running is started on the first request (``autostart``).
+
+    ``retries`` (default 0: off) retries requests the daemon refused
+    because the host or the sandbox was full (:class:`HostFull`,
+    :class:`HostMemoryLow`, :class:`SandboxBusy`), waiting what its
+    ``Retry-After`` says, else an exponential backoff from ``backoff``
+    seconds, at most ``max_backoff``.
+
+    Use it as a context manager, or call :meth:`close`.
+    """
+
+    def __init__(
+        self,
+        daemon: str | os.PathLike[str] | None = None,
+        *,
+        token: str | None = None,
+        timeout: float = 300.0,
+        retries: int = 0,
+        backoff: float = 0.25,
+        max_backoff: float = 30.0,
+        autostart: bool = True,
+        shoald: str | None = None,
+        max_connections: int = 512,
+    ) -> None:
+        self.target: Target = resolve_target(daemon, token)
+        self.timeout = timeout
+        self.backoff = Backoff(retries=max(0, retries), base=backoff, cap=max_backoff)
+        self._autostart = autostart and self.target.local
+        self._shoald = shoald
+        headers = {"user-agent": "shoal-python/0.1"}
+        if self.target.token:
+            headers["authorization"] = f"Bearer {self.target.token}"
+        limits = httpx.Limits(
+            max_connections=max_connections, max_keepalive_connections=max_connections
+        )
+        transport = (
+            httpx.AsyncHTTPTransport(uds=self.target.socket, limits=limits)
+            if self.target.socket
+            else httpx.AsyncHTTPTransport(limits=limits)
+        )
+        self._http = httpx.AsyncClient(
+            base_url=self.target.url,
+            transport=transport,
+            headers=headers,
+            timeout=httpx.Timeout(timeout, connect=10.0, pool=None),
+        )
+
+    # -- plumbing -----------------------------------------------------
+
+    async def close(self) -> None:
+        """Closes the connections (sandboxes are left as they are)."""
+        await self._http.aclose()
+
+    async def __aenter__(self) -> AsyncShoal:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def __repr__(self) -> str:
+        return f"AsyncShoal({str(self.target)!r})"
+
+    async def _start_daemon(self) -> None:
+        if self._autostart:
+            self._autostart = False
+            await _io.blocking(ensure_daemon, self.target, self._shoald)
+
+    def _request_obj(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, Any] | None,
+        json: Any,
+        content: Any,
+        timeout: float | None,
+    ) -> httpx.Request:
+        kw: dict[str, Any] = {}
+        if params:
+            kw["params"] = {k: _q(v) for k, v in params.items() if v is not None}
+        if json is not None:
+            kw["json"] = json
+        if content is not None:
+            kw["content"] = content
+        if timeout is not None:
+            kw["timeout"] = httpx.Timeout(timeout, connect=10.0, pool=None)
+        return self._http.build_request(method, path, **kw)
+
+    async def _send(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, Any] | None = None,
+        json: Any = None,
+        content: Any = None,
+        timeout: float | None = None,
+        not_found: type[NotFound] = NotFound,
+        stream: bool = False,
+        retry: bool = True,
+    ) -> httpx.Response:
+        """Sends a request; an error answer raises its exception class.
+        Retryable refusals are retried (when ``retries`` was given and the
+        body can be sent again)."""
+        await self._start_daemon()
+        attempt = 0
+        while True:
+            req = self._request_obj(
+                method, path, params=params, json=json, content=content, timeout=timeout
+            )
+            try:
+                r = await self._http.send(req, stream=True)
+            except httpx.TimeoutException as e:
+                raise Timeout(f"{method} {path}: no answer in time ({e})") from e
+            except httpx.TransportError as e:
+                raise ConnectionFailed(f"cannot reach shoald at {self.target}: {e}") from e
+            if r.status_code < 400:
+                if not stream:
+                    try:
+                        await r.aread()
+                    finally:
+                        await r.aclose()
+                return r
+            try:
+                body = await r.aread()
+            finally:
+                await r.aclose()
+            err = error_from_response(
+                r.status_code, body, r.headers.get("retry-after"), not_found=not_found
+            )
+            if retry and isinstance(err, Retryable) and attempt < self.backoff.retries:
+                await _io.sleep(self.backoff.delay(attempt, err.retry_after))
+                attempt += 1
+                continue
+            raise err
+
+    async def _json(self, method: str, path: str, **kw: Any) -> Any:
+        r = await self._send(method, path, **kw)
+        if r.status_code == 204 or not r.content:
+            return None
+        return r.json()
+
+    @contextlib.asynccontextmanager
+    async def _stream(self, method: str, path: str, **kw: Any) -> AsyncIterator[httpx.Response]:
+        r = await self._send(method, path, stream=True, **kw)
+        try:
+            yield r
+        except httpx.TimeoutException as e:
+            raise Timeout(f"{method} {path}: the answer stalled ({e})") from e
+        except httpx.TransportError as e:
+            raise ConnectionFailed(f"{method} {path}: the answer broke off ({e})") from e
+        finally:
+            await r.aclose()
+
+    # -- sandboxes ----------------------------------------------------
+
+    async def create(
+        self,
+        image: str | None = None,
+        *,
+        template: str | None = None,
+        vcpus: int | None = None,
+        memory_mib: int | None = None,
+        ttl_s: float | None = None,
+        idle_timeout_s: float | None = None,
+        metadata: Mapping[str, str] | None = None,
+        env: Mapping[str, str] | None = None,
+        layers: Sequence[str] | None = None,
+        upper_size_mib: int | None = None,
+        upper_disk_mib: int | None = None,
+        keep_running: bool = False,
+    ) -> AsyncSandbox:
+        """Creates a sandbox from an ``image`` (``tiny``, ``base``; its
+        template is booted once and cached) or a ``template`` (from its
+        warm pool when it has one) and returns it, running.
+
+        ``ttl_s`` kills it that many seconds after creation,
+        ``idle_timeout_s`` pauses it after that long without requests
+        (0/None: never). ``metadata`` are labels (:meth:`list` filters on
+        them), ``env`` the environment of every command. ``layers``,
+        ``upper_size_mib`` and ``upper_disk_mib`` choose further read-only
+        layers and the writable upper layer (with ``image``).
+        ``keep_running`` never freezes it while idle.
+
+        Raises :class:`HostFull` when the host has no room (retried when
+        the client was made with ``retries``), :class:`BadRequest` for a
+        shape the host cannot serve, :class:`TemplateNotFound`.
+        """
+        body = create_body(
+            image=image,
+            template=template,
+            vcpus=vcpus,
+            memory_mib=memory_mib,
+            ttl_s=ttl_s,
+            idle_timeout_s=idle_timeout_s,
+            metadata=metadata,
+            env=env,
+            layers=layers,
+            upper_size_mib=upper_size_mib,
+            upper_disk_mib=upper_disk_mib,
+            keep_running=keep_running,
+        )
+        v = await self._json("POST", "/v1/sandboxes", json=body, not_found=TemplateNotFound)
+        return AsyncSandbox(self, SandboxInfo.from_json(v))
+
+    def sandbox(self, image: str | None = None, **kw: Any) -> _SandboxScope:
+        """:meth:`create` as a context manager that removes the sandbox on
+        exit::
+
+            async with client.sandbox(image="tiny") as sb:
+                await sb.exec(["echo", "hi"])
+        """
+        return _SandboxScope(self, image, kw)
+
+    async def get(self, sandbox_id: str) -> AsyncSandbox:
+        """The sandbox ``sandbox_id`` (:class:`SandboxNotFound` if none)."""
+        v = await self._json("GET", f"/v1/sandboxes/{_seg(sandbox_id)}", not_found=SandboxNotFound)
+        return AsyncSandbox(self, SandboxInfo.from_json(v))
+
+    async def list(
+        self,
+        *,
+        state: str | None = None,
+        template: str | None = None,
+        metadata: Mapping[str, str] | None = None,
+    ) -> List[AsyncSandbox]:
+        """Sandboxes matching every filter given: a ``state``
+        (``running``, ``paused``, ...), a ``template``, all of the
+        ``metadata`` labels."""
+        meta = ",".join(f"{k}:{v}" for k, v in (metadata or {}).items()) or None
+        params = {"state": state, "template": template, "metadata": meta}
+        vs = await self._json("GET", "/v1/sandboxes", params=params)
+        return [AsyncSandbox(self, SandboxInfo.from_json(v)) for v in vs]
+
+    # -- per-kind entry points ----------------------------------------
+
+    async def run_microvm(self, args: MicroVMArgs) -> AsyncSandbox:
+        """Starts a KVM microVM sandbox as ``args`` describes (see
+        :class:`MicroVMArgs`) and, when ``args.command`` is set, runs it
+        (``check=True``; the result is on ``sandbox.last_result``)."""
+        sb = await self.create(
+            args.image,
+            template=args.template,
+            vcpus=args.vcpus,
+            memory_mib=args.memory_mib,
+            ttl_s=args.ttl_s,
+            idle_timeout_s=args.idle_timeout_s,
+            metadata=args.metadata,
+            env=args.env,
+            layers=args.layers,
+            upper_size_mib=args.upper_size_mib,
+            upper_disk_mib=args.upper_disk_mib,
+            keep_running=args.keep_running,
+        )
+        if args.command is not None:
+            try:
+                sb.last_result = await sb.exec(args.command, check=True)
+            except BaseException:
+                await sb.kill()
+                raise
+        return sb
+
+    async def run_container(self, args: ContainerArgs) -> AsyncSandbox:
+        """Containers: not available on this daemon yet (raises
+        :class:`KindNotAvailable`)."""
+        raise KindNotAvailable(_unavailable("container", args))
+
+    async def run_fncall(self, args: FnCallArgs) -> AsyncSandbox:
+        """Function calls: not available on this daemon yet (raises
+        :class:`KindNotAvailable`)."""
+        raise KindNotAvailable(_unavailable("fncall", args))
+
+    async def run_vm(self, args: VMArgs) -> AsyncSandbox:
+        """Full VMs: not available on this daemon yet (raises
+        :class:`KindNotAvailable`)."""
+        raise KindNotAvailable(_unavailable("vm", args))
+
+    # -- templates and pools ------------------------------------------
+
+    async def create_template(
+        self,
+        name: str,
+        image: str,
+        *,
+        vcpus: int | None = None,
+        memory_mib: int | None = None,
+        layers: Sequence[str] | None = None,
+        upper_size_mib: int | None = None,
+        upper_disk_mib: int | None = None,
+        wait: bool = True,
+        timeout: float = 600.0,
+    ) -> TemplateInfo:
+        """Registers a template: ``image`` booted once and snapshotted (in
+        the background). With ``wait`` (default) returns once it is ready
+        and raises :class:`ShoalError` if its build failed."""
+        body: dict[str, Any] = {"name": name, "image": image}
+        for k, v in (
+            ("vcpus", vcpus),
+            ("memory_mib", memory_mib),
+            ("upper_size_mib", upper_size_mib),
+            ("upper_disk_mib", upper_disk_mib),
+        ):
+            if v is not None:
+                body[k] = v
+        if layers:
+            body["layers"] = list(layers)
+        t = TemplateInfo.from_json(await self._json("POST", "/v1/templates", json=body))
+        return await self.wait_template(name, timeout=timeout) if wait else t
+
+    async def wait_template(self, name: str, *, timeout: float = 600.0) -> TemplateInfo:
+        """Waits until the template ``name`` is built (ready or failed:
+        a failure raises)."""
+        loop_end = _now() + timeout
+        while True:
+            t = await self.get_template(name)
+            if t.state == "ready":
+                return t
+            if t.state == "failed":
+                raise ShoalError(f"template {name} failed: {t.error}", code="sandbox_error")
+            if _now() > loop_end:
+                raise Timeout(f"template {name} still {t.state} after {timeout:.0f} s")
+            await _io.sleep(0.2)
+
+    async def get_template(self, name: str) -> TemplateInfo:
+        """The template ``name`` (:class:`TemplateNotFound` if none)."""
+        v = await self._json("GET", f"/v1/templates/{_seg(name)}", not_found=TemplateNotFound)
+        return TemplateInfo.from_json(v)
+
+    async def list_templates(self) -> List[TemplateInfo]:
+        """Every template, by name."""
+        return [TemplateInfo.from_json(v) for v in await self._json("GET", "/v1/templates")]
+
+    async def delete_template(self, name: str) -> None:
+        """Deletes the template ``name`` and its pool."""
+        await self._send("DELETE", f"/v1/templates/{_seg(name)}", not_found=TemplateNotFound)
+
+    async def set_pool(self, template: str, target: int) -> PoolInfo:
+        """Keeps ``target`` sandboxes of ``template`` restored and warm
+        (refilled in the background; 0 removes the pool)."""
+        v = await self._json(
+            "PUT",
+            f"/v1/pools/{_seg(template)}",
+            json={"target": int(target)},
+            not_found=TemplateNotFound,
+        )
+        return PoolInfo.from_json(v)
+
+    async def pools(self) -> List[PoolInfo]:
+        """Every warm pool with its target and ready sizes."""
+        return [PoolInfo.from_json(v) for v in await self._json("GET", "/v1/pools")]
+
+    async def wait_pool(self, template: str, ready: int, *, timeout: float = 600.0) -> PoolInfo:
+        """Waits until the pool of ``template`` has ``ready`` sandboxes."""
+        end = _now() + timeout
+        while True:
+            for p in await self.pools():
+                if p.template == template and p.ready >= ready:
+                    return p
+            if _now() > end:
+                raise Timeout(f"pool {template} not at {ready} ready after {timeout:.0f} s")
+            await _io.sleep(0.2)
+
+    # -- the daemon ---------------------------------------------------
+
+    async def health(self) -> bool:
+        """Whether the daemon answers ``/healthz``."""
+        try:
+            return bool((await self._json("GET", "/healthz")).get("ok"))
+        except ConnectionFailed:
+            return False
+
+    async def stats(self) -> dict[str, Any]:
+        """Usage, limits, host memory and pools (``/v1/stats``), as JSON."""
+        return dict(await self._json("GET", "/v1/stats"))
+
+
+class _SandboxScope:
+    """``async with client.sandbox(...) as sb``: creates on entry, kills on
+    exit."""
+
+    def __init__(self, client: AsyncShoal, image: str | None, kw: dict[str, Any]) -> None:
+        self._client, self._image, self._kw = client, image, kw
+        self._sb: AsyncSandbox | None = None
+
+    async def __aenter__(self) -> AsyncSandbox:
+        self._sb = await self._client.create(self._image, **self._kw)
+        return self._sb
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._sb is not None:
+            await self._sb.kill(missing_ok=True)
+
+
+def _q(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return str(v)
+
+
+def _seg(s: str) -> str:
+    """A path segment (ids and names never hold ``/``; refuse one that
+    does rather than reach another route)."""
+    from ._errors import BadRequest
+
+    if not s or "/" in s or s in (".", ".."):
+        raise BadRequest(f"invalid id or name {s!r}")
+    return httpx.URL(f"http://x/{s}").raw_path.decode("ascii")[1:]
+
+
+def _now() -> float:
+    import time
+
+    return time.monotonic()
+
+
+def _unavailable(kind: str, args: object) -> str:
+    return (
+        f"sandbox kind '{kind}' is not available on this daemon yet: it runs "
+        f"microVMs only (use run_microvm(MicroVMArgs(...))); got {type(args).__name__}"
+    )
+

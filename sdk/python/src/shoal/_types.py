@@ -1,0 +1,344 @@
+"""The values the SDK hands back: plain dataclasses parsed from the API's
+JSON (unknown fields are ignored, so a newer daemon does not break an
+older SDK)."""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass, field
+from typing import Any, Iterable, List, Literal, Mapping, TypeVar
+
+from ._errors import ShoalError
+
+#: States of a sandbox (``pooled`` ones are never listed).
+SandboxState = Literal["pooled", "starting", "running", "pausing", "paused", "failed"]
+#: States of a background command (``lost``: the daemon no longer knows
+#: how it ended, e.g. the sandbox was paused to disk).
+CommandState = Literal["running", "exited", "lost"]
+#: Types of a guest file.
+FileType = Literal["file", "dir", "symlink", "other"]
+
+
+def _decode(data: str | None, encoding: str | None) -> bytes:
+    if data is None:
+        return b""
+    if encoding == "base64":
+        return base64.b64decode(data)
+    return data.encode("utf-8")
+
+
+@dataclass
+class SandboxInfo:
+    """A sandbox as the daemon shows it (``GET /v1/sandboxes/{id}``)."""
+
+    id: str
+    template: str
+    state: str
+    vcpus: int
+    memory_mib: int
+    pid: int | None = None
+    created_at: float = 0.0
+    last_active: float = 0.0
+    ttl_s: int = 0
+    idle_timeout_s: int = 0
+    metadata: dict[str, str] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+    error: str | None = None
+    keep_running: bool = False
+    from_pool: bool | None = None
+
+    @classmethod
+    def from_json(cls, v: Mapping[str, Any]) -> SandboxInfo:
+        return cls(
+            id=str(v["id"]),
+            template=str(v.get("template", "")),
+            state=str(v.get("state", "")),
+            vcpus=int(v.get("vcpus", 0)),
+            memory_mib=int(v.get("memory_mib", 0)),
+            pid=v.get("pid"),
+            created_at=float(v.get("created_at") or 0.0),
+            last_active=float(v.get("last_active") or 0.0),
+            ttl_s=int(v.get("ttl_s") or 0),
+            idle_timeout_s=int(v.get("idle_timeout_s") or 0),
+            metadata=dict(v.get("metadata") or {}),
+            env=dict(v.get("env") or {}),
+            error=v.get("error"),
+            keep_running=bool(v.get("keep_running", False)),
+            from_pool=v.get("from_pool"),
+        )
+
+
+@dataclass
+class ExecResult:
+    """A finished command: its output (bytes), status and duration.
+
+    ``stdout``/``stderr`` are bytes; :attr:`text` and :attr:`stderr_text`
+    decode them (UTF-8, invalid bytes replaced).
+    """
+
+    stdout: bytes
+    stderr: bytes
+    exit_code: int | None
+    signal: int | None = None
+    timed_out: bool = False
+    #: Seconds from request to exit (the daemon's figure when it gives one).
+    duration: float = 0.0
+    #: Output beyond the daemon's per-stream limit was dropped.
+    truncated: bool = False
+
+    @property
+    def ok(self) -> bool:
+        """Exited 0 (not killed, not timed out)."""
+        return self.exit_code == 0 and not self.timed_out
+
+    @property
+    def code(self) -> int:
+        """The shell-style status: the exit code, 128 + the signal, or 1."""
+        if self.exit_code is not None:
+            return self.exit_code
+        if self.signal is not None:
+            return 128 + self.signal
+        return 1
+
+    @property
+    def text(self) -> str:
+        """Standard output as text."""
+        return self.stdout.decode("utf-8", "replace")
+
+    @property
+    def stderr_text(self) -> str:
+        """Standard error as text."""
+        return self.stderr.decode("utf-8", "replace")
+
+    @classmethod
+    def from_json(cls, v: Mapping[str, Any]) -> ExecResult:
+        enc = v.get("encoding")
+        return cls(
+            stdout=_decode(v.get("stdout"), enc),
+            stderr=_decode(v.get("stderr"), enc),
+            exit_code=v.get("exit_code"),
+            signal=v.get("signal"),
+            timed_out=bool(v.get("timed_out", False)),
+            duration=float(v.get("duration_ms") or 0.0) / 1000.0,
+            truncated=bool(v.get("truncated", False)),
+        )
+
+
+@dataclass
+class ExecEvent:
+    """One event of a streamed command: ``start`` (``pid``), ``stdout`` /
+    ``stderr`` (``data``: bytes), then ``exit`` (``exit_code``, ``signal``,
+    ``timed_out``) or ``error`` (``message``), the last one."""
+
+    type: str
+    data: bytes = b""
+    pid: int | None = None
+    exec_id: int | None = None
+    exit_code: int | None = None
+    signal: int | None = None
+    timed_out: bool = False
+    message: str | None = None
+
+    @property
+    def text(self) -> str:
+        """``data`` as text."""
+        return self.data.decode("utf-8", "replace")
+
+    @classmethod
+    def from_json(cls, v: Mapping[str, Any]) -> ExecEvent:
+        t = str(v.get("type", ""))
+        return cls(
+            type=t,
+            data=_decode(v.get("data"), v.get("encoding")) if t in ("stdout", "stderr") else b"",
+            pid=v.get("pid"),
+            exec_id=v.get("exec_id"),
+            exit_code=v.get("exit_code"),
+            signal=v.get("signal"),
+            timed_out=bool(v.get("timed_out", False)),
+            message=v.get("message"),
+        )
+
+
+@dataclass
+class CommandInfo:
+    """A background command (``GET .../commands/{id}``)."""
+
+    id: str
+    pid: int | None
+    sandbox_id: str
+    state: str
+    exit_code: int | None = None
+    signal: int | None = None
+    timed_out: bool = False
+    started_at: float = 0.0
+
+    @classmethod
+    def from_json(cls, v: Mapping[str, Any]) -> CommandInfo:
+        return cls(
+            id=str(v["id"]),
+            pid=v.get("pid"),
+            sandbox_id=str(v.get("sandbox_id", "")),
+            state=str(v.get("state", "")),
+            exit_code=v.get("exit_code"),
+            signal=v.get("signal"),
+            timed_out=bool(v.get("timed_out", False)),
+            started_at=float(v.get("started_at") or 0.0),
+        )
+
+
+@dataclass
+class FileStat:
+    """A guest file's type, permission bits, size and mtime."""
+
+    type: str
+    mode: int
+    size: int
+    mtime_ns: int
+
+    @property
+    def is_dir(self) -> bool:
+        return self.type == "dir"
+
+    @property
+    def is_file(self) -> bool:
+        return self.type == "file"
+
+    @classmethod
+    def from_json(cls, v: Mapping[str, Any]) -> FileStat:
+        return cls(
+            type=str(v["type"]),
+            mode=int(v["mode"]),
+            size=int(v["size"]),
+            mtime_ns=int(v["mtime_ns"]),
+        )
+
+
+@dataclass
+class DirEntry:
+    """One entry of a guest directory."""
+
+    name: str
+    type: str
+
+    @classmethod
+    def from_json(cls, v: Mapping[str, Any]) -> DirEntry:
+        return cls(name=str(v["name"]), type=str(v["type"]))
+
+
+@dataclass
+class TemplateInfo:
+    """A template: an image booted once and snapshotted, or a sandbox's
+    snapshot."""
+
+    name: str
+    source: str
+    state: str
+    vcpus: int
+    memory_mib: int
+    error: str | None = None
+    created_at: float = 0.0
+    owner: str | None = None
+    layers: list[str] = field(default_factory=list)
+    upper_size_mib: int | None = None
+    upper_disk_mib: int | None = None
+
+    @classmethod
+    def from_json(cls, v: Mapping[str, Any]) -> TemplateInfo:
+        return cls(
+            name=str(v["name"]),
+            source=str(v.get("source", "")),
+            state=str(v.get("state", "")),
+            vcpus=int(v.get("vcpus", 0)),
+            memory_mib=int(v.get("memory_mib", 0)),
+            error=v.get("error"),
+            created_at=float(v.get("created_at") or 0.0),
+            owner=v.get("owner"),
+            layers=list(v.get("layers") or []),
+            upper_size_mib=v.get("upper_size_mib"),
+            upper_disk_mib=v.get("upper_disk_mib"),
+        )
+
+
+@dataclass
+class PoolInfo:
+    """A warm pool: its target size and how many sandboxes are ready."""
+
+    template: str
+    target: int
+    ready: int
+
+    @classmethod
+    def from_json(cls, v: Mapping[str, Any]) -> PoolInfo:
+        return cls(template=str(v["template"]), target=int(v["target"]), ready=int(v["ready"]))
+
+
+@dataclass
+class MicroVMArgs:
+    """What :meth:`AsyncShoal.run_microvm` starts: a KVM microVM sandbox
+    from a ``template`` or an ``image`` (``tiny``, ``base``).
+
+    The fields are those of :meth:`AsyncShoal.create`; ``command``, when
+    given, is run once the sandbox is up (its result is on
+    ``sandbox.last_result``).
+    """
+
+    image: str | None = None
+    template: str | None = None
+    vcpus: int | None = None
+    memory_mib: int | None = None
+    ttl_s: int = 0
+    idle_timeout_s: int = 0
+    metadata: dict[str, str] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+    layers: list[str] = field(default_factory=list)
+    upper_size_mib: int | None = None
+    upper_disk_mib: int | None = None
+    keep_running: bool = False
+    command: list[str] | str | None = None
+
+
+@dataclass
+class ContainerArgs:
+    """A container sandbox (an OCI image). Not served by this daemon yet:
+    :meth:`AsyncShoal.run_container` raises :class:`KindNotAvailable`."""
+
+    image: str
+    command: list[str] | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    cpus: float | None = None
+    memory_mib: int | None = None
+
+
+@dataclass
+class FnCallArgs:
+    """A function call sandbox (one call of a registered function). Not
+    served by this daemon yet: :meth:`AsyncShoal.run_fncall` raises
+    :class:`KindNotAvailable`."""
+
+    function: str
+    args: list[Any] = field(default_factory=list)
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    timeout_s: float | None = None
+
+
+@dataclass
+class VMArgs:
+    """A full VM (a disk image with its own kernel and firmware). Not
+    served by this daemon yet: :meth:`AsyncShoal.run_vm` raises
+    :class:`KindNotAvailable`."""
+
+    disk_image: str
+    vcpus: int = 1
+    memory_mib: int = 1024
+
+
+T = TypeVar("T")
+
+
+class Forked(List[T]):
+    """The clones ``sandbox.fork(n)`` made (a list of sandboxes), and in
+    ``failures`` why any of those asked for could not be made."""
+
+    def __init__(self, items: Iterable[T] = ()) -> None:
+        super().__init__(items)
+        self.failures: list[ShoalError] = []

@@ -1,0 +1,136 @@
+"""The SDK's own logic, no daemon: the generated sync client is current,
+error bodies map to their classes, the daemon is found like the CLI does,
+request bodies are checked before they are sent."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import shoal
+from shoal import _core
+from shoal._errors import error_from_response
+
+HERE = Path(__file__).resolve().parent
+
+
+def test_the_sync_client_is_generated_from_the_async_one():
+    r = subprocess.run(
+        [sys.executable, str(HERE.parent / "tools" / "gen_sync.py"), "--check"],
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 0, r.stderr
+
+
+def test_mirrored_names_and_docstrings():
+    pairs = [
+        (shoal.AsyncShoal, shoal.Shoal),
+        (shoal.AsyncSandbox, shoal.Sandbox),
+        (shoal.AsyncCommand, shoal.Command),
+        (shoal.AsyncFiles, shoal.Files),
+    ]
+    for a, s in pairs:
+        pub = {n for n in vars(a) if not n.startswith("_")}
+        assert pub == {n for n in vars(s) if not n.startswith("_")}, a
+        for n in pub:
+            da = (getattr(a, n).__doc__ or "").replace("Async", "")
+            ds = getattr(s, n).__doc__ or ""
+            assert da.split("\n")[0] == ds.split("\n")[0], (a, n)
+        assert (Path(shoal.__file__).parent / "py.typed").is_file()
+
+
+@pytest.mark.parametrize(
+    "status,code,cls",
+    [
+        (400, "bad_request", shoal.BadRequest),
+        (401, "unauthorized", shoal.Unauthorized),
+        (403, "forbidden", shoal.Forbidden),
+        (409, "conflict", shoal.Conflict),
+        (413, "payload_too_large", shoal.PayloadTooLarge),
+        (429, "host_full", shoal.HostFull),
+        (503, "host_memory_low", shoal.HostMemoryLow),
+        (429, "sandbox_busy", shoal.SandboxBusy),
+        (502, "sandbox_error", shoal.SandboxError),
+        (504, "deadline_exceeded", shoal.Timeout),
+        (500, "internal", shoal.InternalError),
+        (507, "insufficient_storage", shoal.InsufficientStorage),
+    ],
+)
+def test_error_codes_map_to_classes(status, code, cls):
+    body = f'{{"error":{{"code":"{code}","message":"m"}}}}'.encode()
+    e = error_from_response(status, body, "2")
+    assert type(e) is cls and e.code == code and e.status == status and e.message == "m"
+    assert e.retry_after == 2.0
+    assert isinstance(e, shoal.Retryable) == (status in (429, 503))
+    assert set(shoal.ERROR_CLASSES) >= {code}
+
+
+def test_not_found_classes():
+    nf = b'{"error":{"code":"not_found","message":"no sandbox \'x\'"}}'
+    assert type(error_from_response(404, nf, None, not_found=shoal.FileNotFound)) is (
+        shoal.SandboxNotFound
+    )
+    f = b'{"error":{"code":"not_found","message":"/tmp/x: no such file"}}'
+    e = error_from_response(404, f, None, not_found=shoal.FileNotFound)
+    assert isinstance(e, shoal.FileNotFound) and isinstance(e, FileNotFoundError)
+    e = error_from_response(502, b"<html>bad gateway", None)
+    assert type(e) is shoal.SandboxError and "bad gateway" in e.message
+
+
+def test_daemon_found_like_the_cli(monkeypatch, tmp_path):
+    monkeypatch.delenv("SHOAL_DAEMON", raising=False)
+    monkeypatch.delenv("SHOAL_TOKEN", raising=False)
+    monkeypatch.setenv("SHOAL_STATE", str(tmp_path))
+    t = _core.resolve_target(None, None)
+    assert t.socket == str(tmp_path / "daemon" / "shoald.sock") and t.local
+    monkeypatch.setenv("SHOAL_DAEMON", "http://127.0.0.1:7070/")
+    monkeypatch.setenv("SHOAL_TOKEN", "sekrit")
+    t = _core.resolve_target(None, None)
+    assert (t.socket, t.url, t.token) == (None, "http://127.0.0.1:7070", "sekrit")
+    assert _core.resolve_target("/x/s.sock", None).socket == "/x/s.sock"
+    with pytest.raises(shoal.BadRequest):
+        _core.resolve_target("https://h", None)
+
+
+def test_autostart_failure_is_clear(monkeypatch, tmp_path):
+    monkeypatch.setenv("SHOALD", str(tmp_path / "no-shoald"))
+    c = shoal.Shoal(str(tmp_path / "d" / "shoald.sock"))
+    with pytest.raises(shoal.DaemonStartFailed, match="cannot start"):
+        c.list()
+    c2 = shoal.Shoal(str(tmp_path / "e" / "shoald.sock"), autostart=False)
+    with pytest.raises(shoal.ConnectionFailed):
+        c2.list()
+
+
+def test_bodies_are_checked_before_sending():
+    with pytest.raises(shoal.BadRequest):
+        _core.exec_body(None, None, None, None, None, None)
+    with pytest.raises(shoal.BadRequest):
+        _core.exec_body(["a"], "b", None, None, None, None)
+    with pytest.raises(shoal.BadRequest):
+        _core.exec_body([], None, None, None, None, None)
+    assert _core.exec_body("echo hi", None, None, None, 5, b"x") == {
+        "shell": "echo hi",
+        "timeout_s": 5.0,
+        "stdin_b64": "eA==",
+    }
+    with pytest.raises(shoal.BadRequest):
+        _core.create_body(
+            image=None, template=None, vcpus=None, memory_mib=None, ttl_s=None,
+            idle_timeout_s=None, metadata=None, env=None, layers=None,
+            upper_size_mib=None, upper_disk_mib=None, keep_running=False,
+        )
+    assert _core.signal_number("term") == 15 and _core.signal_number("SIGKILL") == 9
+    with pytest.raises(shoal.BadRequest):
+        _core.signal_number("NOPE")
+
+
+def test_backoff_honours_retry_after():
+    b = _core.Backoff(retries=3, base=0.1, cap=5)
+    assert b.delay(0, 2.0) == 2.0
+    assert 0.05 <= b.delay(0, None) <= 0.1
+    assert b.delay(10, None) <= 5 and b.delay(3, 100.0) == 5
