@@ -446,6 +446,7 @@ impl Server {
             }
         }
         let mut done = Vec::new();
+        let mut lingered = Vec::new();
         for (&id, exec) in &mut self.execs {
             if exec.deadline.is_some_and(|d| d <= now) {
                 exec.deadline = None;
@@ -457,18 +458,62 @@ impl Server {
                 }
             }
             if exec.linger.is_some_and(|d| d <= now) {
-                if exec.paused {
-                    // Output is waiting for the client, not for a
-                    // background process: keep it.
-                    exec.linger = Some(now + LINGER);
-                } else {
-                    exec.pipes = [None, None];
-                    done.push(id);
-                }
+                lingered.push(id);
+            }
+        }
+        for id in lingered {
+            // Whatever the pipes hold is the command's output, however long
+            // ago its exit was seen (the loop may have been busy since,
+            // e.g. spawning a burst of other commands): read it first.
+            self.drain_pipes(id);
+            let Some(exec) = self.execs.get_mut(&id) else {
+                continue;
+            };
+            if exec.result.is_some() {
+                continue;
+            }
+            if exec.paused {
+                // Output is waiting for the client, not for a background
+                // process: keep it.
+                exec.linger = Some(now + LINGER);
+            } else {
+                exec.pipes = [None, None];
+                done.push(id);
             }
         }
         for id in done {
             self.check_done(id);
+        }
+    }
+
+    /// Reads what an exec's pipes hold now, without waiting (at most
+    /// [`DRAIN_READS`] reads a pipe: a background process may keep
+    /// writing), as their readiness events would.
+    fn drain_pipes(&mut self, exec_id: u64) {
+        for stream in 0..2 {
+            for _ in 0..DRAIN_READS {
+                let Some(exec) = self.execs.get(&exec_id) else {
+                    return;
+                };
+                if exec.paused || exec.result.is_some() {
+                    return;
+                }
+                let Some(fd) = exec.pipes.get(stream).and_then(Option::as_ref) else {
+                    break;
+                };
+                let ready = os::ready_now(os::fd_ref(fd));
+                let mut mask = 0;
+                if ready & libc::POLLIN != 0 {
+                    mask |= libc::EPOLLIN as u32;
+                }
+                if ready & (libc::POLLHUP | libc::POLLERR) != 0 {
+                    mask |= libc::EPOLLHUP as u32;
+                }
+                if mask == 0 {
+                    break;
+                }
+                self.pipe_readable(exec_id, stream, mask);
+            }
         }
     }
 

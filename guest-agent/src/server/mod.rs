@@ -75,6 +75,8 @@ const MAX_STREAMS: usize = 1024;
 /// How long to keep reading a command's pipes after it exited (background
 /// processes may hold them open).
 const LINGER: Duration = Duration::from_millis(100);
+/// Reads of a pipe whose command's linger ended (what it holds then).
+const DRAIN_READS: usize = 16;
 /// Download chunks sent per connection per loop iteration (fairness).
 const DOWNLOAD_BUDGET: usize = 8;
 /// Pipe size asked for once a command fills the default 64 KiB pipe.

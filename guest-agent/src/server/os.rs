@@ -115,6 +115,23 @@ pub fn set_pipe_size(fd: BorrowedFd<'_>, size: c_int) -> SysResult<()> {
 }
 
 /// One read(2) into `buf`.
+/// The `poll(2)` events `fd` has now (`POLLIN`, `POLLHUP`, ...), without
+/// waiting; none on error.
+pub fn ready_now(fd: BorrowedFd<'_>) -> i16 {
+    let mut p = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, a zero timeout.
+    let n = unsafe { libc::poll(&mut p, 1, 0) };
+    if n == 1 {
+        p.revents
+    } else {
+        0
+    }
+}
+
 pub fn read(fd: BorrowedFd<'_>, buf: &mut [u8]) -> SysResult<usize> {
     // SAFETY: buf is writable for buf.len() bytes.
     cvt_size(unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) })
