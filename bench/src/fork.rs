@@ -20,12 +20,12 @@
 //! clone.
 
 use crate::hostmem::{meminfo_kib, pss_kib};
+use crate::load::parallel;
 use crate::plot::{self, Out, PlotError, Series, XySeries};
 use crate::stats::{summarize, Summary};
 use serde::Serialize;
 use shoal_client::{api, DaemonClient};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -167,26 +167,6 @@ fn load1() -> f64 {
         .ok()
         .and_then(|s| s.split_whitespace().next()?.parse().ok())
         .unwrap_or(0.0)
-}
-
-/// Runs `n` jobs on `k` threads; `f(i)` returns Err(message) on failure.
-fn parallel(n: usize, k: usize, f: &(dyn Fn(usize) -> Result<(), String> + Sync)) -> Vec<String> {
-    let next = AtomicUsize::new(0);
-    let errs = Mutex::new(Vec::new());
-    std::thread::scope(|s| {
-        for _ in 0..k.min(n).max(1) {
-            s.spawn(|| loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                if i >= n {
-                    return;
-                }
-                if let Err(e) = f(i) {
-                    errs.lock().unwrap_or_else(|e| e.into_inner()).push(e);
-                }
-            });
-        }
-    });
-    errs.into_inner().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Mean (PSS, anonymous PSS) in KiB of the VMMs of sandboxes `ids`, and

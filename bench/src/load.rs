@@ -146,7 +146,11 @@ fn exec(c: &DaemonClient, id: &str, argv: &[String]) -> Result<(), ClientError> 
 }
 
 /// Runs `n` jobs on `k` threads; `f(i)` returns Err(message) on failure.
-fn parallel(n: usize, k: usize, f: &(dyn Fn(usize) -> Result<(), String> + Sync)) -> Vec<String> {
+pub(crate) fn parallel(
+    n: usize,
+    k: usize,
+    f: &(dyn Fn(usize) -> Result<(), String> + Sync),
+) -> Vec<String> {
     let next = AtomicUsize::new(0);
     let errs = Mutex::new(Vec::new());
     std::thread::scope(|s| {
