@@ -46,7 +46,7 @@ echo "== tests" >&2
 # Sandboxes in the integration tests run the optimised VMM (as users do).
 # Daemons started as root jail every VMM through the static shoal-jailer,
 # as ./shoal builds it.
-cargo build --release -p vmm --bin shoal-vmm -p shoal-jailer
+cargo build --release -p vmm --bin shoal-vmm -p shoal-jailer --bin shoal-jailer
 cargo build --release --target x86_64-unknown-linux-musl -p shoal-jailer --bin shoal-jailer
 export SHOAL_VMM="$PWD/target/release/shoal-vmm"
 export SHOAL_JAILER="$PWD/target/x86_64-unknown-linux-musl/release/shoal-jailer"
