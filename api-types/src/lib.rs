@@ -14,6 +14,7 @@
 //!
 //! - [`sandbox`]: create, view, list filters, snapshot.
 //! - [`fork`]: fork a running sandbox into clones.
+//! - [`fncall`]: one-shot stateless calls of untrusted code, and batches.
 //! - [`exec`]: exec request, one-shot result, streamed events.
 //! - [`commands`]: background commands (started, listed, streamed,
 //!   waited for, signalled, written to).
@@ -26,6 +27,7 @@ pub mod commands;
 pub mod error;
 pub mod exec;
 pub mod files;
+pub mod fncall;
 pub mod fork;
 pub mod sandbox;
 pub mod stats;
@@ -37,6 +39,9 @@ pub use exec::{Encoding, ExecEvent, ExecRequest, ExecResult};
 pub use files::{
     DirEntry, FileQuery, FileStat, FileType, MkdirQuery, RemoveQuery, RenameRequest, UploadQuery,
     Uploaded,
+};
+pub use fncall::{
+    BatchItem, BatchRequest, CompileResult, FnCallRequest, FnCallResult, FnCallStatus, Language,
 };
 pub use fork::{ForkRequest, Forked, MAX_FORK_COUNT};
 pub use sandbox::{
