@@ -33,6 +33,7 @@ pub mod command_output;
 pub mod commands;
 pub mod cpu_share;
 pub mod db;
+pub mod e2b;
 pub mod exec;
 pub mod fork;
 pub mod freeze;
