@@ -17,25 +17,28 @@ const MAX_DEPTH: u64 = 32;
 /// Serves `filesystem.Filesystem/<method>`.
 pub(super) async fn serve(g: &Guest, method: &str, req: Request) -> Response {
     if method == "WatchDir" {
-        return connect::stream_error(&unwatchable());
+        return super::watch::watch_dir(g, req)
+            .await
+            .unwrap_or_else(|e| connect::stream_error(&e));
     }
     unary(g, method, req)
         .await
         .unwrap_or_else(|e| e.unary_response())
 }
 
-fn unwatchable() -> RpcError {
-    RpcError::new(
-        Code::Unimplemented,
-        "watching directories is not supported by this sandbox yet",
-    )
-}
-
 async fn unary(g: &Guest, method: &str, req: Request) -> Result<Response, RpcError> {
-    let asked = users::basic_user(req.headers())?;
-    let deadline = connect::timeout(req.headers())?.unwrap_or(Duration::from_secs(60));
+    let headers = req.headers().clone();
+    let asked = users::basic_user(&headers)?;
+    let deadline = connect::timeout(&headers)?.unwrap_or(Duration::from_secs(60));
     let body = connect::read_body(req.into_body(), 1 << 20, deadline).await?;
     let m = connect::parse_json(&body)?;
+    if matches!(method, "CreateWatcher" | "GetWatcherEvents" | "RemoveWatcher") {
+        let work = super::watch::polling(g, method, &m, &headers);
+        return match tokio::time::timeout(deadline.max(g.op_timeout()), work).await {
+            Ok(r) => Ok(connect::unary_ok(&r?)),
+            Err(_) => Err(RpcError::new(Code::DeadlineExceeded, "the sandbox did not answer in time")),
+        };
+    }
     let (c, _busy) = g.client().await?;
     let user = g.user(&c, asked.as_deref()).await?;
     let ctx = Ctx {
@@ -100,7 +103,6 @@ async fn unary(g: &Guest, method: &str, req: Request) -> Result<Response, RpcErr
                 }
                 json!({})
             }
-            "CreateWatcher" | "GetWatcherEvents" | "RemoveWatcher" => return Err(unwatchable()),
             m => {
                 return Err(RpcError::new(
                     Code::Unimplemented,

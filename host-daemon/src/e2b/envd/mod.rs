@@ -17,6 +17,7 @@ mod fs;
 mod multipart;
 mod process;
 pub mod users;
+mod watch;
 
 use crate::db::State;
 use crate::freeze::Busy;
@@ -53,6 +54,7 @@ fn not_found(id: &str) -> Response {
 }
 
 /// One request's way into its sandbox.
+#[derive(Clone)]
 pub(crate) struct Guest {
     d: Arc<Daemon>,
     id: String,
@@ -71,9 +73,10 @@ impl Guest {
         Ok((c, busy))
     }
 
-    /// An error reaching the sandbox: gone means "was not found".
+    /// An error of a call into the sandbox: a sandbox that went meanwhile
+    /// "was not found" (else the error's own code).
     fn unavailable(&self, e: crate::ApiError) -> RpcError {
-        if e.status() == 404 {
+        if e.status() == 404 && crate::ops::row(&self.d, &self.id).is_err() {
             RpcError::new(
                 Code::Unavailable,
                 format!("The sandbox {} was not found", self.id),

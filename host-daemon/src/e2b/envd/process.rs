@@ -411,6 +411,7 @@ pub(crate) fn parse_signal(v: &Value) -> Result<i32, RpcError> {
 async fn send_signal(g: &Guest, m: &Value) -> Result<Value, RpcError> {
     let sig = parse_signal(&m["signal"])?;
     let cmd = find(g, &m["process"])?;
+    let cmd2 = cmd.clone();
     let r = commands::signal(
         &g.d,
         cmd,
@@ -421,10 +422,26 @@ async fn send_signal(g: &Guest, m: &Value) -> Result<Value, RpcError> {
     )
     .await;
     match r {
-        Ok(()) => Ok(json!({})),
+        Ok(()) => {
+            // A killed process is gone when the call returns (as envd's
+            // are): a second kill, or a listing, no longer finds it.
+            if sig == 9 {
+                let _ = tokio::time::timeout(Duration::from_secs(2), ended(&g.d, cmd2)).await;
+            }
+            Ok(json!({}))
+        }
         // Ended meanwhile: as envd, a process it no longer has.
         Err(ApiError::Conflict(m)) => Err(RpcError::new(Code::NotFound, m)),
         Err(e) => Err(e.into()),
+    }
+}
+
+/// Waits for `cmd`'s end.
+async fn ended(d: &Arc<crate::Daemon>, cmd: Arc<Cmd>) {
+    use futures_util::StreamExt;
+    if let Ok(evs) = commands::events(d, cmd, false).await {
+        let mut evs = std::pin::pin!(evs);
+        while evs.next().await.is_some() {}
     }
 }
 
