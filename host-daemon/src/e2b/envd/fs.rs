@@ -32,11 +32,17 @@ async fn unary(g: &Guest, method: &str, req: Request) -> Result<Response, RpcErr
     let deadline = connect::timeout(&headers)?.unwrap_or(Duration::from_secs(60));
     let body = connect::read_body(req.into_body(), 1 << 20, deadline).await?;
     let m = connect::parse_json(&body)?;
-    if matches!(method, "CreateWatcher" | "GetWatcherEvents" | "RemoveWatcher") {
+    if matches!(
+        method,
+        "CreateWatcher" | "GetWatcherEvents" | "RemoveWatcher"
+    ) {
         let work = super::watch::polling(g, method, &m, &headers);
         return match tokio::time::timeout(deadline.max(g.op_timeout()), work).await {
             Ok(r) => Ok(connect::unary_ok(&r?)),
-            Err(_) => Err(RpcError::new(Code::DeadlineExceeded, "the sandbox did not answer in time")),
+            Err(_) => Err(RpcError::new(
+                Code::DeadlineExceeded,
+                "the sandbox did not answer in time",
+            )),
         };
     }
     let (c, _busy) = g.client().await?;

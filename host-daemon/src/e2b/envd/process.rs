@@ -152,6 +152,7 @@ fn config_json(s: &StartRequest, cwd: &str) -> Value {
 }
 
 async fn start(g: &Guest, req: Request) -> Result<Response, RpcError> {
+    let arrived = tokio::time::Instant::now();
     let headers = req.headers().clone();
     let timeout = connect::timeout(&headers)?;
     let body = connect::read_body(req.into_body(), MAX_UNARY, g.op_timeout()).await?;
@@ -172,7 +173,11 @@ async fn start(g: &Guest, req: Request) -> Result<Response, RpcError> {
     };
     let (envs, stdin) = (s.envs.clone(), s.stdin);
     let cmd = commands::start_with(&g.d, &g.id, stdin, Some(label), move |row| {
-        let mut r = ExecRequest::argv(argv).with_cwd(&cwd).with_timeout(limit);
+        // The deadline runs from the call's arrival, as envd's does.
+        let left = limit
+            .saturating_sub(arrived.elapsed())
+            .max(Duration::from_millis(1));
+        let mut r = ExecRequest::argv(argv).with_cwd(&cwd).with_timeout(left);
         for (k, v) in row.env.iter() {
             r = r.with_env(k, v);
         }
@@ -191,12 +196,13 @@ async fn start(g: &Guest, req: Request) -> Result<Response, RpcError> {
         Ok(Prepared {
             req: r,
             stdin: None,
-            timeout: limit,
+            timeout: left,
         })
     })
     .await
     .map_err(|e| g.unavailable(e))?;
-    stream(g, cmd, &headers, true).await
+    let until = timeout.map(|t| arrived + t);
+    stream(g, cmd, &headers, true, until).await
 }
 
 /// The running process a `ProcessSelector` (`{"pid":N}` or `{"tag":T}`)
@@ -229,11 +235,13 @@ fn find(g: &Guest, sel: &Value) -> Result<Arc<Cmd>, RpcError> {
 }
 
 async fn connect_to(g: &Guest, req: Request) -> Result<Response, RpcError> {
+    let arrived = tokio::time::Instant::now();
     let headers = req.headers().clone();
+    let until = connect::timeout(&headers)?.map(|t| arrived + t);
     let body = connect::read_body(req.into_body(), MAX_UNARY, g.op_timeout()).await?;
     let m = connect::single_message(&body)?;
     let cmd = find(g, &m["process"])?;
-    stream(g, cmd, &headers, false).await
+    stream(g, cmd, &headers, false, until).await
 }
 
 /// A process event message.
@@ -297,12 +305,14 @@ fn signal_name(s: i32) -> &'static str {
 }
 
 /// Streams a process's events: `start`, output, keepalives, then `end`
-/// and the stream's end.
+/// and the stream's end (`deadline_exceeded` at `until`, the call's
+/// deadline).
 async fn stream(
     g: &Guest,
     cmd: Arc<Cmd>,
     headers: &axum::http::HeaderMap,
     replay: bool,
+    until: Option<tokio::time::Instant>,
 ) -> Result<Response, RpcError> {
     use futures_util::StreamExt;
     let every = connect::keepalive(headers);
@@ -315,10 +325,20 @@ async fn stream(
     let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let state = Some((evs, tick));
-    let rest = futures_util::stream::unfold(state, |st| async move {
+    let rest = futures_util::stream::unfold(state, move |st| async move {
         let (mut evs, mut tick) = st?;
+        let past = async {
+            match until {
+                Some(t) => tokio::time::sleep_until(t).await,
+                None => std::future::pending().await,
+            }
+        };
         let ev = tokio::select! {
             ev = evs.next() => ev,
+            () = past => {
+                let e = RpcError::new(Code::DeadlineExceeded, "the call's deadline passed");
+                return Some((vec![connect::end_of_stream(Some(&e))], None));
+            }
             _ = tick.tick() => {
                 return Some((vec![event(json!({"keepalive": {}}))], Some((evs, tick))));
             }

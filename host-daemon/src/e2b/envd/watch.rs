@@ -131,8 +131,7 @@ struct Watcher {
 }
 
 fn watchers() -> &'static Mutex<HashMap<String, Arc<tokio::sync::Mutex<Watcher>>>> {
-    static W: OnceLock<Mutex<HashMap<String, Arc<tokio::sync::Mutex<Watcher>>>>> =
-        OnceLock::new();
+    static W: OnceLock<Mutex<HashMap<String, Arc<tokio::sync::Mutex<Watcher>>>>> = OnceLock::new();
     W.get_or_init(Default::default)
 }
 
@@ -141,13 +140,21 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 /// The watched directory of a request, made absolute for its user.
-async fn target(g: &Guest, c: &AsyncClient, m: &Value, h: &axum::http::HeaderMap) -> Result<(String, bool), RpcError> {
+async fn target(
+    g: &Guest,
+    c: &AsyncClient,
+    m: &Value,
+    h: &axum::http::HeaderMap,
+) -> Result<(String, bool), RpcError> {
     let asked = users::basic_user(h)?;
     let user = g.user(c, asked.as_deref()).await?;
     let p = m["path"]
         .as_str()
         .ok_or_else(|| RpcError::invalid("path: expected a path"))?;
-    Ok((users::absolute(p, &user)?, m["recursive"].as_bool().unwrap_or(false)))
+    Ok((
+        users::absolute(p, &user)?,
+        m["recursive"].as_bool().unwrap_or(false),
+    ))
 }
 
 fn event_json(name: &str, t: &str) -> Value {
@@ -155,7 +162,12 @@ fn event_json(name: &str, t: &str) -> Value {
 }
 
 /// `CreateWatcher`, `GetWatcherEvents`, `RemoveWatcher`.
-pub(super) async fn polling(g: &Guest, method: &str, m: &Value, h: &axum::http::HeaderMap) -> Result<Value, RpcError> {
+pub(super) async fn polling(
+    g: &Guest,
+    method: &str,
+    m: &Value,
+    h: &axum::http::HeaderMap,
+) -> Result<Value, RpcError> {
     match method {
         "CreateWatcher" => {
             let (c, _busy) = g.client().await?;
@@ -164,7 +176,10 @@ pub(super) async fn polling(g: &Guest, method: &str, m: &Value, h: &axum::http::
             let id = shoal_runtime::fresh::random_id();
             let mut all = lock(watchers());
             // Watchers of sandboxes that are gone go first.
-            all.retain(|_, w| w.try_lock().map_or(true, |w| g.d.live(&w.sandbox).is_some()));
+            all.retain(|_, w| {
+                w.try_lock()
+                    .map_or(true, |w| g.d.live(&w.sandbox).is_some())
+            });
             if all.len() >= MAX_WATCHERS {
                 return Err(RpcError::new(
                     Code::ResourceExhausted,
@@ -192,7 +207,10 @@ pub(super) async fn polling(g: &Guest, method: &str, m: &Value, h: &axum::http::
             }
             let mut w = w.lock().await;
             if w.sandbox != g.id {
-                return Err(RpcError::new(Code::NotFound, format!("watcher {id} not found")));
+                return Err(RpcError::new(
+                    Code::NotFound,
+                    format!("watcher {id} not found"),
+                ));
             }
             let (c, _busy) = g.client().await?;
             let now = look(&c, &w.dir, w.recursive).await?;
@@ -204,7 +222,10 @@ pub(super) async fn polling(g: &Guest, method: &str, m: &Value, h: &axum::http::
             w.last = now;
             Ok(json!({"events": evs}))
         }
-        _ => Err(RpcError::new(Code::Unimplemented, format!("no method {method}"))),
+        _ => Err(RpcError::new(
+            Code::Unimplemented,
+            format!("no method {method}"),
+        )),
     }
 }
 
