@@ -205,7 +205,7 @@ impl Decoder {
     }
 
     /// The next whole envelope (flags, payload), if one is there.
-    pub fn next(&mut self) -> Result<Option<(u8, Vec<u8>)>, EnvelopeError> {
+    pub fn next_envelope(&mut self) -> Result<Option<(u8, Vec<u8>)>, EnvelopeError> {
         let Some(head) = self.buf.get(..5) else {
             return Ok(None);
         };
@@ -281,7 +281,7 @@ pub fn single_message(body: &[u8]) -> Result<Value, RpcError> {
     let mut d = Decoder::default();
     d.push(body);
     let (flags, payload) = d
-        .next()
+        .next_envelope()
         .map_err(|e| RpcError::invalid(e.to_string()))?
         .ok_or_else(|| RpcError::invalid("the request has no message"))?;
     if flags & FLAG_END != 0 {
@@ -351,11 +351,14 @@ mod tests {
         for b in &wire[..wire.len() - 1] {
             d.push(std::slice::from_ref(b));
         }
-        assert_eq!(d.next().unwrap(), Some((0, br#"{"a":1}"#.to_vec())));
-        assert_eq!(d.next().unwrap(), None);
+        assert_eq!(
+            d.next_envelope().unwrap(),
+            Some((0, br#"{"a":1}"#.to_vec()))
+        );
+        assert_eq!(d.next_envelope().unwrap(), None);
         assert_eq!(d.finish(), Err(EnvelopeError::Truncated));
         d.push(&wire[wire.len() - 1..]);
-        assert_eq!(d.next().unwrap(), Some((FLAG_END, b"{}".to_vec())));
+        assert_eq!(d.next_envelope().unwrap(), Some((FLAG_END, b"{}".to_vec())));
         assert!(d.finish().is_ok());
     }
 
@@ -363,10 +366,10 @@ mod tests {
     fn oversized_and_compressed_envelopes_are_refused() {
         let mut d = Decoder::default();
         d.push(&[0, 0xff, 0xff, 0xff, 0xff]);
-        assert!(matches!(d.next(), Err(EnvelopeError::TooLarge(_))));
+        assert!(matches!(d.next_envelope(), Err(EnvelopeError::TooLarge(_))));
         let mut d = Decoder::default();
         d.push(&envelope(FLAG_COMPRESSED, b"x"));
-        assert_eq!(d.next(), Err(EnvelopeError::Compressed));
+        assert_eq!(d.next_envelope(), Err(EnvelopeError::Compressed));
     }
 
     #[test]

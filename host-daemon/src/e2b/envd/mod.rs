@@ -133,7 +133,7 @@ pub async fn serve(d: Arc<Daemon>, sandbox: String, req: Request) -> Response {
     let state = match d.db(|db| db.sandbox(&sandbox)) {
         Ok(Some(r)) if !matches!(r.state, State::Pooled | State::Failed) => r.state,
         Ok(_) => return not_found(&sandbox),
-        Err(e) => return crate::ApiError::from(e).into_response(),
+        Err(e) => return e.into_response(),
     };
     let g = Guest { d, id: sandbox };
     let path = req.uri().path().to_string();

@@ -475,8 +475,9 @@ async fn stream_input(g: &Guest, req: Request) -> Result<Response, RpcError> {
     let mut cmd: Option<Arc<Cmd>> = None;
     let work = async {
         loop {
-            while let Some((flags, payload)) =
-                dec.next().map_err(|e| RpcError::invalid(e.to_string()))?
+            while let Some((flags, payload)) = dec
+                .next_envelope()
+                .map_err(|e| RpcError::invalid(e.to_string()))?
             {
                 if flags & connect::FLAG_END != 0 {
                     return Ok(());
