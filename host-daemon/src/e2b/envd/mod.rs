@@ -14,7 +14,7 @@
 pub mod connect;
 mod files;
 mod fs;
-mod multipart;
+pub mod multipart;
 mod process;
 pub mod users;
 mod watch;
