@@ -72,6 +72,8 @@ pub struct Label {
     pub tag: Option<String>,
     /// The command as asked for (shown back by listings).
     pub config: serde_json::Value,
+    /// It runs on a terminal (its output is the terminal's).
+    pub pty: bool,
 }
 
 /// One background command.
@@ -141,6 +143,11 @@ impl Cmd {
     /// Whether the command has not ended (as far as the daemon knows).
     pub fn is_running(&self) -> bool {
         self.running()
+    }
+
+    /// Its id in the guest agent.
+    pub fn exec_id(&self) -> u64 {
+        self.exec_id
     }
 
     /// Its pid in the guest.
@@ -320,7 +327,10 @@ pub(crate) async fn start_with(
     let t0 = Instant::now();
     let deadline = tokio::time::Instant::now() + p.timeout + limits.exec_slack;
     let h = within("starting the command", limits.call_timeout, async {
-        Ok(c.exec(&p.req).await?)
+        Ok(match p.pty {
+            Some((cols, rows)) => c.exec_pty(&p.req, cols, rows).await?,
+            None => c.exec(&p.req).await?,
+        })
     })
     .await?;
     if let Some(data) = p.stdin {

@@ -15,7 +15,7 @@ import time
 import uuid
 
 import pytest
-from e2b import AsyncSandbox, CommandExitException, FileType, Sandbox, TimeoutException
+from e2b import AsyncSandbox, CommandExitException, FileType, PtySize, Sandbox, TimeoutException
 from e2b.exceptions import NotFoundException, SandboxException
 
 from conftest import e2b_version
@@ -79,6 +79,18 @@ def test_commands(sandbox: Sandbox) -> None:
         sleeper.wait()
     with pytest.raises(SandboxException):
         sandbox.commands.connect(sleeper.pid)
+
+
+def test_pty(sandbox: Sandbox) -> None:
+    term = sandbox.pty.create(PtySize(rows=24, cols=80), timeout=60)
+    sandbox.pty.resize(term.pid, PtySize(rows=30, cols=100))
+    sandbox.pty.send_stdin(term.pid, b"stty size; tty; echo $TERM; exit 7\n")
+    out: list[bytes] = []
+    with pytest.raises(CommandExitException) as ei:
+        term.wait(on_pty=out.append)
+    assert ei.value.exit_code == 7
+    text = b"".join(out).decode(errors="replace")
+    assert "30 100" in text and "/dev/pts/" in text and "xterm-256color" in text, text
 
 
 def test_files(sandbox: Sandbox) -> None:

@@ -54,12 +54,7 @@ async fn unary(g: &Guest, method: &str, req: Request) -> Result<Response, RpcErr
             commands::stdin(&g.d, cmd, Body::empty(), true).await?;
             json!({})
         }
-        "Update" => {
-            return Err(RpcError::new(
-                Code::Unimplemented,
-                "PTYs are not supported by this sandbox (shoald's envd has no PTY)",
-            ))
-        }
+        "Update" => update(g, &m).await?,
         m => {
             return Err(RpcError::new(
                 Code::Unimplemented,
@@ -79,6 +74,8 @@ pub(crate) struct StartRequest {
     pub cwd: Option<String>,
     pub tag: Option<String>,
     pub stdin: bool,
+    /// On a terminal of (cols, rows).
+    pub pty: Option<(u16, u16)>,
 }
 
 fn string_field(v: &Value, what: &str) -> Result<Option<String>, RpcError> {
@@ -125,20 +122,66 @@ pub(crate) fn parse_start(m: &Value) -> Result<StartRequest, RpcError> {
         Value::Bool(b) => *b,
         _ => return Err(RpcError::invalid("stdin: expected a bool")),
     };
-    if !m["pty"].is_null() {
-        return Err(RpcError::new(
-            Code::Unimplemented,
-            "PTYs are not supported by this sandbox (shoald's envd has no PTY)",
-        ));
-    }
+    let pty = match &m["pty"] {
+        Value::Null => None,
+        p => Some(pty_size(&p["size"])?),
+    };
     Ok(StartRequest {
         cmd,
         args,
         envs,
         cwd: string_field(&p["cwd"], "process.cwd")?.filter(|c| !c.is_empty()),
         tag: string_field(&m["tag"], "tag")?,
-        stdin,
+        stdin: stdin || pty.is_some(),
+        pty,
     })
+}
+
+/// A `PTY.Size` (`{"cols","rows"}`; 80 x 24 where not given).
+pub(crate) fn pty_size(v: &Value) -> Result<(u16, u16), RpcError> {
+    let get = |k: &str, default: u16| -> Result<u16, RpcError> {
+        match &v[k] {
+            Value::Null => Ok(default),
+            x => connect::int64(x)
+                .and_then(|n| u16::try_from(n).ok())
+                .filter(|n| (1..=4096).contains(n))
+                .ok_or_else(|| RpcError::invalid(format!("pty.size.{k}: expected 1..=4096"))),
+        }
+    };
+    Ok((get("cols", 80)?, get("rows", 24)?))
+}
+
+/// An agent without PTYs (older than the `PtyExec` frame) answers so.
+fn no_pty(e: ApiError) -> RpcError {
+    match &e {
+        ApiError::Agent(agent_client::ClientError::Remote {
+            code: agent_proto::ErrorCode::UnknownKind,
+            ..
+        }) => RpcError::new(
+            Code::Unimplemented,
+            "this sandbox's agent has no PTYs (rebuild its image with a newer agent)",
+        ),
+        _ => e.into(),
+    }
+}
+
+/// `Update`: a PTY's new size.
+async fn update(g: &Guest, m: &Value) -> Result<Value, RpcError> {
+    let cmd = find(g, &m["process"])?;
+    if !cmd.label().is_some_and(|l| l.pty) {
+        return Err(RpcError::invalid(format!(
+            "process {} has no PTY",
+            cmd.pid()
+        )));
+    }
+    let (cols, rows) = pty_size(&m["pty"]["size"])?;
+    let (c, _busy) = g.client().await?;
+    crate::within("resizing the PTY", g.op_timeout(), async {
+        Ok(c.resize_pty(cmd.exec_id(), cols, rows).await?)
+    })
+    .await
+    .map_err(no_pty)?;
+    Ok(json!({}))
 }
 
 /// The process as `List` shows it.
@@ -170,8 +213,9 @@ async fn start(g: &Guest, req: Request) -> Result<Response, RpcError> {
     let label = Label {
         tag: s.tag.clone(),
         config: config_json(&s, &cwd),
+        pty: s.pty.is_some(),
     };
-    let (envs, stdin) = (s.envs.clone(), s.stdin);
+    let (envs, stdin, pty) = (s.envs.clone(), s.stdin, s.pty);
     let cmd = commands::start_with(&g.d, &g.id, stdin, Some(label), move |row| {
         // The deadline runs from the call's arrival, as envd's does.
         let left = limit
@@ -183,6 +227,9 @@ async fn start(g: &Guest, req: Request) -> Result<Response, RpcError> {
         }
         for (k, v) in user.env() {
             r = r.with_env(k, v);
+        }
+        if pty.is_some() {
+            r = r.with_env("TERM", "xterm-256color");
         }
         for (k, v) in &envs {
             r = r.with_env(k, v);
@@ -197,10 +244,14 @@ async fn start(g: &Guest, req: Request) -> Result<Response, RpcError> {
             req: r,
             stdin: None,
             timeout: left,
+            pty,
         })
     })
     .await
-    .map_err(|e| g.unavailable(e))?;
+    .map_err(|e| match pty {
+        Some(_) => no_pty(e),
+        None => g.unavailable(e),
+    })?;
     let until = timeout.map(|t| arrived + t);
     stream(g, cmd, &headers, true, until).await
 }
@@ -317,6 +368,7 @@ async fn stream(
     use futures_util::StreamExt;
     let every = connect::keepalive(headers);
     let pid = cmd.pid();
+    let pty = cmd.label().is_some_and(|l| l.pty);
     let evs = commands::events(&g.d, cmd, replay)
         .await
         .map_err(|e| g.unavailable(e))?
@@ -345,10 +397,10 @@ async fn stream(
         };
         match ev {
             Some(Event::Out(s, data)) => {
-                let k = if s == Stream::Stdout {
-                    "stdout"
-                } else {
-                    "stderr"
+                let k = match s {
+                    _ if pty => "pty",
+                    Stream::Stdout => "stdout",
+                    Stream::Stderr => "stderr",
                 };
                 let m = event(json!({"data": { k: b64(&data) }}));
                 Some((vec![m], Some((evs, tick))))
@@ -393,11 +445,8 @@ fn input_bytes(v: &Value) -> Result<Bytes, RpcError> {
     if let Some(s) = v.get("stdin").and_then(Value::as_str) {
         return unb64(s);
     }
-    if v.get("pty").is_some() {
-        return Err(RpcError::new(
-            Code::Unimplemented,
-            "PTYs are not supported by this sandbox",
-        ));
+    if let Some(s) = v.get("pty").and_then(Value::as_str) {
+        return unb64(s);
     }
     Ok(Bytes::new())
 }
@@ -539,9 +588,14 @@ mod tests {
         assert!(parse_start(&json!({"process":{"cmd":""}})).is_err());
         assert!(parse_start(&json!({"process":{"cmd":"x","args":"y"}})).is_err());
         assert!(parse_start(&json!({"process":{"cmd":"x","envs":{"A=B":"1"}}})).is_err());
-        let e = parse_start(&json!({"process":{"cmd":"x"},"pty":{"size":{"cols":80,"rows":24}}}))
-            .unwrap_err();
-        assert_eq!(e.code, Code::Unimplemented);
+        let s = parse_start(&json!({"process":{"cmd":"x"},"stdin":false,
+            "pty":{"size":{"cols":100,"rows":30}}}))
+        .unwrap();
+        assert_eq!(s.pty, Some((100, 30)));
+        assert!(s.stdin, "a terminal always has input");
+        assert_eq!(pty_size(&json!({})).unwrap(), (80, 24));
+        assert!(pty_size(&json!({"cols": 0})).is_err());
+        assert!(pty_size(&json!({"rows": 70000})).is_err());
     }
 
     #[test]
