@@ -21,7 +21,15 @@ from e2b.exceptions import NotFoundException, SandboxException
 from conftest import e2b_version
 
 
+def _long(sandbox: Sandbox) -> Sandbox:
+    """The fixture's sandbox, given time for many guest execs on a busy
+    host (PVM)."""
+    sandbox.set_timeout(900)
+    return sandbox
+
+
 def test_commands(sandbox: Sandbox) -> None:
+    sandbox = _long(sandbox)
     r = sandbox.commands.run("echo hi; echo oops >&2; whoami; pwd; echo $HOME")
     assert r.exit_code == 0
     assert r.stdout == "hi\nuser\n/home/user\n/home/user\n"
@@ -82,6 +90,7 @@ def test_commands(sandbox: Sandbox) -> None:
 
 
 def test_pty(sandbox: Sandbox) -> None:
+    sandbox = _long(sandbox)
     term = sandbox.pty.create(PtySize(rows=24, cols=80), timeout=60)
     sandbox.pty.resize(term.pid, PtySize(rows=30, cols=100))
     sandbox.pty.send_stdin(term.pid, b"stty size; tty; echo $TERM; exit 7\n")
@@ -94,6 +103,7 @@ def test_pty(sandbox: Sandbox) -> None:
 
 
 def test_files(sandbox: Sandbox) -> None:
+    sandbox = _long(sandbox)
     d = f"/tmp/{uuid.uuid4().hex}"
     info = sandbox.files.write(f"{d}/a.txt", "héllo")
     assert info.path == f"{d}/a.txt" and info.name == "a.txt"
@@ -153,7 +163,7 @@ def test_files(sandbox: Sandbox) -> None:
 
 def test_async_commands_and_files(daemon) -> None:
     async def main() -> None:
-        sbx = await AsyncSandbox.create(timeout=120)
+        sbx = await AsyncSandbox.create(timeout=900)
         try:
             r = await sbx.commands.run("echo hi; whoami")
             assert r.stdout == "hi\nuser\n"
@@ -212,7 +222,7 @@ def test_async_commands_and_files(daemon) -> None:
 
 
 def test_a_killed_sandbox_is_not_running(daemon) -> None:
-    sbx = Sandbox.create(timeout=60)
+    sbx = Sandbox.create(timeout=300)
     assert sbx.is_running() is True
     h = sbx.commands.run("sleep 60", background=True)
     assert sbx.kill() is True
