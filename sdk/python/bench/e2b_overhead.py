@@ -153,7 +153,11 @@ async def run_code_rounds(c: shoal.AsyncShoal, n: int) -> dict:
     from e2b_code_interpreter import AsyncSandbox as CodeSandbox
 
     out: dict = {"e2b": [], "shoal": [], "errors": []}
-    ci = await CodeSandbox.create(timeout=600)
+    try:
+        ci = await CodeSandbox.create(timeout=600)
+    except Exception as e:  # reported in the summary, as the cycles' errors are
+        out["errors"].append(f"create code-interpreter-v1: {type(e).__name__}: {e}"[:300])
+        return out
     sb = await c.create(template=TEMPLATE)
     try:
         for i in range(n):
