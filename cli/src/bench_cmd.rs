@@ -287,8 +287,8 @@ pub fn run(g: &crate::daemon_cmds::Global, a: BenchArgs) -> Result<i32> {
             daemon_args,
             out,
         } => {
-            let script =
-                std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../sdk/python/bench/e2b_overhead.py");
+            let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../sdk/python/bench/e2b_overhead.py");
             let bins = std::env::current_exe()?
                 .parent()
                 .map(std::path::Path::to_path_buf)
