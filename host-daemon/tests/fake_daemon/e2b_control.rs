@@ -214,6 +214,31 @@ fn the_e2b_control_plane_over_the_unix_socket() {
         Some(json!({"timeout": 10})),
     );
     assert_eq!(s, 200);
+    // Paused through E2B and reached by the data plane instead of a
+    // connect: E2B's default timeout from then.
+    assert_eq!(
+        call(c, "POST", &format!("/sandboxes/{other_id}/pause"), None).0,
+        204
+    );
+    let (_, oinfo, _) = call(c, "GET", &format!("/sandboxes/{other_id}"), None);
+    assert_eq!(oinfo["state"], "paused");
+    let sock = d.state_dir().join("shoald.sock");
+    let mut u = std::os::unix::net::UnixStream::connect(sock).unwrap();
+    use std::io::{Read, Write};
+    write!(u, "GET /health HTTP/1.1\r\nHost: x\r\nE2b-Sandbox-Id: {other_id}\r\nConnection: close\r\n\r\n").unwrap();
+    let mut reply = String::new();
+    u.read_to_string(&mut reply).unwrap();
+    assert!(reply.starts_with("HTTP/1.1 "), "{reply}");
+    let (_, oinfo, _) = call(c, "GET", &format!("/sandboxes/{other_id}"), None);
+    assert!((290.0..=301.0).contains(&end_in(&oinfo)), "{oinfo}");
+    // Whatever the data plane did, a connect makes it run.
+    let (s, _, _) = call(
+        c,
+        "POST",
+        &format!("/v2/sandboxes/{other_id}/connect"),
+        Some(json!({})),
+    );
+    assert!(s == 200 || s == 201, "{s}");
 
     // Fork: one clone, its own sandbox, the labels inherited.
     let (s, f, _) = call(
