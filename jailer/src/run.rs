@@ -152,6 +152,7 @@ pub fn run(spec: &JailSpec) -> Result<Ended, JailError> {
     // 2. The cgroup.
     let cg = match &spec.cgroup {
         Some(c) => Some(Cgroup::create(cgroup::plan_here(&spec.id, c)?)?),
+        None if !spec.cgroup_dirs.is_empty() => Some(Cgroup::adopt(spec.cgroup_dirs.clone())),
         None => None,
     };
     let procs = cg.as_ref().map(Cgroup::procs_files).unwrap_or_default();
