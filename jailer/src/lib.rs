@@ -9,8 +9,7 @@
 //! 2. the jailer forks into a new pid namespace: the parent stays in the
 //!    host's namespaces as a small supervisor (forwards signals, waits,
 //!    removes the cgroup, exits as the VMM did); the child is PID 1 of the
-//!    new namespace, dies with the supervisor (`PR_SET_PDEATHSIG`), and
-//!    joins the cgroup;
+//!    new namespace and dies with the supervisor (`PR_SET_PDEATHSIG`);
 //! 3. the child enters a network namespace (a new empty one, or the one a
 //!    spec names) and new mount, ipc and uts namespaces, makes every mount
 //!    a slave, opens (`O_PATH`) every file and directory the VMM needs
@@ -20,7 +19,9 @@
 //!    and DAX sharing of images across VMs is unaffected), makes
 //!    `/dev/kvm` (and `/dev/null`) owned by the jail's uid, mounts a procfs
 //!    of its own pid namespace, `pivot_root`s into the tmpfs, detaches the
-//!    old root and remounts the tmpfs read-only;
+//!    old root and remounts the tmpfs read-only, then joins the cgroup
+//!    (its files opened before the pivot: the set-up runs at its
+//!    starter's CPU share);
 //! 4. rlimits (`NOFILE`, `MEMLOCK`, `CORE` 0, optionally `NPROC`), umask
 //!    077, the bounding, ambient and inheritable capability sets emptied,
 //!    groups, gid and uid set to the jail's (which drops the permitted
