@@ -241,6 +241,44 @@ def summarize(r: dict) -> dict:
     return out
 
 
+def fin(v: float) -> float:
+    """NaN (no sample) as 0 for the plot."""
+    return v if v == v else 0.0
+
+
+def document(r: dict, s: dict) -> dict:
+    """The ``shoal bench plot`` document of a run ``r`` and its summary ``s``."""
+    series, bars = [], []
+    for conc, by in r["levels"].items():
+        for who in ("e2b", "shoal"):
+            label = f"{'E2B SDK' if who == 'e2b' else 'Shoal SDK'} c={conc}"
+            series.append({"label": label, "samples": by[who]["cycle_ms"]})
+            lv = s["levels"][conc][who]
+            for q in ("p50", "p99"):
+                v = lv[f"cycle_{q}_ms"]
+                bars.append({"label": f"{who} c{conc} {q}", "value": fin(v)})
+    sub = "; ".join(
+        f"c={c}: e2b/shoal p50 {v['ratio_cycle_p50']:.2f}, e2b create p99 {v['e2b']['create_p99_ms']:.0f} ms"
+        for c, v in s["levels"].items()
+    )
+    xy = [
+        {
+            "label": f"{'E2B SDK' if who == 'e2b' else 'Shoal SDK'} create p99",
+            "points": [[int(c), fin(s["levels"][c][who]["create_p99_ms"])] for c in r["levels"]],
+        }
+        for who in ("e2b", "shoal")
+    ]
+    return {
+        "title": "E2B layer: stock e2b SDK vs Shoal SDK, create -> run 'echo hi' -> kill",
+        "subtitle": sub,
+        "unit": "ms",
+        "series": series,
+        "xy": {"title": "Create p99 by concurrency", "x_label": "concurrent clients",
+               "y_label": "create p99 (ms)", "series": xy},
+        "bars": {"title": "Cycle p50 and p99 per concurrency", "y_label": "cycle (ms)", "bars": bars},
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--concurrency", default="1,10,50")
@@ -271,26 +309,7 @@ def main() -> None:
     finally:
         d.stop()
     s = summarize(r)
-    series, bars = [], []
-    for conc, by in r["levels"].items():
-        for who in ("e2b", "shoal"):
-            label = f"{'E2B SDK' if who == 'e2b' else 'Shoal SDK'} c={conc}"
-            series.append({"label": label, "samples": by[who]["cycle_ms"]})
-            lv = s["levels"][conc][who]
-            for q in ("p50", "p99"):
-                v = lv[f"cycle_{q}_ms"]
-                bars.append({"label": f"{label} {q}", "value": v if v == v else 0.0})
-    sub = "; ".join(
-        f"c={c}: e2b/shoal p50 {v['ratio_cycle_p50']:.2f}, e2b create p99 {v['e2b']['create_p99_ms']:.0f} ms"
-        for c, v in s["levels"].items()
-    )
-    doc = {
-        "title": "E2B layer: stock e2b SDK vs Shoal SDK, create -> run 'echo hi' -> kill",
-        "subtitle": sub,
-        "unit": "ms",
-        "series": series,
-        "bars": {"title": "p50 and p99 per concurrency", "y_label": "cycle (ms)", "bars": bars},
-    }
+    doc = document(r, s)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench-e2b.json").write_text(json.dumps(doc, allow_nan=False, indent=1))
