@@ -28,6 +28,7 @@ pub mod envd;
 pub mod proxy;
 
 use crate::auth::Tokens;
+use crate::db::State;
 use crate::listen::Peer;
 use crate::Daemon;
 use axum::extract::Request;
@@ -235,7 +236,9 @@ pub fn data_plane_target(req: &Request) -> Option<Result<(String, u16), String>>
 }
 
 /// Serves one data-plane request: checks the access token (TCP) and that
-/// the sandbox exists (502 "was not found" otherwise), then envd's port
+/// the sandbox exists (502 "was not found" otherwise; a paused one is
+/// resumed by what serves the request, with E2B's default timeout when E2B
+/// paused it), then envd's port
 /// goes to [`envd`], any other to [`proxy`].
 pub async fn data_plane(d: Arc<Daemon>, req: Request) -> Response {
     let (id, port) = match data_plane_target(&req) {
@@ -251,7 +254,10 @@ pub async fn data_plane(d: Arc<Daemon>, req: Request) -> Response {
         );
     }
     match crate::ops::row(&d, &id) {
-        Ok(r) if r.state != crate::db::State::Failed => {}
+        Ok(r) if matches!(r.state, State::Paused | State::Pausing) => {
+            control_ops::auto_resumed(&d, &r)
+        }
+        Ok(r) if r.state != State::Failed => {}
         Ok(_) | Err(crate::ApiError::NotFound(_)) => return sandbox_not_found(&id),
         Err(e) => return api_error(e),
     }

@@ -33,7 +33,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
 TEMPLATE = "base"
-POOL = 4
+POOL = 3
 
 
 def _require_kvm() -> None:
@@ -132,8 +132,9 @@ class Daemon:
         return json.loads(raw) if raw else None
 
     def template(self, name: str, image: str, memory_mib: int, pool: int) -> None:
-        """Registers ``name`` from ``image`` and waits for ``pool`` warm
-        sandboxes of it."""
+        """Registers ``name`` from ``image`` with a warm pool of ``pool``,
+        and waits for the first warm sandbox (the rest fill meanwhile:
+        the tests need the pool for speed only)."""
         try:
             self.api("POST", "/v1/templates", {"name": name, "image": image, "memory_mib": memory_mib})
         except urllib.error.HTTPError as e:
@@ -150,7 +151,7 @@ class Daemon:
             self.api("PUT", f"/v1/pools/{name}", {"target": pool})
             while True:
                 ready = [p for p in self.api("GET", "/v1/pools") if p["template"] == name]
-                if ready and ready[0]["ready"] >= pool:
+                if ready and ready[0]["ready"] >= 1:
                     return
                 if time.monotonic() > end:
                     raise RuntimeError(f"pool {name} not filled: {ready}\n{self.log()}")
