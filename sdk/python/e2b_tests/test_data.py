@@ -75,6 +75,12 @@ def test_commands(sandbox: Sandbox) -> None:
     else:
         assert sandbox.commands.kill(cat.pid) is True
 
+    if e2b_version() >= (2, 63, 0):  # stream_input is new in 2.63 of the pins
+        cat2 = sandbox.commands.run("cat", background=True, stdin=True)
+        sandbox.commands.stream_input(cat2.pid, iter(["a", b"b", "c\n"]))
+        sandbox.commands.close_stdin(cat2.pid)
+        assert cat2.wait().stdout == "abc\n"
+
     slow = sandbox.commands.run("sleep 1.5; echo late", background=True)
     again = sandbox.commands.connect(slow.pid)
     assert again.wait().stdout == "late\n"
