@@ -227,8 +227,15 @@ def test_async_commands_and_files(daemon) -> None:
     asyncio.run(main())
 
 
-def test_a_killed_sandbox_is_not_running(daemon) -> None:
+def test_a_paused_sandbox_resumes_on_use_and_a_killed_one_is_gone(daemon) -> None:
     sbx = Sandbox.create(timeout=300)
+    assert sbx.is_running() is True
+    sbx.files.write("/tmp/kept.txt", "kept")
+    # Paused through shoald's own API (whatever the SDK version calls it).
+    daemon.api("POST", f"/v1/sandboxes/{sbx.sandbox_id}/pause", {})
+    assert sbx.is_running() is False
+    # Any other data-plane call resumes it.
+    assert sbx.commands.run("cat /tmp/kept.txt").stdout == "kept"
     assert sbx.is_running() is True
     h = sbx.commands.run("sleep 60", background=True)
     assert sbx.kill() is True
