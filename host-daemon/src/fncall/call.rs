@@ -25,10 +25,13 @@ const QUEUE_WAIT: Duration = Duration::from_secs(120);
 /// Deadline of each step that is not the program's run (uploads, fetches,
 /// the compile's own steps).
 const STEP: Duration = Duration::from_secs(60);
-/// Sets the exec's cgroup `memory.max` to `$1`, then runs the rest
-/// (dash builtins only: no process is started for it).
+/// Sets the exec's cgroup `memory.max` to `$1` (the memory controller
+/// enabled below the user cgroup first: the agent's exec cgroups have none
+/// of their own), then runs the rest (dash builtins only: no process is
+/// started for it).
 const MEMORY_WRAPPER: &str = "m=$1; shift; read -r c </proc/self/cgroup; \
-    echo \"$m\" >\"/sys/fs/cgroup${c#0::}/memory.max\" || exit 125; exec \"$@\"";
+    c=/sys/fs/cgroup${c#0::}; echo +memory >\"${c%/*}/cgroup.subtree_control\" 2>/dev/null; \
+    echo \"$m\" >\"$c/memory.max\" || exit 125; exec \"$@\"";
 
 /// A stream's output, kept up to a limit; the rest is dropped.
 struct Capped {
@@ -117,24 +120,21 @@ impl Marked {
 }
 
 /// Reads a warm runner's output until both streams' end markers came
-/// (the program's status is the stdout marker's) or the exec ends.
+/// (the program's status is the stdout marker's, and whether it failed at
+/// its memory limit) or the exec ends.
 async fn collect_marked(
     h: &mut AsyncExecHandle,
     out: &mut Marked,
     err: &mut Marked,
     deadline: Duration,
-) -> ApiResult<Ended> {
+) -> ApiResult<(Ended, bool)> {
     h.set_deadline(None);
     let work = async {
         loop {
             match h.next_event().await? {
                 Some(ExecEvent::Stdout(x)) => out.push(&x),
                 Some(ExecEvent::Stderr(x)) => err.push(&x),
-                Some(ExecEvent::Exit(r)) => {
-                    out.finish();
-                    err.finish();
-                    return Ok::<_, ApiError>(r.status);
-                }
+                Some(ExecEvent::Exit(r)) => return Ok::<_, ApiError>((r.status, false)),
                 None => {
                     return Err(ApiError::Sandbox(
                         "the sandbox ended the program's stream early".into(),
@@ -142,21 +142,25 @@ async fn collect_marked(
                 }
             }
             if let (Some(status), Some(_)) = (&out.end, &err.end) {
-                let code = std::str::from_utf8(status)
-                    .ok()
-                    .and_then(|s| s.strip_prefix(':'))
+                let s = std::str::from_utf8(status).unwrap_or_default();
+                let (s, oom) = match s.strip_suffix(":oom") {
+                    Some(s) => (s, true),
+                    None => (s, false),
+                };
+                let code = s
+                    .strip_prefix(':')
                     .and_then(|s| s.parse::<i32>().ok())
                     .ok_or_else(|| {
                         ApiError::Sandbox("the runner's end marker has no status".into())
                     })?;
-                return Ok(ExitStatus::Exited(code));
+                return Ok((ExitStatus::Exited(code), oom));
             }
         }
     };
     match tokio::time::timeout(deadline, work).await {
-        Ok(Ok(s)) => Ok(Ended::Exit(s)),
+        Ok(Ok((s, oom))) => Ok((Ended::Exit(s), oom)),
         Ok(Err(e)) => Err(e),
-        Err(_) => Ok(Ended::TimedOut),
+        Err(_) => Ok((Ended::TimedOut, false)),
     }
 }
 
@@ -467,12 +471,18 @@ async fn in_clone(
         }
     };
     let fed_ms = tr.elapsed().as_secs_f64() * 1e3;
-    let ended = if ready.runner.is_some() {
+    let (ended, at_limit) = if ready.runner.is_some() {
         let e = collect_marked(&mut h, &mut mo, &mut me, call.timeout).await?;
+        // What was held back (a timeout: the output so far).
+        mo.finish();
+        me.finish();
         (out, err) = (mo.out, me.out);
         e
     } else {
-        collect(&mut h, &mut out, &mut err, call.timeout).await?
+        (
+            collect(&mut h, &mut out, &mut err, call.timeout).await?,
+            false,
+        )
     };
     let duration_ms = tr.elapsed().as_secs_f64() * 1e3;
     tracing::debug!(
@@ -486,6 +496,9 @@ async fn in_clone(
     let (status, exit_code, signal) = match ended {
         Ended::TimedOut => (FnCallStatus::Timeout, None, None),
         Ended::Exit(ExitStatus::Exited(0)) => (FnCallStatus::Success, Some(0), None),
+        Ended::Exit(ExitStatus::Exited(n)) if at_limit => {
+            (FnCallStatus::OutOfMemory, Some(n), None)
+        }
         Ended::Exit(ExitStatus::Exited(n)) => (FnCallStatus::Failed, Some(n), None),
         Ended::Exit(ExitStatus::Signaled(s)) => {
             let oom = s == libc::SIGKILL && oom_killed(&c).await;
@@ -542,6 +555,31 @@ mod tests {
         let mut z = Capped::new(0);
         z.push(b"");
         assert!(!z.truncated);
+    }
+
+    #[test]
+    fn the_end_marker_is_found_across_frames_and_is_not_output() {
+        let mut m = Marked::new(100, "abc");
+        m.push(b"hello\n\0SHOAL-FNCA");
+        assert!(m.end.is_none());
+        m.push(b"LL-END:abc:");
+        m.push(b"7\n");
+        assert_eq!(m.end.as_deref(), Some(&b":7"[..]));
+        m.push(b"after");
+        m.finish();
+        assert_eq!(m.out.text(), "hello\n");
+        // Another nonce is output; held-back bytes come out at the end.
+        let mut m = Marked::new(100, "abc");
+        m.push(b"\0SHOAL-FNCALL-END:xyz:0\n");
+        m.push(b"tail");
+        assert!(m.end.is_none());
+        m.finish();
+        assert_eq!(m.out.text(), "\0SHOAL-FNCALL-END:xyz:0\ntail");
+        // A long output passes through the cap.
+        let mut m = Marked::new(10, "abc");
+        m.push(&[b'x'; 1000]);
+        m.finish();
+        assert_eq!((m.out.bytes.len(), m.out.truncated), (10, true));
     }
 
     #[test]
