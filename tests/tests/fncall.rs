@@ -352,7 +352,7 @@ fn hundred_in_parallel(d: &Daemon) {
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
     assert_eq!(items.len(), 100);
-    let mut seen = vec![false; 100];
+    let mut seen = [false; 100];
     for it in &items {
         ok(&it.result);
         let i = it.index;
