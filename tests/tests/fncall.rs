@@ -21,13 +21,20 @@ use shoal_client::api::{
 use shoal_client::Body;
 use std::time::Instant;
 
-/// The `base` image installed beside `tiny` (FnCall's templates boot it).
+/// The `base` image and FnCall's built-in layers installed beside `tiny`
+/// (built once and cached; FnCall's templates boot them).
 fn install_base() {
     use shoal_images::artifacts::{build, Layout};
     let c = build::Checkout::find().expect("the tests run from a Shoal checkout");
     c.build_and_install(
         &Layout::in_cache(),
-        &["tiny", "base"],
+        &[
+            "tiny",
+            "base",
+            "fncall-python",
+            "fncall-cpp",
+            "fncall-nodejs",
+        ],
         &mut |_| {},
         &mut build::quiet_unless_slow(),
     )
@@ -103,6 +110,13 @@ fn python(d: &Daemon) {
     eprintln!("first python call (template built): {:?}", t.elapsed());
     let r = py(d, "print('hello again')");
     ok(&r);
+    // numpy, from the python layer, imported in the template already.
+    let r = py(
+        d,
+        "import sys, numpy\nprint('numpy' in sys.modules, numpy.arange(4).sum())",
+    );
+    ok(&r);
+    assert_eq!(r.stdout, "True 6\n");
     eprintln!(
         "python call: total {:.0} ms, run {:.0} ms",
         r.total_ms, r.duration_ms
@@ -253,8 +267,8 @@ fn compiled_and_node(d: &Daemon, langs: &[Language]) {
     let cases = [
         (
             "cpp",
-            "#include <iostream>\nint main(){std::string s; std::cin >> s; \
-             std::cout << \"hello \" << s << std::endl; return 4;}",
+            "#include <cstdio>\nint main(){char s[16]; if (scanf(\"%15s\", s) != 1) return 1; \
+             printf(\"hello %s\\n\", s); return 4;}",
         ),
         (
             "nodejs",
@@ -264,7 +278,11 @@ fn compiled_and_node(d: &Daemon, langs: &[Language]) {
     ];
     for (lang, code) in cases {
         let l = langs.iter().find(|l| l.name == lang).unwrap();
-        let r = call(d, json!({"language": lang, "code": code, "stdin": "you\n"}));
+        // (g++ is slow on emulated guest kernels: a long compile timeout.)
+        let r = call(
+            d,
+            json!({"language": lang, "code": code, "stdin": "you\n", "compile_timeout_s": 280}),
+        );
         match &l.error {
             None => {
                 assert_eq!(
@@ -287,7 +305,8 @@ fn compiled_and_node(d: &Daemon, langs: &[Language]) {
     if langs.iter().any(|l| l.name == "cpp" && l.error.is_none()) {
         let r = call(
             d,
-            json!({"language": "cpp", "code": "int main() { return x; }"}),
+            json!({"language": "cpp", "code": "int main() { return x; }",
+                "compile_timeout_s": 280}),
         );
         assert_eq!(r.status, FnCallStatus::CompileError, "{r:#?}");
         let c = r.compile.unwrap();

@@ -133,10 +133,11 @@ pub fn find(name: &str) -> Option<&'static Spec> {
     LANGUAGES.iter().find(|s| s.name == name)
 }
 
-/// The layer images this build knows (built-in layers are installed
-/// images: [`shoal_images::artifacts::IMAGES`]).
+/// The images and built-in layers this build knows
+/// ([`shoal_images::artifacts::is_named_layer`]; built-in layers are
+/// [`shoal_images::lang_layers::LAYERS`]).
 pub fn known_image(name: &str) -> bool {
-    shoal_images::artifacts::IMAGES.contains(&name)
+    shoal_images::artifacts::is_named_layer(name)
 }
 
 impl Spec {
