@@ -187,3 +187,77 @@ fn each_language_layer_works_over_base_alone_and_stacked() {
         "base alone has none of them: {out}{err}"
     );
 }
+
+/// The builder's handling of the host overlay's marks, on real whiteouts
+/// and `trusted.overlay.*` xattrs (root: mknod, trusted xattrs): marks
+/// that hide something of the image stay, the rest goes.
+#[test]
+fn overlay_marks_that_hide_nothing_of_the_image_are_dropped() {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    require_root("whiteouts are device nodes and overlay marks are trusted.* xattrs");
+    let dir = tempfile::Builder::new()
+        .prefix("lang-marks")
+        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+        .unwrap();
+    let (lower, upper) = (dir.path().join("lower"), dir.path().join("upper"));
+    for d in ["etc", "usr/share"] {
+        std::fs::create_dir_all(lower.join(d)).unwrap();
+        std::fs::create_dir_all(upper.join(d)).unwrap();
+    }
+    std::fs::write(lower.join("etc/gone"), "x").unwrap();
+    std::fs::create_dir_all(upper.join("usr/newdir")).unwrap();
+    std::fs::write(upper.join("usr/share/x"), "x").unwrap();
+    for w in ["etc/gone", "etc/never"] {
+        let st = Command::new("mknod")
+            .arg(upper.join(w))
+            .args(["c", "0", "0"])
+            .status()
+            .unwrap();
+        assert!(st.success(), "mknod {w}");
+    }
+    let setfattr = |p: &str, name: &str, value: &str| {
+        let c =
+            std::ffi::CString::new(upper.join(p).into_os_string().into_encoded_bytes()).unwrap();
+        let n = std::ffi::CString::new(name).unwrap();
+        // SAFETY: NUL-terminated strings and a value buffer alive for the
+        // call, its length passed.
+        let r = unsafe {
+            libc::lsetxattr(
+                c.as_ptr(),
+                n.as_ptr(),
+                value.as_ptr().cast(),
+                value.len(),
+                0,
+            )
+        };
+        assert_eq!(
+            r,
+            0,
+            "setxattr {p} {name}: {}",
+            std::io::Error::last_os_error()
+        );
+    };
+    setfattr("usr/newdir", "trusted.overlay.opaque", "y");
+    setfattr("usr/share", "trusted.overlay.opaque", "y");
+    setfattr("usr/share/x", "trusted.overlay.origin", "\u{1}");
+    setfattr("usr/share/x", "user.kept", "1");
+    let stats = shoal_images::deb_layer::strip_overlay_marks(&upper, &lower).unwrap();
+    assert_eq!((stats.whiteouts, stats.opaque), (1, 1), "{stats:?}");
+    let gone = std::fs::symlink_metadata(upper.join("etc/gone")).unwrap();
+    assert!(gone.file_type().is_char_device() && gone.rdev() == 0);
+    assert!(std::fs::symlink_metadata(upper.join("etc/never")).is_err());
+    let xattrs = |p: &str| {
+        let out = Command::new("python3")
+            .args([
+                "-c",
+                "import os,sys; print(sorted(os.listxattr(sys.argv[1], follow_symlinks=False)))",
+            ])
+            .arg(upper.join(p))
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    assert_eq!(xattrs("usr/newdir"), "[]");
+    assert_eq!(xattrs("usr/share"), "['trusted.overlay.opaque']");
+    assert_eq!(xattrs("usr/share/x"), "['user.kept']");
+}
