@@ -12,7 +12,7 @@
 
 mod fork_route;
 mod handlers;
-mod wire;
+pub(crate) mod wire;
 
 use crate::auth::{Principal, Tokens};
 use crate::listen::Peer;
@@ -155,7 +155,9 @@ async fn not_found() -> ApiError {
 }
 
 /// The API router: on TCP (`tokens`) every route but `/healthz` needs one
-/// of the bearer tokens, whose name is the caller's
+/// of the bearer tokens (SandboxFusion's routes also take it as a Basic
+/// password, or none with [`Tokens::with_open_fusion`]), whose name is the
+/// caller's
 /// [`Principal`]; on the Unix socket the caller is
 /// the peer's uid ([`crate::listen::Peer`]).
 pub fn router(d: Arc<Daemon>, tokens: Option<Tokens>) -> Router {
@@ -184,17 +186,24 @@ pub fn router(d: Arc<Daemon>, tokens: Option<Tokens>) -> Router {
             r.layer(middleware::from_fn(move |mut req: Request, next: Next| {
                 let t = t.clone();
                 async move {
-                    let who = req
-                        .headers()
-                        .get(header::AUTHORIZATION)
+                    let auth = req.headers().get(header::AUTHORIZATION);
+                    let fusion = crate::fusion::is_fusion_path(req.uri().path());
+                    let who = auth
                         .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "))
-                        .and_then(|b| t.principal(b));
+                        .and_then(|b| t.principal(b))
+                        .or_else(|| {
+                            // SandboxFusion's clients send the endpoint
+                            // URL's user-info instead (see crate::fusion).
+                            let pw = crate::fusion::basic_password(auth?.as_bytes())?;
+                            fusion.then(|| t.principal(&pw)).flatten()
+                        });
                     match who {
                         Some(p) => {
                             req.extensions_mut().insert(p);
                             next.run(req).await
                         }
                         None if req.uri().path() == "/healthz" => next.run(req).await,
+                        None if fusion && t.open_fusion() => next.run(req).await,
                         None => ApiError::Unauthorized(
                             "missing or wrong 'Authorization: Bearer TOKEN'".into(),
                         )

@@ -37,6 +37,7 @@ pub mod e2b;
 pub mod exec;
 pub mod fork;
 pub mod freeze;
+pub mod fusion;
 pub mod inputs;
 pub mod layer_files;
 pub mod lifecycle;
