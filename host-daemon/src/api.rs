@@ -10,6 +10,7 @@
 //! router serves and that every body in it is the schema of its shared
 //! type.
 
+mod fncall_route;
 mod fork_route;
 mod handlers;
 pub(crate) mod wire;
@@ -22,6 +23,7 @@ use axum::http::header;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::{Json, Router};
+use fncall_route::*;
 use fork_route::*;
 use handlers::*;
 use std::sync::{Arc, OnceLock};
@@ -64,6 +66,9 @@ pub fn routes() -> OpenApiRouter<Arc<Daemon>> {
         .routes(routes!(tpl_get, tpl_delete))
         .routes(routes!(pool_list))
         .routes(routes!(pool_set, pool_delete))
+        .routes(routes!(fncall_once))
+        .routes(routes!(fncall_batch))
+        .routes(routes!(fncall_languages))
 }
 
 /// This document.
@@ -94,6 +99,7 @@ async fn openapi_json() -> Json<serde_json::Value> {
         (name = "files", description = "Files in a sandbox"),
         (name = "templates", description = "Snapshots sandboxes are restored from"),
         (name = "pools", description = "Warm pools of restored sandboxes"),
+        (name = "fncall", description = "Stateless calls of code, each in a fresh clone"),
         (name = "meta", description = "Health, metrics, stats, events, this document"),
     )
 )]

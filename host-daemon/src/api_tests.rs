@@ -86,6 +86,9 @@ const V1: &[(&str, &str)] = &[
     ("get", "/v1/pools"),
     ("put", "/v1/pools/{template}"),
     ("delete", "/v1/pools/{template}"),
+    ("post", "/v1/fncall"),
+    ("post", "/v1/fncall/batch"),
+    ("get", "/v1/fncall/languages"),
 ];
 
 #[tokio::test]
@@ -163,6 +166,13 @@ fn shared_schemas() -> BTreeMap<String, Value> {
         schema::<t::ErrorBody>(),
         schema::<t::ErrorDetail>(),
         schema::<t::ErrorCode>(),
+        schema::<t::FnCallRequest>(),
+        schema::<t::FnCallResult>(),
+        schema::<t::FnCallStatus>(),
+        schema::<t::CompileResult>(),
+        schema::<t::BatchRequest>(),
+        schema::<t::BatchItem>(),
+        schema::<t::Language>(),
     ]
     .into_iter()
     .collect()
@@ -449,6 +459,27 @@ fn every_body_is_the_shared_type() {
             Some("octet"),
             204,
             None,
+        ),
+        (
+            "post",
+            "/v1/fncall",
+            Some("FnCallRequest"),
+            200,
+            Some("application/json FnCallResult"),
+        ),
+        (
+            "post",
+            "/v1/fncall/batch",
+            Some("BatchRequest"),
+            200,
+            Some("application/x-ndjson BatchItem"),
+        ),
+        (
+            "get",
+            "/v1/fncall/languages",
+            None,
+            200,
+            Some("application/json [Language]"),
         ),
     ];
     assert_eq!(want.len(), V1.len());

@@ -35,6 +35,7 @@ pub mod cpu_share;
 pub mod db;
 pub mod e2b;
 pub mod exec;
+pub mod fncall;
 pub mod fork;
 pub mod freeze;
 pub mod fusion;

@@ -1,0 +1,129 @@
+# Shoal FnCall warm python runner.
+#
+# Started once in the python template (by the daemon, as a detached exec of
+# the guest agent), it imports the standard modules (and numpy when it is
+# installed), prints the ready marker and blocks reading its call on stdin;
+# the daemon snapshots the guest right then. Every call is served by a fresh
+# copy-on-write clone of that snapshot, so this process runs exactly one
+# call and then exits: nothing of one call can reach the next.
+#
+# The call, on stdin: 10 ASCII decimal digits N, then N bytes of JSON
+# {"code", "args", "env", "memory_max"}; everything after it on stdin is the
+# program's stdin. The program's stdout and stderr are this process's. Exit
+# status: the program's (SystemExit code; 1 after an uncaught exception,
+# whose traceback goes to stderr as python3 prints it); 125: a broken
+# request.
+import os
+import sys
+
+
+def _read_exact(n):
+    buf = bytearray()
+    while len(buf) < n:
+        b = os.read(0, n - len(buf))
+        if not b:
+            os._exit(125)
+        buf += b
+    return bytes(buf)
+
+
+# What most calls import, imported before the snapshot.
+import abc, array, atexit, base64, bisect, builtins, collections, contextlib  # noqa: E401,E402
+import copy, dataclasses, datetime, decimal, enum, fractions, functools  # noqa: E401,E402
+import hashlib, heapq, io, itertools, json, math, operator, random, re  # noqa: E401,E402
+import statistics, string, struct, textwrap, time, traceback, types  # noqa: E401,E402
+import typing, unittest  # noqa: E401,E402
+
+try:
+    import numpy  # noqa: F401
+except ImportError:
+    numpy = None
+
+WORKDIR = "/tmp/fncall"
+os.makedirs(WORKDIR, exist_ok=True)
+os.chdir(WORKDIR)
+
+# This process's cgroup (its own, made by the agent for this exec): its
+# memory.max is the call's memory limit, written when the call comes.
+_memfd = None
+try:
+    with open("/proc/self/cgroup") as f:
+        _cg = f.read().strip().split("::", 1)[-1]
+    _memfd = os.open("/sys/fs/cgroup" + _cg + "/memory.max", os.O_WRONLY)
+except OSError:
+    pass
+
+sys.stdout.buffer.write(b"\0SHOAL-FNCALL-READY\n")
+sys.stdout.flush()
+
+# ---- snapshot taken here; what follows runs in a clone ----
+
+try:
+    _n = int(_read_exact(10))
+    _req = json.loads(_read_exact(_n))
+    _code = _req["code"]
+except Exception as e:  # noqa: BLE001
+    os.write(2, ("shoal fncall runner: bad request: %r\n" % (e,)).encode())
+    os._exit(125)
+
+if _memfd is not None and _req.get("memory_max"):
+    try:
+        os.write(_memfd, str(int(_req["memory_max"])).encode())
+    except OSError as e:
+        os.write(2, ("shoal fncall runner: memory limit: %s\n" % e).encode())
+        os._exit(125)
+
+# Clones share the snapshot's random state: reseed from the kernel (which
+# got fresh entropy at the restore).
+random.seed()
+if numpy is not None:
+    numpy.random.seed()
+
+os.environ.update(_req.get("env") or {})
+_path = os.path.join(WORKDIR, "main.py")
+with open(_path, "w") as f:
+    f.write(_code)
+sys.argv = [_path] + list(_req.get("args") or [])
+sys.path[0] = WORKDIR
+
+_main = types.ModuleType("__main__")
+_main.__file__ = _path
+_main.__builtins__ = builtins
+sys.modules["__main__"] = _main
+
+
+def _exit_code(e):
+    c = e.code
+    if c is None:
+        return 0
+    if isinstance(c, int):
+        return c & 0xFF
+    try:
+        sys.stderr.write(str(c) + "\n")
+    except Exception:  # noqa: BLE001
+        pass
+    return 1
+
+
+_status = 0
+try:
+    exec(compile(_code, _path, "exec"), _main.__dict__)
+except SystemExit as e:
+    _status = _exit_code(e)
+except BaseException as e:  # noqa: BLE001
+    # As python3 prints it: without this runner's frame.
+    traceback.print_exception(type(e), e, e.__traceback__.tb_next)
+    _status = 1
+
+try:
+    atexit._run_exitfuncs()
+except SystemExit as e:
+    _status = _exit_code(e)
+except BaseException:  # noqa: BLE001
+    pass
+for _s in (sys.stdout, sys.stderr):
+    try:
+        _s.flush()
+    except Exception:  # noqa: BLE001
+        pass
+os._exit(_status)
