@@ -169,6 +169,9 @@ async fn not_found() -> ApiError {
 pub fn router(d: Arc<Daemon>, tokens: Option<Tokens>) -> Router {
     let (r, _) = routes().split_for_parts();
     let r = r
+        // SandboxFusion's /run_code and /v1/ping: a foreign API, outside
+        // the document (see crate::fusion).
+        .merge(crate::fusion::routes())
         .fallback(not_found)
         .method_not_allowed_fallback(|| async {
             ApiError::BadRequest("method not allowed on this route (see GET /openapi.json)".into())

@@ -36,11 +36,11 @@
 //! TCP callers use these two routes with no token at all (SandboxFusion's
 //! own model: a private network); every other route still needs one.
 
-// mod handler; (wired once the FnCall core's run_call lands)
+mod handler;
 pub mod translate;
 pub mod wire;
 
-// pub use handler::routes;
+pub use handler::routes;
 
 use base64::Engine;
 
@@ -70,27 +70,4 @@ pub fn basic_password(header: &[u8]) -> Option<Vec<u8>> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn basic(userinfo: &str) -> Vec<u8> {
-        let b = base64::engine::general_purpose::STANDARD.encode(userinfo);
-        format!("Basic {b}").into_bytes()
-    }
-
-    #[test]
-    fn the_basic_password_is_what_follows_the_first_colon() {
-        assert_eq!(basic_password(&basic("fusion:tok:en")).unwrap(), b"tok:en");
-        assert_eq!(basic_password(&basic(":t")).unwrap(), b"t");
-        assert_eq!(basic_password(&basic("u:")).unwrap(), b"");
-        assert_eq!(basic_password(&basic("no-colon")), None);
-        assert_eq!(basic_password(b"Bearer abc"), None);
-        assert_eq!(basic_password(b"Basic !!!"), None);
-    }
-
-    #[test]
-    fn only_sandboxfusions_routes_are_fusion_paths() {
-        assert!(is_fusion_path("/run_code") && is_fusion_path("/v1/ping"));
-        assert!(!is_fusion_path("/run_code/") && !is_fusion_path("/v1/sandboxes"));
-    }
-}
+mod tests;

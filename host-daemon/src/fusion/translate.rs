@@ -2,7 +2,8 @@
 //! pure functions, so that every rule is unit-tested.
 //!
 //! Request: `run_timeout` → `timeout_s`, `compile_timeout` →
-//! `compile_timeout_s`, `memory_limit_MB` > 0 → `memory_mib` (≤ 0: none),
+//! `compile_timeout_s`, `memory_limit_MB` > 0 → `memory_mib` (≤ 0: none;
+//! the handler keeps it within what the language's template allows),
 //! `files` with `null` contents (and SandboxFusion's `IGNORE_THIS_FILE`
 //! names) left out, the output cap SandboxFusion's (1 MiB per stream).
 //!
