@@ -19,6 +19,7 @@
 mod artifacts_cmd;
 mod bench;
 mod bench_cmd;
+mod bench_fncall;
 mod confinement;
 mod daemon_client;
 mod daemon_cmds;
