@@ -203,8 +203,10 @@ pub fn router(d: Arc<Daemon>, tokens: Option<Tokens>) -> Router {
                         .or_else(|| {
                             // SandboxFusion's clients send the endpoint
                             // URL's user-info instead (see crate::fusion).
-                            let pw = crate::fusion::basic_password(auth?.as_bytes())?;
-                            fusion.then(|| t.principal(&pw)).flatten()
+                            if !fusion {
+                                return None;
+                            }
+                            t.principal(&crate::fusion::basic_password(auth?.as_bytes())?)
                         });
                     match who {
                         Some(p) => {
