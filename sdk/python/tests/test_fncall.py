@@ -55,19 +55,23 @@ def test_run_fncall_refusals_and_timeouts(fclient):
 
 
 async def test_map_fncall_keeps_the_order_and_reports_refused_calls(afclient):
-    calls = [shoal.FnCallArgs("python", f"print({i} * {i})") for i in range(12)]
+    # Generous timeouts: a busy host must not turn this into a timing test.
+    calls = [shoal.FnCallArgs("python", f"print({i} * {i})", timeout_s=60) for i in range(12)]
     calls.insert(5, shoal.FnCallArgs("cobol", "x"))
     rs = await afclient.map_fncall(calls, concurrency=4)
     assert len(rs) == 13
     bad = rs.pop(5)
     assert bad.status == "sandbox_error" and "unknown language" in (bad.error or "")
     assert [r.stdout for r in rs] == [f"{i * i}\n" for i in range(12)]
-    assert all(r.ok for r in rs)
+    assert all(r.ok for r in rs), [(r.status, r.exit_code, r.stderr, r.error) for r in rs]
 
 
 def test_map_fncall_sync_and_bash(fclient):
     rs = fclient.map_fncall(
-        [shoal.FnCallArgs("bash", "echo $((1 + 2)); exit 4"), shoal.FnCallArgs("python", "1/0")]
+        [
+            shoal.FnCallArgs("bash", "echo $((1 + 2)); exit 4", timeout_s=60),
+            shoal.FnCallArgs("python", "1/0", timeout_s=60),
+        ]
     )
     assert (rs[0].status, rs[0].stdout, rs[0].exit_code) == ("failed", "3\n", 4)
     assert rs[1].status == "failed" and "ZeroDivisionError" in rs[1].stderr

@@ -26,7 +26,10 @@ def test_python_success_failure_and_timeout(endpoint):
     assert r.run_result.execution_time is not None and r.run_result.execution_time > 0
 
     code = "import sys\nprint(input()[::-1])\nsys.exit(3)"
-    r = run_code(RunCodeRequest(code=code, language="python", stdin="abc\n"), endpoint=endpoint)
+    r = run_code(
+        RunCodeRequest(code=code, language="python", stdin="abc\n", run_timeout=60),
+        endpoint=endpoint,
+    )
     assert r.status == RunStatus.Failed
     assert (r.run_result.return_code, r.run_result.stdout) == (3, "cba\n")
 
@@ -47,6 +50,7 @@ def test_files_in_and_out(endpoint):
             language="python",
             files={"data/in.txt": base64.b64encode(b"ab").decode()},
             fetch_files=["out.txt"],
+            run_timeout=60,
         ),
         endpoint=endpoint,
     )
@@ -55,18 +59,20 @@ def test_files_in_and_out(endpoint):
 
 
 async def test_the_async_client(endpoint):
-    r = await run_code_async(RunCodeRequest(code="print(2**10)", language="python"), endpoint=endpoint)
+    r = await run_code_async(
+        RunCodeRequest(code="print(2**10)", language="python", run_timeout=60), endpoint=endpoint
+    )
     assert r.status == RunStatus.Success and r.run_result.stdout == "1024\n"
 
 
 def test_cpp_compile_and_run(endpoint):
     ok = '#include <iostream>\nint main(){int a,b;std::cin>>a>>b;std::cout<<a+b<<"\\n";return 0;}'
-    r = run_code(RunCodeRequest(code=ok, language="cpp", stdin="2 40"), endpoint=endpoint)
+    r = run_code(RunCodeRequest(code=ok, language="cpp", stdin="2 40", compile_timeout=120, run_timeout=60), endpoint=endpoint)
     assert r.status == RunStatus.Success, r
     assert r.compile_result.status == CommandRunStatus.Finished
     assert r.compile_result.return_code == 0
     assert r.run_result.stdout == "42\n"
-    r = run_code(RunCodeRequest(code="int main( {", language="cpp"), endpoint=endpoint)
+    r = run_code(RunCodeRequest(code="int main( {", language="cpp", compile_timeout=120), endpoint=endpoint)
     assert r.status == RunStatus.Failed
     assert r.compile_result.return_code not in (None, 0) and r.run_result is None
     assert "error" in r.compile_result.stderr
