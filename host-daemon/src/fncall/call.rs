@@ -60,6 +60,106 @@ impl Capped {
     }
 }
 
+/// A warm runner's stream: its output up to the end marker the runner
+/// writes once the program is done (`MARK`, then on stdout `:STATUS`, then
+/// a newline), which is not output. The last bytes are held back until
+/// they cannot be the start of the marker.
+struct Marked {
+    out: Capped,
+    mark: Vec<u8>,
+    hold: Vec<u8>,
+    /// What followed the marker, once its line was complete.
+    end: Option<Vec<u8>>,
+}
+
+impl Marked {
+    fn new(limit: usize, nonce: &str) -> Marked {
+        Marked {
+            out: Capped::new(limit),
+            mark: format!("\0SHOAL-FNCALL-END:{nonce}").into_bytes(),
+            hold: Vec::new(),
+            end: None,
+        }
+    }
+
+    fn push(&mut self, x: &[u8]) {
+        if self.end.is_some() {
+            return;
+        }
+        self.hold.extend_from_slice(x);
+        let m = self.mark.len();
+        if let Some(i) = self.hold.windows(m).position(|w| w == self.mark) {
+            let rest = self.hold.get(i + m..).unwrap_or_default();
+            if let Some(nl) = rest.iter().position(|b| *b == b'\n') {
+                self.end = Some(rest.get(..nl).unwrap_or_default().to_vec());
+                self.out.push(self.hold.get(..i).unwrap_or_default());
+                self.hold.clear();
+                return;
+            }
+            if rest.len() <= 16 {
+                self.out.push(self.hold.get(..i).unwrap_or_default());
+                self.hold.drain(..i);
+                return;
+            }
+        }
+        let keep = m + 16;
+        if self.hold.len() > keep {
+            let n = self.hold.len() - keep;
+            self.out.push(self.hold.get(..n).unwrap_or_default());
+            self.hold.drain(..n);
+        }
+    }
+
+    fn finish(&mut self) {
+        let h = std::mem::take(&mut self.hold);
+        self.out.push(&h);
+    }
+}
+
+/// Reads a warm runner's output until both streams' end markers came
+/// (the program's status is the stdout marker's) or the exec ends.
+async fn collect_marked(
+    h: &mut AsyncExecHandle,
+    out: &mut Marked,
+    err: &mut Marked,
+    deadline: Duration,
+) -> ApiResult<Ended> {
+    h.set_deadline(None);
+    let work = async {
+        loop {
+            match h.next_event().await? {
+                Some(ExecEvent::Stdout(x)) => out.push(&x),
+                Some(ExecEvent::Stderr(x)) => err.push(&x),
+                Some(ExecEvent::Exit(r)) => {
+                    out.finish();
+                    err.finish();
+                    return Ok::<_, ApiError>(r.status);
+                }
+                None => {
+                    return Err(ApiError::Sandbox(
+                        "the sandbox ended the program's stream early".into(),
+                    ))
+                }
+            }
+            if let (Some(status), Some(_)) = (&out.end, &err.end) {
+                let code = std::str::from_utf8(status)
+                    .ok()
+                    .and_then(|s| s.strip_prefix(':'))
+                    .and_then(|s| s.parse::<i32>().ok())
+                    .ok_or_else(|| {
+                        ApiError::Sandbox("the runner's end marker has no status".into())
+                    })?;
+                return Ok(ExitStatus::Exited(code));
+            }
+        }
+    };
+    match tokio::time::timeout(deadline, work).await {
+        Ok(Ok(s)) => Ok(Ended::Exit(s)),
+        Ok(Err(e)) => Err(e),
+        Err(_) => Ok(Ended::TimedOut),
+    }
+}
+
 /// How a run ended, as the daemon saw it.
 enum Ended {
     /// The program exited (or was killed by a signal).
@@ -239,12 +339,13 @@ fn cold_argv(spec: &Spec, call: &Call) -> Vec<String> {
 }
 
 /// The warm runner's request: 10 decimal digits of length, then the JSON.
-fn runner_request(call: &Call) -> ApiResult<Vec<u8>> {
+fn runner_request(call: &Call, nonce: &str) -> ApiResult<Vec<u8>> {
     let j = serde_json::json!({
         "code": call.code,
         "args": call.args,
         "env": call.env,
         "memory_max": call.memory_max,
+        "nonce": nonce,
     });
     let body = serde_json::to_vec(&j).map_err(|e| ApiError::Internal(e.to_string()))?;
     let mut v = format!("{:010}", body.len()).into_bytes();
@@ -319,18 +420,23 @@ async fn in_clone(
             compiled = Some(r);
         }
     }
+    let tr = Instant::now();
+    let nonce = shoal_runtime::fresh::random_id();
+    let (mut mo, mut me) = (
+        Marked::new(call.output_limit, &nonce),
+        Marked::new(call.output_limit, &nonce),
+    );
     let (mut out, mut err) = (
         Capped::new(call.output_limit),
         Capped::new(call.output_limit),
     );
-    let tr = Instant::now();
     let mut h = match ready.runner {
         Some(exec_id) => {
             let h = within("attaching to the warm runner", STEP, async {
                 Ok(c.attach(exec_id).await?)
             })
             .await?;
-            let mut input = runner_request(&call)?;
+            let mut input = runner_request(&call, &nonce)?;
             input.extend_from_slice(&call.stdin);
             within("writing the call", STEP, async {
                 write_all(&h, &input).await?;
@@ -360,8 +466,23 @@ async fn in_clone(
             h
         }
     };
-    let ended = collect(&mut h, &mut out, &mut err, call.timeout).await?;
+    let fed_ms = tr.elapsed().as_secs_f64() * 1e3;
+    let ended = if ready.runner.is_some() {
+        let e = collect_marked(&mut h, &mut mo, &mut me, call.timeout).await?;
+        (out, err) = (mo.out, me.out);
+        e
+    } else {
+        collect(&mut h, &mut out, &mut err, call.timeout).await?
+    };
     let duration_ms = tr.elapsed().as_secs_f64() * 1e3;
+    tracing::debug!(
+        sandbox = id,
+        language = spec.name,
+        ready_ms = tr.duration_since(t0).as_secs_f64() * 1e3,
+        fed_ms,
+        duration_ms,
+        "fncall phases"
+    );
     let (status, exit_code, signal) = match ended {
         Ended::TimedOut => (FnCallStatus::Timeout, None, None),
         Ended::Exit(ExitStatus::Exited(0)) => (FnCallStatus::Success, Some(0), None),
@@ -432,13 +553,14 @@ mod tests {
             ..Default::default()
         })
         .unwrap();
-        let r = runner_request(&call).unwrap();
+        let r = runner_request(&call, "n0").unwrap();
         let n: usize = std::str::from_utf8(&r[..10]).unwrap().parse().unwrap();
         assert_eq!(n, r.len() - 10);
         let j: serde_json::Value = serde_json::from_slice(&r[10..]).unwrap();
         assert_eq!(j["code"], "print('hi')");
         assert_eq!(j["args"][0], "a");
         assert_eq!(j["memory_max"], call.memory_max);
+        assert_eq!(j["nonce"], "n0");
     }
 
     #[test]

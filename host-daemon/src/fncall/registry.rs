@@ -77,7 +77,7 @@ pub const LANGUAGES: &[Spec] = &[
             name: "fncall-python",
             optional: true,
         }],
-        memory_mib: 512,
+        memory_mib: 256,
         source_file: "main.py",
         compile: None,
         run: &["python3", "{src}"],

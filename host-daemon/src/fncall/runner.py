@@ -8,11 +8,12 @@
 # call and then exits: nothing of one call can reach the next.
 #
 # The call, on stdin: 10 ASCII decimal digits N, then N bytes of JSON
-# {"code", "args", "env", "memory_max"}; everything after it on stdin is the
-# program's stdin. The program's stdout and stderr are this process's. Exit
-# status: the program's (SystemExit code; 1 after an uncaught exception,
-# whose traceback goes to stderr as python3 prints it); 125: a broken
-# request.
+# {"code", "args", "env", "memory_max", "nonce"}; everything after it on
+# stdin is the program's stdin. The program's stdout and stderr are this
+# process's. Exit status: the program's (SystemExit code; 1 after an
+# uncaught exception, whose traceback goes to stderr as python3 prints it);
+# 125: a broken request. Once the program is done, each stream ends with
+# "\0SHOAL-FNCALL-END:NONCE" (stdout's with ":STATUS"), then a newline.
 import os
 import sys
 
@@ -126,4 +127,13 @@ for _s in (sys.stdout, sys.stderr):
         _s.flush()
     except Exception:  # noqa: BLE001
         pass
+# The end of each stream, with the status: the daemon answers on these,
+# without waiting for this process's exit (slow on emulated guest kernels,
+# and the clone is destroyed anyway).
+_end = b"\0SHOAL-FNCALL-END:" + str(_req.get("nonce", "")).encode()
+try:
+    os.write(2, _end + b"\n")
+    os.write(1, _end + b":" + str(_status).encode() + b"\n")
+except OSError:
+    pass
 os._exit(_status)
