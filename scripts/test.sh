@@ -37,6 +37,9 @@ echo "== guest kernel" >&2
 scripts/build-kernel.sh >/dev/null
 echo "== guest images" >&2
 scripts/build-images.sh all >/dev/null
+echo "== built-in layers (Debian packages over base; cached; installed for test daemons)" >&2
+cargo build --release -q -p shoald --bin shoald -p shoal-cli --bin shoal
+target/release/shoal artifacts build tiny base layers >/dev/null
 echo "== format and lints" >&2
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
