@@ -24,6 +24,10 @@ pub struct FnCallArgs {
     /// Concurrency levels (comma-separated).
     #[arg(long, default_value = "1,2,4,8,16")]
     pub concurrency: String,
+    /// Run only the first N problems (default: all 164; a quick look on a
+    /// slow host).
+    #[arg(long, value_name = "N")]
+    pub problems: Option<usize>,
     /// Problems run through restore+exec per level (the first N; 0 skips
     /// that peer).
     #[arg(long, default_value_t = 164)]
@@ -83,7 +87,10 @@ pub fn run(g: &crate::daemon_cmds::Global, a: &FnCallArgs, out: &Output) -> Resu
         })
         .collect::<Result<Vec<_>>>()?;
     let path = dataset(a)?;
-    let problems = fncall::load_humaneval(&path)?;
+    let mut problems = fncall::load_humaneval(&path)?;
+    if let Some(n) = a.problems {
+        problems.truncate(n.max(1));
+    }
     eprintln!("{} problems from {}", problems.len(), path.display());
     let (c, private) = PrivateDaemon::start("fncall", &a.daemon_args)?;
     let (vcpus, memory) = (1, 256);
