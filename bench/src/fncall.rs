@@ -395,8 +395,11 @@ fn restore_exec(c: &DaemonClient, p: &Problem, o: &FnCallBenchOpts) -> Outcome {
         Ok(r) => Outcome {
             passed: r.exit_code == Some(0),
             ms,
-            error: (r.exit_code != Some(0))
-                .then(|| format!("exit {:?}: {}", r.exit_code, tail(&r.stderr))),
+            error: match (r.timed_out, r.exit_code) {
+                (true, _) => Some(format!("timed out after {} s", o.timeout_s)),
+                (false, Some(0)) => None,
+                (false, c) => Some(format!("exit {c:?}: {}", tail(&r.stderr))),
+            },
         },
         Err(e) => Outcome {
             passed: false,
