@@ -64,3 +64,7 @@ target/pyenv/bin/pip install -q --disable-pip-version-check "httpx>=0.25,<1" "py
 target/pyenv/bin/pip install -q --disable-pip-version-check --no-deps --force-reinstall ./sdk/python
 bins="$PWD/target/release"
 (cd sdk/python && SHOAL_BIN_DIR="$bins" ../../target/pyenv/bin/python -m pytest -q tests)
+echo "== E2B drop-in (sdk/python/e2b_tests: the stock e2b SDKs from PyPI, pinned, against a real shoald)" >&2
+# The base image (E2B's default template) and one venv per pinned SDK.
+target/release/shoal artifacts build base >/dev/null
+SHOAL_BIN_DIR="$bins" scripts/e2b-tests.sh
