@@ -40,6 +40,7 @@ pub mod exec;
 pub mod fncall;
 pub mod fork;
 pub mod freeze;
+pub mod fusion;
 pub mod inputs;
 pub mod layer_files;
 pub mod lifecycle;
