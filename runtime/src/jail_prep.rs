@@ -4,7 +4,8 @@
 //! 0.33 ms, planning and making the cgroup in the jailer 0.3 ms):
 //!
 //! - [`NetnsStock`]: fresh, empty network namespaces, made by a thread of
-//!   its own a few at a time before they are asked for. Each is handed to
+//!   its own before they are asked for, once takers have been quiet for
+//!   [`REFILL_DELAY`] (so the making never competes with a VMM start). Each is handed to
 //!   one VMM only (the jailer joins it by the descriptor it is passed) and
 //!   never reused: it ends with that VMM.
 //! - [`CgroupMaker`]: the cgroup plan's inputs (mountinfo, this process's
@@ -19,13 +20,24 @@ use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex};
 
 /// How many spare network namespaces are kept ready.
-pub const NETNS_STOCK: usize = 4;
+pub const NETNS_STOCK: usize = 8;
+
+/// How long after a namespace is taken the stock waits before making
+/// more: the making (an RCU grace period, CPU) then does not compete with
+/// the VMM start that took one.
+pub const REFILL_DELAY: std::time::Duration = std::time::Duration::from_millis(20);
 
 /// Fresh network namespaces, made ahead by a background thread.
 #[derive(Debug)]
 pub struct NetnsStock {
-    inner: Mutex<Vec<File>>,
+    inner: Mutex<Stock>,
     wake: Condvar,
+}
+
+#[derive(Debug)]
+struct Stock {
+    ready: Vec<File>,
+    last_take: std::time::Instant,
 }
 
 impl NetnsStock {
@@ -38,7 +50,10 @@ impl NetnsStock {
             return None;
         }
         let s = Arc::new(NetnsStock {
-            inner: Mutex::new(vec![]),
+            inner: Mutex::new(Stock {
+                ready: vec![],
+                last_take: std::time::Instant::now(),
+            }),
             wake: Condvar::new(),
         });
         let weak = Arc::downgrade(&s);
@@ -46,28 +61,39 @@ impl NetnsStock {
             .name("shoal-netns".into())
             .spawn(move || loop {
                 let Some(s) = weak.upgrade() else { return };
-                let need = {
+                // Wait for room, then for the takers to be quiet a while.
+                let quiet = {
                     let g = s.inner.lock().unwrap_or_else(|e| e.into_inner());
                     let g = s
                         .wake
-                        .wait_timeout_while(g, std::time::Duration::from_secs(5), |v| {
-                            v.len() >= NETNS_STOCK
+                        .wait_timeout_while(g, std::time::Duration::from_secs(5), |st| {
+                            st.ready.len() >= NETNS_STOCK
                         })
                         .map(|(g, _)| g)
                         .unwrap_or_else(|e| e.into_inner().0);
-                    NETNS_STOCK.saturating_sub(g.len())
+                    (g.ready.len() < NETNS_STOCK).then(|| g.last_take.elapsed())
                 };
-                for _ in 0..need {
-                    match new_netns() {
-                        Ok(f) => s.inner.lock().unwrap_or_else(|e| e.into_inner()).push(f),
-                        Err(e) => {
-                            // The jailer makes each VMM's own meanwhile
-                            // (and says why, should it fail there too).
-                            let _ = e;
-                            drop(s);
-                            std::thread::sleep(std::time::Duration::from_secs(10));
-                            break;
-                        }
+                match quiet {
+                    None => continue,
+                    Some(q) if q < REFILL_DELAY => {
+                        drop(s);
+                        std::thread::sleep(REFILL_DELAY - q);
+                        continue;
+                    }
+                    Some(_) => {}
+                }
+                match new_netns() {
+                    Ok(f) => s
+                        .inner
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .ready
+                        .push(f),
+                    Err(_) => {
+                        // The jailer makes each VMM's own meanwhile (and
+                        // says why, should it fail there too).
+                        drop(s);
+                        std::thread::sleep(std::time::Duration::from_secs(10));
                     }
                 }
             })
@@ -77,7 +103,10 @@ impl NetnsStock {
 
     /// A fresh namespace, if one is ready (`None`: the jailer makes one).
     pub fn take(&self) -> Option<File> {
-        let f = self.inner.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        g.last_take = std::time::Instant::now();
+        let f = g.ready.pop();
+        drop(g);
         self.wake.notify_one();
         f
     }
@@ -155,7 +184,7 @@ mod tests {
                     assert!(!seen.contains(&ino), "namespace {ino} handed out twice");
                     seen.push(ino);
                 }
-                None => std::thread::sleep(std::time::Duration::from_millis(5)),
+                None => std::thread::sleep(std::time::Duration::from_millis(30)),
             }
         }
         // Taking from this thread never moved it.
