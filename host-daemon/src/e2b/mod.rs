@@ -15,6 +15,7 @@
 
 pub mod control;
 pub mod envd;
+pub mod interp;
 pub mod proxy;
 
 use crate::Daemon;
