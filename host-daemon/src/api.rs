@@ -158,17 +158,32 @@ async fn not_found() -> ApiError {
 /// of the bearer tokens, whose name is the caller's
 /// [`Principal`]; on the Unix socket the caller is
 /// the peer's uid ([`crate::listen::Peer`]).
+///
+/// E2B compatibility ([`crate::e2b`]) shares the listener: a request with
+/// an `E2b-Sandbox-Id` header is the data plane
+/// ([`crate::e2b::data_plane`], which checks the sandbox's own access
+/// token), before any of the API's authentication; E2B's control-plane
+/// routes (`/sandboxes`, `/v2/sandboxes`, ...) take the same tokens as
+/// `X-API-KEY` ([`crate::e2b::control::router`]); everything else is the
+/// daemon's own API.
 pub fn router(d: Arc<Daemon>, tokens: Option<Tokens>) -> Router {
+    let shoal = shoal_router(d.clone(), tokens.clone());
+    crate::e2b::router(d.clone(), tokens, shoal)
+        // Bodies are read by the handlers, each within its own limit
+        // (`wire::json_body`, uploads streamed with theirs).
+        .layer(axum::extract::DefaultBodyLimit::disable())
+        .layer(middleware::from_fn_with_state(d, count_status))
+}
+
+/// The daemon's own API ([`routes`]) behind its bearer-token check.
+fn shoal_router(d: Arc<Daemon>, tokens: Option<Tokens>) -> Router {
     let (r, _) = routes().split_for_parts();
     let r = r
         .fallback(not_found)
         .method_not_allowed_fallback(|| async {
             ApiError::BadRequest("method not allowed on this route (see GET /openapi.json)".into())
         })
-        // Bodies are read by the handlers, each within its own limit
-        // (`wire::json_body`, uploads streamed with theirs).
         .layer(axum::extract::DefaultBodyLimit::disable())
-        .layer(middleware::from_fn_with_state(d.clone(), count_status))
         .with_state(d);
     match tokens {
         None => r.layer(middleware::from_fn(

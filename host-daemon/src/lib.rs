@@ -430,6 +430,8 @@ pub struct Daemon {
     /// each other down (KVM VM set-up and the guests' first instructions
     /// compete for the same cores), so excess creates queue here.
     pub restores: tokio::sync::Semaphore,
+    /// E2B compatibility's state (the access tokens' key).
+    pub e2b: e2b::E2bState,
 }
 
 impl Daemon {
@@ -439,6 +441,7 @@ impl Daemon {
         state_perms::secure(&cfg)?;
         let db = Db::open(&cfg.state_dir.join("state.db")).map_err(|e| e.to_string())?;
         let permits = cfg.max_restores.max(1);
+        let e2b = e2b::E2bState::open(&cfg.state_dir)?;
         Ok(Arc::new(Daemon {
             cfg,
             backend,
@@ -448,6 +451,7 @@ impl Daemon {
             pool_wake: tokio::sync::Notify::new(),
             building: tokio::sync::Mutex::new(()),
             restores: tokio::sync::Semaphore::new(permits),
+            e2b,
         }))
     }
 

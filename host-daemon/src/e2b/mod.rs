@@ -3,7 +3,7 @@
 //! `E2B_API_KEY` changed.
 //!
 //! - [`control`]: the control-plane REST API (`/sandboxes`, `/v2/sandboxes`,
-//!   ...), authenticated by `X-API-KEY`.
+//!   ...), authenticated by `X-API-KEY` (one of the daemon's tokens).
 //! - [`envd`]: envd's data plane (Connect RPC `process.Process`,
 //!   `filesystem.Filesystem`, `/files`, `/health`, `/envs`), carried to the
 //!   guest agent over vsock.
@@ -11,16 +11,35 @@
 //!   user's server), relayed to that port inside the guest.
 //!
 //! A data-plane request is recognised by its `E2b-Sandbox-Id` header and
-//! goes to [`data_plane`] whatever its path.
+//! goes to [`data_plane`] whatever its path, before the API's own
+//! authentication. On TCP it must carry the sandbox's access token, which
+//! the control plane hands out as `envdAccessToken` (sent back by the SDK
+//! as `X-Access-Token` on every envd call) and `trafficAccessToken` (sent
+//! as `E2B-Traffic-Access-Token` to other ports): each is an HMAC of the
+//! sandbox id under a key kept in the state directory ([`E2bState`]), so
+//! no token is stored per sandbox and every sandbox, whichever API made
+//! it, has one. On the Unix socket the peer is trusted as on the rest of
+//! the API.
 
 pub mod control;
+mod control_ops;
+mod control_wire;
 pub mod envd;
 pub mod interp;
 pub mod proxy;
 
+use crate::auth::Tokens;
+use crate::listen::Peer;
 use crate::Daemon;
 use axum::extract::Request;
+use axum::http::StatusCode;
+use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
+use axum::Router;
+use sha2::{Digest, Sha256};
+use std::io::{Read, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
 use std::sync::Arc;
 
 /// The port envd listens on in an E2B sandbox (what the SDK asks for).
@@ -31,6 +50,162 @@ pub const CODE_INTERPRETER_PORT: u16 = 49999;
 pub const SANDBOX_ID_HEADER: &str = "e2b-sandbox-id";
 /// The header naming the sandbox port of a data-plane request.
 pub const SANDBOX_PORT_HEADER: &str = "e2b-sandbox-port";
+/// The header carrying the sandbox's `envdAccessToken`.
+pub const ACCESS_TOKEN_HEADER: &str = "x-access-token";
+/// The header carrying the sandbox's `trafficAccessToken` (other ports).
+pub const TRAFFIC_TOKEN_HEADER: &str = "e2b-traffic-access-token";
+/// The envd version shoald reports (`envdVersion`): the lowest whose SDK
+/// behaviour the data plane implements (see the README's E2B section).
+pub const ENVD_VERSION: &str = "0.5.7";
+/// The key file under the state directory.
+const KEY_FILE: &str = "e2b.key";
+
+/// The daemon's E2B state: the key the sandboxes' access tokens are
+/// derived from.
+pub struct E2bState {
+    key: [u8; 32],
+}
+
+impl std::fmt::Debug for E2bState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("E2bState")
+    }
+}
+
+impl E2bState {
+    /// Reads the key from `state_dir/e2b.key`, making it (32 random bytes,
+    /// mode 0600) when there is none.
+    pub fn open(state_dir: &Path) -> Result<E2bState, String> {
+        let p = state_dir.join(KEY_FILE);
+        let err = |e: std::io::Error| format!("{}: {e}", p.display());
+        let mut key = [0u8; 32];
+        match std::fs::File::open(&p) {
+            Ok(mut f) => {
+                f.read_exact(&mut key).map_err(err)?;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                // SAFETY: getrandom writes at most key.len() bytes into key.
+                let n = unsafe { libc::getrandom(key.as_mut_ptr().cast(), key.len(), 0) };
+                if usize::try_from(n).ok() != Some(key.len()) {
+                    return Err(err(std::io::Error::last_os_error()));
+                }
+                let tmp = state_dir.join(format!("{KEY_FILE}.tmp"));
+                let mut f = std::fs::OpenOptions::new()
+                    .write(true)
+                    .create(true)
+                    .truncate(true)
+                    .mode(0o600)
+                    .open(&tmp)
+                    .map_err(err)?;
+                f.write_all(&key).and_then(|()| f.sync_all()).map_err(err)?;
+                std::fs::rename(&tmp, &p).map_err(err)?;
+            }
+            Err(e) => return Err(err(e)),
+        }
+        Ok(E2bState { key })
+    }
+
+    fn derive(&self, kind: &str, sandbox: &str) -> String {
+        hex(&hmac_sha256(
+            &self.key,
+            format!("shoal-e2b:{kind}:{sandbox}").as_bytes(),
+        ))
+    }
+
+    /// The sandbox's `envdAccessToken`.
+    pub fn envd_token(&self, sandbox: &str) -> String {
+        self.derive("envd", sandbox)
+    }
+
+    /// The sandbox's `trafficAccessToken`.
+    pub fn traffic_token(&self, sandbox: &str) -> String {
+        self.derive("traffic", sandbox)
+    }
+
+    /// Whether `req` may reach `port` of `sandbox`: envd's port takes the
+    /// envd token, other ports either token (the code interpreter sends
+    /// `X-Access-Token` on `/execute` but only the traffic token on
+    /// `/contexts`). Compared in constant time.
+    pub fn authorized(&self, req: &Request, sandbox: &str, port: u16) -> bool {
+        let h = |name: &str| req.headers().get(name).map(|v| v.as_bytes());
+        let envd = h(ACCESS_TOKEN_HEADER)
+            .is_some_and(|t| constant_eq(t, self.envd_token(sandbox).as_bytes()));
+        if port == ENVD_PORT {
+            return envd;
+        }
+        envd || h(TRAFFIC_TOKEN_HEADER)
+            .is_some_and(|t| constant_eq(t, self.traffic_token(sandbox).as_bytes()))
+    }
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn constant_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// HMAC-SHA256 (RFC 2104) of `msg` under a key of at most one block.
+fn hmac_sha256(key: &[u8; 32], msg: &[u8]) -> [u8; 32] {
+    let mut k = [0u8; 64];
+    k[..32].copy_from_slice(key);
+    let pad = |b: u8| k.map(|x| x ^ b);
+    let inner = Sha256::new()
+        .chain_update(pad(0x36))
+        .chain_update(msg)
+        .finalize();
+    Sha256::new()
+        .chain_update(pad(0x5c))
+        .chain_update(inner)
+        .finalize()
+        .into()
+}
+
+/// An E2B API error: `{"code": STATUS, "message": ...}` with that status.
+pub fn error(status: StatusCode, message: impl Into<String>) -> Response {
+    let body = serde_json::json!({"code": status.as_u16(), "message": message.into()});
+    (status, axum::Json(body)).into_response()
+}
+
+/// A daemon error in E2B's shape (same status as the daemon's own API).
+pub fn api_error(e: crate::ApiError) -> Response {
+    let status =
+        StatusCode::from_u16(e.code().status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    error(status, e.to_string())
+}
+
+/// What a data-plane request for a sandbox that is gone gets: 502 whose
+/// message says "was not found", as E2B's proxy answers (the SDK raises
+/// `SandboxNotRunningException`; `is_running()` returns false).
+pub fn sandbox_not_found(sandbox: &str) -> Response {
+    let body = serde_json::json!({
+        "sandboxId": sandbox,
+        "message": format!("The sandbox {sandbox} was not found"),
+        "code": 502,
+    });
+    (StatusCode::BAD_GATEWAY, axum::Json(body)).into_response()
+}
+
+/// The E2B routes in front of `rest` (the daemon's own API): a request
+/// with an `E2b-Sandbox-Id` header goes to [`data_plane`] whatever its
+/// path, before any other authentication; the control-plane routes to
+/// [`control`] (their own `X-API-KEY` check); anything else to `rest`.
+pub fn router(d: Arc<Daemon>, tokens: Option<Tokens>, rest: Router) -> Router {
+    let dp = d.clone();
+    control::router(d, tokens)
+        .fallback_service(rest)
+        .layer(middleware::from_fn(move |req: Request, next: Next| {
+            let d = dp.clone();
+            async move {
+                if req.headers().contains_key(SANDBOX_ID_HEADER) {
+                    data_plane(d, req).await
+                } else {
+                    next.run(req).await
+                }
+            }
+        }))
+}
 
 /// The sandbox id and port a data-plane request names, if it is one.
 /// `Err` when the headers are there but malformed.
@@ -50,13 +225,82 @@ pub fn data_plane_target(req: &Request) -> Option<Result<(String, u16), String>>
     Some(Ok((id, port)))
 }
 
-/// Serves one data-plane request: envd's port to [`envd`], any other to
-/// [`proxy`].
+/// Serves one data-plane request: checks the access token (TCP) and that
+/// the sandbox exists (502 "was not found" otherwise), then envd's port
+/// goes to [`envd`], any other to [`proxy`].
 pub async fn data_plane(d: Arc<Daemon>, req: Request) -> Response {
-    match data_plane_target(&req) {
-        None => crate::ApiError::BadRequest("no E2b-Sandbox-Id header".into()).into_response(),
-        Some(Err(e)) => crate::ApiError::BadRequest(e).into_response(),
-        Some(Ok((id, ENVD_PORT))) => envd::serve(d, id, req).await,
-        Some(Ok((id, port))) => proxy::serve(d, id, port, req).await,
+    let (id, port) = match data_plane_target(&req) {
+        None => return error(StatusCode::BAD_REQUEST, "no E2b-Sandbox-Id header"),
+        Some(Err(e)) => return error(StatusCode::BAD_REQUEST, e),
+        Some(Ok(t)) => t,
+    };
+    let tcp = !matches!(req.extensions().get::<Peer>(), Some(Peer::Unix(_)));
+    if tcp && !d.e2b.authorized(&req, &id, port) {
+        return error(
+            StatusCode::UNAUTHORIZED,
+            "missing or wrong X-Access-Token (the sandbox's envdAccessToken)",
+        );
+    }
+    match crate::ops::row(&d, &id) {
+        Ok(r) if r.state != crate::db::State::Failed => {}
+        Ok(_) | Err(crate::ApiError::NotFound(_)) => return sandbox_not_found(&id),
+        Err(e) => return api_error(e),
+    }
+    if port == ENVD_PORT {
+        envd::serve(d, id, req).await
+    } else {
+        proxy::serve(d, id, port, req).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hmac_matches_rfc4231_shape_and_tokens_differ_per_sandbox_and_kind() {
+        // RFC 4231 test case 2 uses a 4-byte key; with a 32-byte key we
+        // check against a value computed independently (Python's hmac).
+        let key = [0x0bu8; 32];
+        assert_eq!(
+            hex(&hmac_sha256(&key, b"Hi There")),
+            "198a607eb44bfbc69903a0f1cf2bbdc5ba0aa3f3d9ae3c1c7a3b1696a0b68cf7"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let s = E2bState::open(dir.path()).unwrap();
+        assert_ne!(s.envd_token("a"), s.envd_token("b"));
+        assert_ne!(s.envd_token("a"), s.traffic_token("a"));
+        // The key persists: a restarted daemon issues the same tokens.
+        let again = E2bState::open(dir.path()).unwrap();
+        assert_eq!(s.envd_token("a"), again.envd_token("a"));
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(dir.path().join(KEY_FILE))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o077, 0, "{mode:o}");
+        let other = E2bState::open(tempfile::tempdir().unwrap().path()).unwrap();
+        assert_ne!(s.envd_token("a"), other.envd_token("a"));
+    }
+
+    #[test]
+    fn envd_port_takes_only_the_envd_token() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = E2bState::open(dir.path()).unwrap();
+        let req = |h: &str, v: &str| {
+            axum::http::Request::builder()
+                .header(h, v)
+                .body(axum::body::Body::empty())
+                .unwrap()
+        };
+        let envd = s.envd_token("sb");
+        let traffic = s.traffic_token("sb");
+        assert!(s.authorized(&req(ACCESS_TOKEN_HEADER, &envd), "sb", ENVD_PORT));
+        assert!(!s.authorized(&req(ACCESS_TOKEN_HEADER, &envd), "other", ENVD_PORT));
+        assert!(!s.authorized(&req(TRAFFIC_TOKEN_HEADER, &traffic), "sb", ENVD_PORT));
+        assert!(s.authorized(&req(TRAFFIC_TOKEN_HEADER, &traffic), "sb", 49999));
+        assert!(s.authorized(&req(ACCESS_TOKEN_HEADER, &envd), "sb", 49999));
+        assert!(!s.authorized(&req(ACCESS_TOKEN_HEADER, &traffic), "sb", 49999));
+        assert!(!s.authorized(&req("x-other", &envd), "sb", 49999));
     }
 }
