@@ -84,8 +84,7 @@ pub async fn ensure_template(d: &Arc<Daemon>) -> ApiResult<TemplateRow> {
 }
 
 fn ready(d: &Daemon) -> ApiResult<Option<TemplateRow>> {
-    Ok(d
-        .db(|db| db.template(TEMPLATE))?
+    Ok(d.db(|db| db.template(TEMPLATE))?
         .filter(|t| t.state == TemplateState::Ready && t.kind == d.backend.kind()))
 }
 

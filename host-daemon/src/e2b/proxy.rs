@@ -110,7 +110,12 @@ fn error_response(sandbox: &str, port: u16, e: ProxyError) -> Response {
     (status, axum::Json(body)).into_response()
 }
 
-async fn relay(d: &Arc<Daemon>, sandbox: &str, port: u16, req: Request) -> Result<Response, ProxyError> {
+async fn relay(
+    d: &Arc<Daemon>,
+    sandbox: &str,
+    port: u16,
+    req: Request,
+) -> Result<Response, ProxyError> {
     let (_row, live, busy) = match crate::lifecycle::ensure_running(d, sandbox).await {
         Ok(r) => r,
         Err(ApiError::NotFound(_)) => return Err(ProxyError::NotFound),
@@ -133,7 +138,12 @@ async fn relay(d: &Arc<Daemon>, sandbox: &str, port: u16, req: Request) -> Resul
             Ok(Ok(res)) => return Ok(respond(res, sender, key, busy)),
             Ok(Err(mut e)) => match e.take_message() {
                 Some(back) => upstream = back,
-                None => return Err(ProxyError::Guest(format!("port {port}: {}", e.into_error()))),
+                None => {
+                    return Err(ProxyError::Guest(format!(
+                        "port {port}: {}",
+                        e.into_error()
+                    )))
+                }
             },
         }
     }
@@ -141,7 +151,11 @@ async fn relay(d: &Arc<Daemon>, sandbox: &str, port: u16, req: Request) -> Resul
     let stream = match agent_client::tcp_connect(&transport, port, CONNECT_TIMEOUT).await {
         Ok(s) => s,
         Err(e) if e.errno() == Some(libc::ECONNREFUSED) => return Err(ProxyError::PortClosed),
-        Err(e) => return Err(ProxyError::Guest(format!("port {port}: sandbox agent: {e}"))),
+        Err(e) => {
+            return Err(ProxyError::Guest(format!(
+                "port {port}: sandbox agent: {e}"
+            )))
+        }
     };
     let io = hyper_util::rt::TokioIo::new(stream);
     let (mut sender, conn) = tokio::time::timeout(CONNECT_TIMEOUT, http1::handshake(io))
@@ -212,7 +226,12 @@ fn strip(mut h: HeaderMap) -> HeaderMap {
 
 /// The guest's response, streamed back; the tunnel goes back to the pool
 /// once its body has ended.
-fn respond(res: hyper::Response<Incoming>, sender: SendRequest<Body>, key: Key, busy: Busy) -> Response {
+fn respond(
+    res: hyper::Response<Incoming>,
+    sender: SendRequest<Body>,
+    key: Key,
+    busy: Busy,
+) -> Response {
     let (mut parts, body) = res.into_parts();
     parts.headers = strip(parts.headers);
     let body = GuestBody {
@@ -401,7 +420,10 @@ mod tests {
             .unwrap();
         let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
         assert!(v["message"].as_str().unwrap().contains("port is not open"));
-        assert_eq!((v["code"].as_u64(), v["port"].as_u64()), (Some(502), Some(8080)));
+        assert_eq!(
+            (v["code"].as_u64(), v["port"].as_u64()),
+            (Some(502), Some(8080))
+        );
         assert_eq!(v["sandboxId"], "sb");
     }
 }
