@@ -453,7 +453,9 @@ class Handler(BaseHTTPRequestHandler):
         env_vars = req.get("env_vars") or {}
         if not isinstance(env_vars, dict):
             return self.fail(400, "'env_vars' must be an object")
-        env_vars = {str(k): str(v) for k, v in env_vars.items()}
+        # The sandbox's create-time variables, under the cell's own (read
+        # per cell: the default context predates the sandbox).
+        env_vars = dict(sandbox_envs(), **{str(k): str(v) for k, v in env_vars.items()})
         cid = req.get("context_id")
         if cid:
             ctx = CONTEXTS.get(cid)

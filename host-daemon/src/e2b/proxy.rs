@@ -116,11 +116,14 @@ async fn relay(
     port: u16,
     req: Request,
 ) -> Result<Response, ProxyError> {
-    let (_row, live, busy) = match crate::lifecycle::ensure_running(d, sandbox).await {
+    let (row, live, busy) = match crate::lifecycle::ensure_running(d, sandbox).await {
         Ok(r) => r,
         Err(ApiError::NotFound(_)) => return Err(ProxyError::NotFound),
         Err(e) => return Err(ProxyError::Guest(format!("sandbox '{sandbox}': {e}"))),
     };
+    if port == super::CODE_INTERPRETER_PORT && !row.env.is_empty() {
+        publish_envs(d, &live, sandbox, &row.env).await?;
+    }
     let vm = live.vm().ok_or(ProxyError::NotFound)?;
     // The VM's identity: a tunnel never outlives the VM it was opened to
     // (a pause and resume makes a new one).
@@ -307,6 +310,56 @@ impl hyper::body::Body for GuestBody {
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
     }
+}
+
+/// Where the code interpreter reads the sandbox's create-time environment
+/// (E2B's reads envd's `/envs`).
+pub const ENVS_FILE: &str = "/run/e2b/envs.json";
+
+/// Writes the sandbox's environment to [`ENVS_FILE`] once per sandbox
+/// (per daemon run) before its first code-interpreter request.
+async fn publish_envs(
+    d: &Arc<Daemon>,
+    live: &crate::Live,
+    sandbox: &str,
+    env: &std::collections::BTreeMap<String, String>,
+) -> Result<(), ProxyError> {
+    static DONE: std::sync::OnceLock<Mutex<std::collections::HashSet<String>>> =
+        std::sync::OnceLock::new();
+    let done = DONE.get_or_init(Default::default);
+    let seen = |d: &Mutex<std::collections::HashSet<String>>| {
+        d.lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(sandbox)
+    };
+    if seen(done) {
+        return Ok(());
+    }
+    let data = serde_json::to_vec(env).map_err(|e| ProxyError::Guest(e.to_string()))?;
+    let fail = |e: String| ProxyError::Guest(format!("writing {ENVS_FILE}: {e}"));
+    let c = crate::ops::agent(d, live)
+        .await
+        .map_err(|e| fail(e.to_string()))?;
+    let write = async {
+        let opts = agent_client::UploadOptions {
+            mode: 0o644,
+            append: false,
+            create_parents: true,
+        };
+        let mut up = c.open_upload(ENVS_FILE, opts).await?;
+        up.write(&data).await?;
+        up.finish().await
+    };
+    tokio::time::timeout(d.cfg.agent.call_timeout, write)
+        .await
+        .map_err(|_| fail("timed out".into()))?
+        .map_err(|e| fail(e.to_string()))?;
+    let mut set = done.lock().unwrap_or_else(|e| e.into_inner());
+    if set.len() >= 100_000 {
+        set.clear();
+    }
+    set.insert(sandbox.to_string());
+    Ok(())
 }
 
 // ------------------------------------------------------------------ pool

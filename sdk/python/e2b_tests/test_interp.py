@@ -25,7 +25,7 @@ def sbx(daemon):
     from e2b_code_interpreter import Sandbox
 
     # The first create of code-interpreter-v1 builds the template.
-    s = Sandbox.create(timeout=900, request_timeout=900)
+    s = Sandbox.create(timeout=900, request_timeout=900, envs={"FROM_CREATE": "created"})
     try:
         yield s
     finally:
@@ -38,6 +38,15 @@ def test_state_persists_across_calls(sbx):
     ex = sbx.run_code("x + 1")
     assert ex.text == "42"
     assert [r.is_main_result for r in ex.results] == [True]
+
+
+def test_envs_of_the_sandbox_and_of_the_call(sbx):
+    ex = sbx.run_code("import os\nos.environ.get('FROM_CREATE')")
+    assert ex.text == "'created'"
+    ex = sbx.run_code("os.environ.get('PER_CALL')", envs={"PER_CALL": "call"})
+    assert ex.text == "'call'"
+    ex = sbx.run_code("os.environ.get('PER_CALL')")
+    assert ex.text is None  # only for that call
 
 
 def test_printed_line_is_stdout(sbx):
