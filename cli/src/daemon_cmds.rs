@@ -95,7 +95,7 @@ fn read_stdin(forward: bool) -> Result<Option<Vec<u8>>> {
 fn template_images(image: &str, root: &api::RootRequest) -> Vec<String> {
     let mut v = vec![image.to_string()];
     for l in &root.layers {
-        if crate::IMAGES.contains(&l.as_str()) && !v.contains(l) {
+        if shoal_images::artifacts::is_named_layer(l) && !v.contains(l) {
             v.push(l.clone());
         }
     }

@@ -1,13 +1,16 @@
 //! `shoal image build`: DAX-ready root images.
 
 use anyhow::{bail, Context, Result};
-use shoal_images::image::{self, AgentSource, BuildOptions, ImageSource};
+use shoal_images::artifacts;
+use shoal_images::image::{self, AgentSource, BuildOptions, ImageInfo, ImageSource};
+use shoal_images::{deb_layer, lang_layers};
 use std::path::{Path, PathBuf};
 
-/// Where the files come from: `base`, a directory, or a tar archive.
+/// Where the files come from: `base` (built from the checkout, cached), a
+/// directory, or a tar archive.
 pub fn source(s: &str) -> Result<ImageSource> {
     if s == "base" {
-        return Ok(ImageSource::Base);
+        return Ok(ImageSource::Image(artifacts::image("base_erofs")?));
     }
     let p = Path::new(s);
     match std::fs::metadata(p) {
@@ -20,8 +23,30 @@ pub fn source(s: &str) -> Result<ImageSource> {
     }
 }
 
+/// The packages of `--packages` (comma or space separated, repeatable).
+pub fn package_list(args: &[String]) -> Vec<String> {
+    args.iter()
+        .flat_map(|a| a.split([',', ' ']))
+        .filter(|p| !p.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
 /// Builds the image and prints what it is.
-pub fn build(src: &str, out: &Path, agent: Option<PathBuf>, no_agent: bool) -> Result<i32> {
+pub fn build(
+    src: &str,
+    out: &Path,
+    agent: Option<PathBuf>,
+    no_agent: bool,
+    packages: &[String],
+) -> Result<i32> {
+    let packages = package_list(packages);
+    if !packages.is_empty() {
+        return build_packages(src, out, &packages);
+    }
+    if let Some(r) = lang_layers::recipe(src) {
+        return build_named(r, out);
+    }
     let src = source(src)?;
     let agent = match (agent, no_agent) {
         (_, true) => AgentSource::None,
@@ -37,7 +62,67 @@ pub fn build(src: &str, out: &Path, agent: Option<PathBuf>, no_agent: bool) -> R
     let info = image::build_image_with(src, out, &BuildOptions { agent })
         .with_context(|| format!("cannot build {}", out.display()));
     drop(live);
+    print_info(&info?);
+    Ok(0)
+}
+
+/// `shoal image build SRC --packages P,Q -o OUT`: a layer of Debian
+/// packages over `base` or an erofs image file.
+fn build_packages(src: &str, out: &Path, packages: &[String]) -> Result<i32> {
+    let over = if src == "base" {
+        artifacts::image("base_erofs")?
+    } else {
+        let p = PathBuf::from(src);
+        shoal_images::layers::check_layer(&p)
+            .with_context(|| format!("--packages needs `base` or an erofs image, not {src}"))?;
+        p
+    };
+    let live = crate::progress::Live::start_quiet(&format!("building {}", out.display()));
+    let info = deb_layer::build_deb_layer(&over, packages, out, &mut |l| live.line(l))
+        .with_context(|| format!("cannot build {}", out.display()));
+    drop(live);
     let info = info?;
+    print_info(&info);
+    println!("layer     {} over {}", packages.join(" "), over.display());
+    Ok(0)
+}
+
+/// `shoal image build fncall-cpp -o OUT`: a built-in layer (cached),
+/// copied to OUT.
+fn build_named(r: &lang_layers::Recipe, out: &Path) -> Result<i32> {
+    let live = crate::progress::Live::start_quiet(&format!("building the '{}' layer", r.name));
+    let built = artifacts::image(&format!("{}_erofs", r.name));
+    drop(live);
+    let file = built?;
+    pmem::pad_image_to(&file, out, pmem::IMAGE_ALIGN)
+        .with_context(|| format!("cannot copy {} to {}", file.display(), out.display()))?;
+    let info = shoal_images::image::check_built(out, false)?;
+    print_info(&info);
+    println!(
+        "layer     {} over base ({})",
+        r.packages.join(" "),
+        file.display()
+    );
+    Ok(0)
+}
+
+/// `shoal image layers`: the built-in layers.
+pub fn layers() -> Result<i32> {
+    let layout = artifacts::Layout::default_location();
+    println!("{:<18} {:<50} installed", "LAYER", "PACKAGES (over base)");
+    for r in lang_layers::LAYERS {
+        let installed = layout
+            .image(r.name)
+            .map_or_else(|_| "no".to_string(), |p| p.display().to_string());
+        println!("{:<18} {:<50} {installed}", r.name, r.packages.join(" "));
+    }
+    println!(
+        "(built on first use from a checkout, or with `shoal artifacts build NAME`;          `shoal run --image base --layer NAME -- CMD`)"
+    );
+    Ok(0)
+}
+
+fn print_info(info: &ImageInfo) {
     let align = pmem::IMAGE_ALIGN;
     println!("image     {}", info.path.display());
     println!(
@@ -60,7 +145,6 @@ pub fn build(src: &str, out: &Path, agent: Option<PathBuf>, no_agent: bool) -> R
         "guest     {:.2} MiB of page metadata per VM (1/64 of the image)",
         pmem::guest_memmap_overhead(info.len) as f64 / 1048576.0
     );
-    Ok(0)
 }
 
 #[cfg(test)]
@@ -72,7 +156,6 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let tar = dir.path().join("root.tar");
         std::fs::write(&tar, b"").unwrap();
-        assert_eq!(source("base").unwrap(), ImageSource::Base);
         let d = dir.path().to_str().unwrap();
         assert_eq!(source(d).unwrap(), ImageSource::Dir(dir.path().into()));
         let t = tar.to_str().unwrap();
@@ -80,9 +163,23 @@ mod tests {
         let missing = dir.path().join("nope");
         let e = source(missing.to_str().unwrap()).unwrap_err().to_string();
         assert!(e.contains("nope") && e.contains("expected `base`"), "{e}");
-        let e = build(t, &dir.path().join("x.img"), Some(missing), false)
+        let e = build(t, &dir.path().join("x.img"), Some(missing), false, &[])
             .unwrap_err()
             .to_string();
         assert!(e.contains("--agent") && e.contains("no such file"), "{e}");
+        let e = build(t, &dir.path().join("x.img"), None, false, &["g++".into()])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("needs `base` or an erofs image"), "{e}");
+    }
+
+    #[test]
+    fn package_lists() {
+        let args = ["g++,make".to_string(), "nodejs  python3-numpy".into()];
+        assert_eq!(
+            package_list(&args),
+            ["g++", "make", "nodejs", "python3-numpy"]
+        );
+        assert!(package_list(&[",, ".into()]).is_empty());
     }
 }

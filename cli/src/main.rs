@@ -9,7 +9,10 @@
 //! - `shoal vm ...`: sandboxes without the daemon (one VMM process each).
 //! - `shoal restore`: a snapshot in the foreground.
 //! - `shoal image build SRC -o OUT`: a DAX-ready root image (erofs, 4 KiB
-//!   blocks, padded to 2 MiB) from `base`, a directory or a tar archive.
+//!   blocks, padded to 2 MiB) from `base`, a directory or a tar archive;
+//!   `shoal image build base --packages P,Q -o OUT`: a read-only layer of
+//!   Debian packages over an image; `shoal image build fncall-cpp -o OUT`:
+//!   a built-in layer (`shoal image layers` lists them).
 //! - `shoal artifacts build|show`: the guest kernel and images shoald
 //!   boots templates from (built from a checkout, installed in a layout).
 //! - `shoal doctor`: what this host offers and where the guest artifacts
@@ -65,8 +68,11 @@ pub struct SandboxArgs {
 pub struct RootArgs {
     /// A further read-only layer over the image, lowest first (repeatable;
     /// /dev/pmem1, ...): an image file built with `shoal image build DIR -o
-    /// OUT --no-agent` (the daemon takes files only from its layers
-    /// directory, `shoald --layers-dir`), or an image name (tiny, base).
+    /// OUT --no-agent` or `shoal image build base --packages P,Q -o OUT`
+    /// (the daemon takes files only from its layers directory, `shoald
+    /// --layers-dir`), an image name (tiny, base), or a built-in layer
+    /// (fncall-python, fncall-cpp, fncall-nodejs, code-interpreter: `shoal
+    /// image layers`).
     #[arg(long = "layer", value_name = "IMG")]
     pub layers: Vec<String>,
     /// The overlay's upper layer (where writes go) on tmpfs of this many
@@ -87,7 +93,7 @@ impl RootArgs {
             .iter()
             .map(|l| {
                 let p = std::path::Path::new(l);
-                if IMAGES.contains(&l.as_str()) && !p.exists() {
+                if artifacts::is_named_layer(l) && !p.exists() {
                     return Ok(l.clone());
                 }
                 let abs = std::path::absolute(p).with_context(|| format!("--layer {l}"))?;
@@ -331,10 +337,14 @@ enum ArtifactsCmd {
 enum ImageCmd {
     /// Build a DAX-ready root image for virtio-pmem (erofs, uncompressed,
     /// 4 KiB blocks, no inline data, padded to a multiple of 2 MiB) with the
-    /// guest agent installed as /sbin/shoal-agent.
+    /// guest agent installed as /sbin/shoal-agent; or, with --packages, a
+    /// read-only layer holding what installing those Debian packages over
+    /// SRC adds and changes (needs root and a Debian mirror); or a built-in
+    /// layer by name (cached).
     Build {
         /// `base` (the project's Debian image), a root directory, or a tar
-        /// archive of one (plain or compressed).
+        /// archive of one (plain or compressed); with --packages, `base` or
+        /// an erofs image file; or a built-in layer (`shoal image layers`).
         source: String,
         /// The image file to write (replaced atomically).
         #[arg(long, short)]
@@ -347,7 +357,14 @@ enum ImageCmd {
         /// brings its own).
         #[arg(long, conflicts_with = "agent")]
         no_agent: bool,
+        /// Make a layer of these Debian packages (comma or space
+        /// separated, repeatable) over SRC, installed with apt-get in a
+        /// chroot of an overlay (only the upper layer is kept).
+        #[arg(long, value_name = "PKGS", conflicts_with_all = ["agent", "no_agent"])]
+        packages: Vec<String>,
     },
+    /// The built-in layers (name, packages, cached file).
+    Layers,
 }
 
 #[derive(Subcommand)]
@@ -409,12 +426,15 @@ enum VmCmd {
 /// Images by name.
 pub const IMAGES: [&str; 2] = ["base", "tiny"];
 
-/// An image's read-only root file.
+/// An image's read-only root file, or a built-in layer's file.
 pub fn image_path(name: &str) -> Result<PathBuf> {
-    match name {
-        "base" | "tiny" => Ok(artifacts::image(&format!("{name}_erofs"))?),
-        o => bail!("unknown image '{o}' (expected base or tiny)"),
+    if artifacts::is_named_layer(name) {
+        return Ok(artifacts::image(&format!("{name}_erofs"))?);
     }
+    bail!(
+        "unknown image '{name}' (expected base or tiny, or a built-in layer: {})",
+        shoal_images::lang_layers::names().join(", ")
+    )
 }
 
 fn doctor(json: bool) -> Result<i32> {
@@ -547,8 +567,12 @@ fn main() {
                     output,
                     agent,
                     no_agent,
+                    packages,
                 },
-        } => image_cmd::build(&source, &output, agent, no_agent),
+        } => image_cmd::build(&source, &output, agent, no_agent, &packages),
+        Cmd::Image {
+            op: ImageCmd::Layers,
+        } => image_cmd::layers(),
         Cmd::Bench(a) => bench_cmd::run(g, a),
     };
     match res {

@@ -18,7 +18,7 @@ fn template(a: &SandboxArgs) -> Result<std::path::PathBuf> {
         .layers()?
         .iter()
         .map(|l| {
-            if crate::IMAGES.contains(&l.as_str()) {
+            if shoal_images::artifacts::is_named_layer(l) {
                 crate::image_path(l)
             } else {
                 Ok(l.into())

@@ -26,7 +26,8 @@ pub struct CheckedRoot {
 
 /// Checks `root` for a guest of `memory_mib` and opens its layers (image
 /// names: the installed images, [`shoal_images::artifacts::IMAGES`], which
-/// `templates::IMAGES` also names).
+/// `templates::IMAGES` also names, and the built-in layers,
+/// [`shoal_images::lang_layers::LAYERS`]).
 pub async fn open_root(d: &Daemon, root: &RootRequest, memory_mib: u32) -> ApiResult<CheckedRoot> {
     let upper = Upper::from_request(root.upper_size_mib, root.upper_disk_mib, memory_mib)
         .map_err(ApiError::Layers)?;
@@ -52,13 +53,13 @@ pub async fn open_root(d: &Daemon, root: &RootRequest, memory_mib: u32) -> ApiRe
     Ok(CheckedRoot { upper, layers })
 }
 
-/// Opens each layer: an image name as it is, a path from under `dir`
-/// ([`open_layer`]). Blocking.
+/// Opens each layer: an image or built-in layer name as it is, a path
+/// from under `dir` ([`open_layer`]). Blocking.
 pub fn open_layers(dir: &Path, names: &[String]) -> Result<Vec<Layer>, LayerError> {
     names
         .iter()
         .map(|l| {
-            if shoal_images::artifacts::IMAGES.contains(&l.as_str()) {
+            if shoal_images::artifacts::is_named_layer(l) {
                 Ok(Layer::Image(l.clone()))
             } else {
                 open_layer(dir, l).map(Layer::File)

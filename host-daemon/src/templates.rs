@@ -84,7 +84,7 @@ fn name_from_ids(
         .iter()
         .zip(ids)
         .map(|(l, id)| {
-            if IMAGES.contains(&l.as_str()) {
+            if shoal_images::artifacts::is_named_layer(l) {
                 format!("image:{l}")
             } else {
                 id

@@ -24,6 +24,7 @@
 
 pub mod build;
 
+pub use crate::paths::{cache_dir, repo_root};
 use std::path::{Path, PathBuf};
 
 /// Errors finding, building or installing artifacts.
@@ -75,8 +76,16 @@ pub enum ArtifactError {
         origin: Origin,
     },
     /// An unknown image name.
-    #[error("unknown image {0:?} (expected tiny or base)")]
+    #[error("unknown image {0:?} (expected tiny or base, or a built-in layer: {layers})", layers = crate::lang_layers::names().join(", "))]
     UnknownImage(String),
+    /// A built-in layer could not be built.
+    #[error("the '{name}' layer: {detail}")]
+    Layer {
+        /// The layer.
+        name: String,
+        /// Why.
+        detail: String,
+    },
     /// No source checkout to build from.
     #[error("no Shoal source checkout here to build from ({0} has no scripts/build-kernel.sh; set SHOAL_REPO)")]
     NoCheckout(PathBuf),
@@ -110,8 +119,31 @@ impl Origin {
     }
 }
 
-/// Image names.
+/// Image names: the images a template boots (its root on `/dev/pmem0`).
 pub const IMAGES: [&str; 2] = ["tiny", "base"];
+
+/// Whether `name` names an image or a built-in layer
+/// ([`crate::lang_layers::LAYERS`]): what a request's `layers` may name
+/// instead of a file.
+pub fn is_named_layer(name: &str) -> bool {
+    IMAGES.contains(&name) || crate::lang_layers::recipe(name).is_some()
+}
+
+/// Where a layout keeps file `key` (relative) and what it is: the
+/// [`ITEMS`], and `NAME_erofs` = `images/NAME.erofs` for each built-in
+/// layer.
+pub fn key_path(key: &str) -> Option<(String, String)> {
+    if let Some(it) = item(key) {
+        return Some((it.rel.to_string(), it.what.to_string()));
+    }
+    let name = key.strip_suffix("_erofs")?;
+    crate::lang_layers::recipe(name).map(|r| {
+        (
+            format!("images/{}.erofs", r.name),
+            format!("the '{}' layer", r.name),
+        )
+    })
+}
 
 /// One file of a layout.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -215,13 +247,13 @@ impl Layout {
     /// An installed file by key, or a [`ArtifactError::Missing`] naming it
     /// and how to get it.
     pub fn file(&self, key: &str) -> Result<PathBuf, ArtifactError> {
-        let it = item(key).ok_or_else(|| ArtifactError::UnknownImage(key.into()))?;
-        let p = self.path(it);
+        let (rel, what) = key_path(key).ok_or_else(|| ArtifactError::UnknownImage(key.into()))?;
+        let p = self.dir.join(rel);
         if p.is_file() {
             Ok(p)
         } else {
             Err(ArtifactError::Missing {
-                what: it.what.into(),
+                what,
                 path: p,
                 dir: self.dir.clone(),
                 origin: self.origin,
@@ -242,9 +274,10 @@ impl Layout {
             .map_err(|e| ArtifactError::Io(p, e))
     }
 
-    /// The read-only root of image `name` (`tiny` or `base`).
+    /// The read-only root of image `name` (`tiny` or `base`), or the
+    /// built-in layer `name`.
     pub fn image(&self, name: &str) -> Result<PathBuf, ArtifactError> {
-        if !IMAGES.contains(&name) {
+        if !is_named_layer(name) {
             return Err(ArtifactError::UnknownImage(name.into()));
         }
         self.file(&format!("{name}_erofs"))
@@ -261,29 +294,6 @@ impl Layout {
             })
             .collect()
     }
-}
-
-/// `${SHOAL_CACHE:-~/.cache/shoal}`.
-pub fn cache_dir() -> PathBuf {
-    std::env::var_os("SHOAL_CACHE")
-        .filter(|d| !d.is_empty())
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into()))
-                .join(".cache/shoal")
-        })
-}
-
-/// The repository root this was built from (`SHOAL_REPO` overrides); it
-/// may not exist where the binaries run ([`build::Checkout::find`]).
-pub fn repo_root() -> PathBuf {
-    if let Some(p) = std::env::var_os("SHOAL_REPO") {
-        return p.into();
-    }
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or_else(|| PathBuf::from("."))
 }
 
 /// The guest kernel: built by the checkout's script (cached; `SHOAL_KERNEL`
@@ -305,8 +315,9 @@ pub fn base_cmdline() -> String {
     from.unwrap_or_else(|_| "console=ttyS0 reboot=k panic=-1".into())
 }
 
-/// A guest image file (`tiny_erofs`, `tiny_cpio` or `base_erofs`): built
-/// by the checkout's script (cached), or the default layout's.
+/// A guest image file (`tiny_erofs`, `tiny_cpio`, `base_erofs`, or
+/// `NAME_erofs` for a built-in layer): built by the checkout (cached), or
+/// the default layout's.
 pub fn image(key: &str) -> Result<PathBuf, ArtifactError> {
     match build::Checkout::find() {
         Some(c) => c.image(key, &mut build::quiet_unless_slow()),

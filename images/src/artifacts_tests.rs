@@ -189,3 +189,36 @@ fn no_checkout_is_a_clear_error() {
     let e = Checkout::at(dir.path()).unwrap_err().to_string();
     assert!(e.contains("no Shoal source checkout"), "{e}");
 }
+
+#[test]
+fn built_in_layers_are_named_layers_and_install_beside_the_images() {
+    let dir = tempfile::tempdir().unwrap();
+    let l = Layout::at(dir.path());
+    for r in crate::lang_layers::LAYERS {
+        assert!(!IMAGES.contains(&r.name), "{} is an image name", r.name);
+        assert!(is_named_layer(r.name), "{}", r.name);
+        let key = format!("{}_erofs", r.name);
+        let (rel, what) = key_path(&key).unwrap();
+        assert_eq!(rel, format!("images/{}.erofs", r.name));
+        let e = l.image(r.name).unwrap_err().to_string();
+        assert!(e.contains(&what) && e.contains("is not installed"), "{e}");
+        let src = dir.path().join("built.erofs");
+        std::fs::write(&src, r.name).unwrap();
+        let dst = build::install_file(&l, &key, &src).unwrap();
+        assert_eq!(dst, dir.path().join(&rel));
+        assert_eq!(l.image(r.name).unwrap(), dst);
+        std::fs::remove_file(&src).unwrap();
+    }
+    for n in ["tiny", "base"] {
+        assert!(is_named_layer(n));
+    }
+    for n in ["", "fncall", "fncall-python_erofs", "/x", "Base"] {
+        assert!(!is_named_layer(n), "{n}");
+    }
+    assert!(key_path("nope_erofs").is_none());
+    let e = l.image("nope").unwrap_err().to_string();
+    assert!(
+        e.contains("fncall-cpp") && e.contains("expected tiny or base"),
+        "{e}"
+    );
+}

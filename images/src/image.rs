@@ -23,7 +23,6 @@
 //! archive that holds device nodes or files owned by other users needs root
 //! (as unpacking it would).
 
-use crate::artifacts::{self, ArtifactError};
 use root_fs::{Dir, Kind};
 use std::path::{Component, Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -35,9 +34,11 @@ pub enum ImageSource {
     Dir(PathBuf),
     /// A tar archive of one (plain or compressed, as GNU tar detects).
     Tar(PathBuf),
-    /// The project's base image (Debian minbase + python3, bash), built by
-    /// `scripts/build-images.sh base` (needs root and a Debian mirror).
-    Base,
+    /// An erofs image that is already a Shoal image with its agent (the
+    /// project's base image, `shoal_images::artifacts::image("base_erofs")`,
+    /// built by `scripts/build-images.sh base`): copied as it is, padded
+    /// and checked.
+    Image(PathBuf),
 }
 
 /// Which guest agent goes into a directory or tar image.
@@ -110,9 +111,6 @@ pub enum ImageError {
          --target x86_64-unknown-linux-musl`, or set SHOAL_AGENT)"
     )]
     NoAgent(String),
-    /// The base image could not be built.
-    #[error(transparent)]
-    Artifacts(#[from] ArtifactError),
     /// Padding or checking the result failed.
     #[error(transparent)]
     Pmem(#[from] pmem::ImageError),
@@ -125,6 +123,12 @@ pub enum ImageError {
         /// The name in the root.
         name: String,
     },
+    /// A package list that is not a list of Debian package names.
+    #[error("packages: {0}")]
+    Packages(String),
+    /// The build needs root.
+    #[error("{0}: run it as root")]
+    NeedsRoot(&'static str),
     /// The result is not a DAX-capable erofs image.
     #[error("built image {path} is not a DAX-capable erofs file system: {why}")]
     NotDax {
@@ -135,7 +139,7 @@ pub enum ImageError {
     },
 }
 
-fn io(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> ImageError {
+pub(crate) fn io(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> ImageError {
     let path = path.to_path_buf();
     move |source| ImageError::Io { what, path, source }
 }
@@ -186,11 +190,10 @@ pub fn build_image_with(
                 .args(["--numeric-owner", "-xpf"])
                 .arg(t))?;
         }
-        ImageSource::Base => {
+        ImageSource::Image(base) => {
             // Built DAX-ready (and cached) by the script, with the agent;
             // copy it.
-            let base = artifacts::image("base_erofs")?;
-            pmem::pad_image_to(&base, out, pmem::IMAGE_ALIGN)?;
+            pmem::pad_image_to(base, out, pmem::IMAGE_ALIGN)?;
             return verify(out, true);
         }
     }
@@ -210,8 +213,14 @@ pub fn build_image_with(
     verify(out, agent.is_some())
 }
 
+/// Checks a built image or layer the way the VMM will, and that it is
+/// DAX-capable (`agent_installed` is reported as given).
+pub fn check_built(out: &Path, agent_installed: bool) -> Result<ImageInfo, ImageError> {
+    verify(out, agent_installed)
+}
+
 /// Checks the result the way the VMM will, and that it is DAX-capable.
-fn verify(out: &Path, agent_installed: bool) -> Result<ImageInfo, ImageError> {
+pub(crate) fn verify(out: &Path, agent_installed: bool) -> Result<ImageInfo, ImageError> {
     let info = pmem::check_image(out)?;
     let not_dax = |why: String| ImageError::NotDax {
         path: out.to_path_buf(),
@@ -236,12 +245,12 @@ fn verify(out: &Path, agent_installed: bool) -> Result<ImageInfo, ImageError> {
 }
 
 /// A temporary directory next to the output, removed on drop.
-struct Stage {
-    dir: PathBuf,
+pub(crate) struct Stage {
+    pub(crate) dir: PathBuf,
 }
 
 impl Stage {
-    fn new(parent: &Path, out: &Path) -> Result<Stage, ImageError> {
+    pub(crate) fn new(parent: &Path, out: &Path) -> Result<Stage, ImageError> {
         let name = out
             .file_name()
             .map_or_else(|| "image".into(), |n| n.to_string_lossy().into_owned());
@@ -280,7 +289,7 @@ impl Drop for Stage {
 }
 
 /// Runs a tool; its stderr becomes the error.
-fn run(cmd: &mut Command) -> Result<(), ImageError> {
+pub(crate) fn run(cmd: &mut Command) -> Result<(), ImageError> {
     let tool = cmd.get_program().to_string_lossy().into_owned();
     let out = cmd
         .stdin(Stdio::null())
@@ -415,7 +424,7 @@ pub fn find_agent() -> Result<PathBuf, ImageError> {
             )))
         };
     }
-    let repo = artifacts::repo_root();
+    let repo = crate::paths::repo_root();
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .map(|t| if t.is_absolute() { t } else { repo.join(t) })

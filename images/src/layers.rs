@@ -67,14 +67,18 @@ pub enum LayerError {
         block_size: u32,
     },
     /// A relative path (the daemon's working directory is not the caller's).
-    #[error("layer {0:?}: give an absolute path (or the name of an image: tiny, base)")]
+    #[error(
+        "layer {0:?}: give an absolute path (or the name of an image, tiny or base, or of a \
+         built-in layer: `shoal image layers`)"
+    )]
     NotAbsolute(String),
     /// A path outside the allowed layers directory, or one that cannot be
     /// opened there without following a symbolic link: the same words
     /// whether it exists or not, so that errors tell nothing about files
     /// outside the directory.
     #[error(
-        "layer {layer:?}: not an allowed layer (give an image name, tiny or base, or an \
+        "layer {layer:?}: not an allowed layer (give an image name, tiny or base, a built-in \
+         layer such as fncall-python (`shoal image layers`), or an \
          erofs image file under {dir})"
     )]
     NotAllowed {

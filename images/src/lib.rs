@@ -5,6 +5,10 @@
 //! upper layer a template stacks over its image ([`layers`]).
 
 pub mod artifacts;
+pub mod deb_layer;
 pub mod image;
+pub mod lang_layers;
+pub mod layer_cache;
 pub mod layer_files;
 pub mod layers;
+pub mod paths;

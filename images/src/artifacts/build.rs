@@ -176,13 +176,25 @@ impl Checkout {
             })
     }
 
-    /// Builds image `name` (`tiny` or `base`, cached); returns its files
-    /// by key (`tiny_erofs`, `tiny_cpio`, `base_erofs`).
+    /// Builds image `name` (`tiny` or `base`, cached; or a built-in layer,
+    /// [`crate::lang_layers`], over `base`); returns its files by key
+    /// (`tiny_erofs`, `tiny_cpio`, `base_erofs`, `NAME_erofs`).
     pub fn images(
         &self,
         name: &str,
         report: &mut dyn Report,
     ) -> Result<Vec<(String, PathBuf)>, ArtifactError> {
+        if let Some(r) = crate::lang_layers::recipe(name) {
+            let base = self.image("base_erofs", report)?;
+            let file = crate::layer_cache::build_cached(r, &base, &mut |l| {
+                report.event(Event::Step(l));
+            })
+            .map_err(|e| ArtifactError::Layer {
+                name: name.into(),
+                detail: e.to_string(),
+            })?;
+            return Ok(vec![(format!("{name}_erofs"), file)]);
+        }
         if !super::IMAGES.contains(&name) {
             return Err(ArtifactError::UnknownImage(name.into()));
         }
@@ -204,7 +216,7 @@ impl Checkout {
 
     /// One image file by key (`tiny_erofs`, `tiny_cpio`, `base_erofs`).
     pub fn image(&self, key: &str, report: &mut dyn Report) -> Result<PathBuf, ArtifactError> {
-        let which = key.split('_').next().unwrap_or(key);
+        let which = key.rsplit_once('_').map_or(key, |(w, _)| w);
         self.images(which, report)?
             .into_iter()
             .find(|(k, _)| k == key)
@@ -268,8 +280,8 @@ fn same_file(a: &Path, b: &Path) -> bool {
 /// file system, else a copy), replacing an older one atomically (restored
 /// VMs that map the old one keep it). Returns the installed path.
 pub fn install_file(layout: &Layout, key: &str, src: &Path) -> Result<PathBuf, ArtifactError> {
-    let it = item(key).ok_or_else(|| ArtifactError::UnknownImage(key.into()))?;
-    let dst = layout.path(it);
+    let (rel, _) = super::key_path(key).ok_or_else(|| ArtifactError::UnknownImage(key.into()))?;
+    let dst = layout.dir.join(rel);
     if same_file(src, &dst) {
         return Ok(dst);
     }
