@@ -7,11 +7,9 @@
 //! Jupyter), starts it on port 49999 with numpy, pandas and
 //! matplotlib.pyplot imported in the default context, waits until it
 //! answers, and snapshots that sandbox into the template. Every sandbox
-//! restored from it serves `/execute` at once, warm.
-//!
-//! Until a `code-interpreter` layer exists (it comes with the language
-//! layers), the template is built on plain `base` (python3 only), and an
-//! event says so.
+//! restored from it serves `/execute` at once, warm. The layer is a
+//! guest artifact like the images (`shoal artifacts build
+//! code-interpreter`); without it the build fails saying so.
 
 use crate::auth::Principal;
 use crate::db::TemplateRow;
@@ -89,28 +87,13 @@ fn ready(d: &Daemon) -> ApiResult<Option<TemplateRow>> {
 }
 
 async fn build(d: &Arc<Daemon>) -> ApiResult<TemplateRow> {
-    let mut req = CreateSandbox {
+    let req = CreateSandbox {
         image: Some(IMAGE.into()),
         memory_mib: Some(MEMORY_MIB),
         layers: vec![LAYER.into()],
         ..Default::default()
     };
-    let sb = match lifecycle::create(d, req.clone()).await {
-        Ok(v) => v,
-        Err(ApiError::Layers(e)) => {
-            d.event(
-                TEMPLATE,
-                "template_note",
-                &format!(
-                    "no '{LAYER}' layer ({e}): built on plain '{IMAGE}' \
-                     (python3 only, no numpy/pandas/matplotlib)"
-                ),
-            );
-            req.layers.clear();
-            lifecycle::create(d, req).await?
-        }
-        Err(e) => return Err(e),
-    };
+    let sb = lifecycle::create(d, req).await?;
     let res = prepare_and_snapshot(d, &sb.id).await;
     let _ = ops::kill(d, &sb.id, "code interpreter template built").await;
     res
