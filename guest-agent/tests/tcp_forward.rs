@@ -186,3 +186,29 @@ fn tcp_connect_refused_on_a_connection_with_streams() {
     let e = expect_error(&mut s, ErrorCode::InvalidArgument);
     assert!(e.message.contains("no other streams"), "{}", e.message);
 }
+
+#[test]
+fn a_port_served_on_a_unix_socket_is_reached_without_tcp() {
+    // What a guest kernel without IPv4 offers: the service listens on
+    // run/shoal/ports/<port> (relative to the agent's directory).
+    let agent = Agent::start();
+    let port = 40123;
+    let dir = agent.dir.path().join("run/shoal/ports");
+    std::fs::create_dir_all(&dir).unwrap();
+    let l = std::os::unix::net::UnixListener::bind(dir.join(port.to_string())).unwrap();
+    let server = std::thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        let mut b = [0u8; 4];
+        s.read_exact(&mut b).unwrap();
+        s.write_all(&b.to_ascii_uppercase()).unwrap();
+    });
+    let t = Transport::Unix(agent.sock.clone());
+    rt().block_on(async {
+        let mut s = tcp_connect(&t, port, T).await.unwrap();
+        s.write_all(b"ping").await.unwrap();
+        let mut back = Vec::new();
+        s.read_to_end(&mut back).await.unwrap();
+        assert_eq!(back, b"PING");
+    });
+    server.join().unwrap();
+}

@@ -55,14 +55,17 @@ fn relay_token(cid: u32) -> u64 {
     TAG_RELAY | u64::from(cid)
 }
 
-/// socket(AF_INET, SOCK_STREAM | NONBLOCK | CLOEXEC) and a connect to
-/// `127.0.0.1:port`: `Ok((fd, true))` connected, `Ok((fd, false))` in
-/// progress.
-fn tcp_connect(port: u16) -> Result<(OwnedFd, bool), Errno> {
+/// Where a guest service without TCP listens for port `port`: a Unix
+/// socket at `run/shoal/ports/<port>`, relative to the agent's working
+/// directory (`/` in the guest: `/run/shoal/ports/<port>`).
+pub const PORTS_DIR: &str = "run/shoal/ports";
+
+/// A new non-blocking stream socket of `domain`.
+fn stream_socket(domain: libc::c_int) -> Result<OwnedFd, Errno> {
     // SAFETY: no pointers.
     let fd = unsafe {
         libc::socket(
-            libc::AF_INET,
+            domain,
             libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
             0,
         )
@@ -71,7 +74,50 @@ fn tcp_connect(port: u16) -> Result<(OwnedFd, bool), Errno> {
         return Err(Errno::last());
     }
     // SAFETY: a new fd we own.
-    let fd: OwnedFd = unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) };
+    Ok(unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) })
+}
+
+/// Connects to the Unix socket of `port` under [`PORTS_DIR`]: `Ok(None)`
+/// when there is none (nothing listens there).
+fn unix_connect(port: u16) -> Result<Option<OwnedFd>, Errno> {
+    let path = format!("{PORTS_DIR}/{port}");
+    // SAFETY: sockaddr_un is plain data; zero is valid.
+    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    #[allow(clippy::cast_possible_truncation)] // AF_UNIX is 1
+    {
+        addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    }
+    for (d, s) in addr.sun_path.iter_mut().zip(path.as_bytes()) {
+        *d = libc::c_char::from_ne_bytes([*s]);
+    }
+    let fd = stream_socket(libc::AF_UNIX)?;
+    #[allow(clippy::cast_possible_truncation)] // 110 bytes
+    let len = std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t;
+    // SAFETY: addr is a valid sockaddr_un of `len` bytes (the path, at
+    // most 26 bytes, is NUL-terminated by the zeroed rest).
+    let r = unsafe { libc::connect(fd.as_raw_fd(), std::ptr::addr_of!(addr).cast(), len) };
+    if r == 0 {
+        return Ok(Some(fd));
+    }
+    match Errno::last() {
+        Errno(libc::ENOENT | libc::ECONNREFUSED | libc::ENOTDIR) => Ok(None),
+        e => Err(e),
+    }
+}
+
+/// Connects to the guest's `port`: its Unix socket under [`PORTS_DIR`] if
+/// one is there, else TCP `127.0.0.1:port` (a kernel without IPv4 has
+/// nothing there: `ECONNREFUSED`). `Ok((fd, true))` connected,
+/// `Ok((fd, false))` in progress.
+fn tcp_connect(port: u16) -> Result<(OwnedFd, bool), Errno> {
+    if let Some(fd) = unix_connect(port)? {
+        return Ok((fd, true));
+    }
+    let fd = match stream_socket(libc::AF_INET) {
+        Ok(fd) => fd,
+        Err(Errno(libc::EAFNOSUPPORT)) => return Err(Errno(libc::ECONNREFUSED)),
+        Err(e) => return Err(e),
+    };
     // SAFETY: sockaddr_in is plain data; zero is valid.
     let mut addr: libc::sockaddr_in = unsafe { std::mem::zeroed() };
     #[allow(clippy::cast_possible_truncation)] // AF_INET is 2
@@ -182,7 +228,7 @@ impl Server {
 
     /// A failed connect: the error, then the connection closes.
     fn relay_failed(&mut self, cid: u32, id: u32, port: u16, e: Errno) {
-        let msg = format!("connect to 127.0.0.1:{port}: {}", e.text());
+        let msg = format!("connect to guest port {port}: {}", e.text());
         self.reply_err(cid, id, ErrorCode::Io, e.0, msg);
         if let Some(c) = self.conns.get_mut(&cid) {
             c.closing = true;

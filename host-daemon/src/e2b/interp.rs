@@ -118,9 +118,18 @@ async fn prepare_and_snapshot(d: &Arc<Daemon>, id: &str) -> ApiResult<TemplateRo
         .map_err(|_| ApiError::Timeout("writing the code interpreter server".into()))??;
     // No timeout: the server runs as long as the sandbox (the exec is left
     // detached; its output is nothing).
-    let start = ExecRequest::argv(["python3", SERVER_PATH, "--port", "49999"])
-        .with_env("SHOAL_CI_WARM", WARM)
-        .with_cwd("/");
+    // On TCP 49999 where the guest kernel has IPv4, and on the Unix socket
+    // the agent's port relay tries first (the guest kernel has no IPv4).
+    let start = ExecRequest::argv([
+        "python3",
+        SERVER_PATH,
+        "--port",
+        "49999",
+        "--unix",
+        "/run/shoal/ports/49999",
+    ])
+    .with_env("SHOAL_CI_WARM", WARM)
+    .with_cwd("/");
     let handle = tokio::time::timeout(t, c.exec(&start))
         .await
         .map_err(|_| ApiError::Timeout("starting the code interpreter server".into()))??;
@@ -152,7 +161,8 @@ pub async fn wait_healthy(t: &Transport, port: u16, within: Duration) -> ApiResu
             Ok(s) => last = format!("status {s}"),
             Err(e) => last = e,
         }
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        // Each probe costs the guest a connection; the build takes seconds.
+        tokio::time::sleep(Duration::from_millis(500)).await;
     }
     Err(ApiError::Timeout(format!(
         "the code interpreter did not answer on port {port} within {within:?}: {last}"

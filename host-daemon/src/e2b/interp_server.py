@@ -20,7 +20,8 @@ results with a PNG. When the client goes away (the SDK's timeout closes the
 connection) the execution is interrupted (SIGINT to the context's process
 group, then SIGKILL and a fresh context if it does not stop).
 
-Run as: interp_server.py [--port 49999] [--host 0.0.0.0]
+Run as: interp_server.py [--port 49999] [--host 0.0.0.0] [--unix PATH]
+(--port 0: no TCP listener).
 """
 
 import ast
@@ -698,9 +699,43 @@ def wait_ready(ctx, timeout):
     return False
 
 
-def serve(host, port):
-    server = ThreadingHTTPServer((host, port), Handler)
-    server.daemon_threads = True
+class UnixHTTPServer(ThreadingHTTPServer):
+    address_family = socket.AF_UNIX
+
+    def server_bind(self):
+        # No host/port to record (HTTPServer.server_bind expects them).
+        socketserver_bind(self)
+
+
+def socketserver_bind(server):
+    import socketserver
+
+    socketserver.TCPServer.server_bind(server)
+    server.server_name = "localhost"
+    server.server_port = 0
+
+
+def serve(host, port, unix):
+    """Serves on TCP host:port and/or the Unix socket `unix` (what the
+    guest agent reaches when the kernel has no IPv4: a sandbox's port N is
+    /run/shoal/ports/N)."""
+    servers = []
+    if unix:
+        os.makedirs(os.path.dirname(unix) or ".", exist_ok=True)
+        try:
+            os.unlink(unix)
+        except FileNotFoundError:
+            pass
+        servers.append(UnixHTTPServer(unix, Handler))
+    if port:
+        try:
+            servers.append(ThreadingHTTPServer((host, port), Handler))
+        except OSError as e:
+            if not unix:
+                raise
+            print("no TCP listener (%s): serving %s only" % (e, unix), file=sys.stderr)
+    for s in servers:
+        s.daemon_threads = True
 
     def warm_up():
         warm = os.environ.get("SHOAL_CI_WARM", "")
@@ -711,26 +746,30 @@ def serve(host, port):
         READY.set()
 
     threading.Thread(target=warm_up, daemon=True).start()
-    server.serve_forever()
+    for s in servers[1:]:
+        threading.Thread(target=s.serve_forever, daemon=True).start()
+    servers[0].serve_forever()
 
 
 def main():
     if "--worker" in sys.argv:
         worker_main()
         return
-    port, host = 49999, "0.0.0.0"
+    port, host, unix = 49999, "0.0.0.0", None
     args = sys.argv[1:]
     for i, a in enumerate(args):
         if a == "--port":
             port = int(args[i + 1])
         if a == "--host":
             host = args[i + 1]
+        if a == "--unix":
+            unix = args[i + 1]
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     # Contexts must be interruptible even if this server was started with
     # SIGINT ignored (as a background job): a handled signal is reset to
     # the default in them.
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    serve(host, port)
+    serve(host, port, unix)
 
 
 if __name__ == "__main__":

@@ -250,6 +250,66 @@ fn interp_server() -> String {
     format!("{}/src/e2b/interp_server.py", env!("CARGO_MANIFEST_DIR"))
 }
 
+/// The interpreter server running in a fake sandbox (a background
+/// command); killed with its process group when dropped.
+struct Interp<'a> {
+    d: &'a TestDaemon,
+    sb: String,
+    cmd: String,
+    port: u16,
+}
+
+impl<'a> Interp<'a> {
+    /// Starts it on TCP 127.0.0.1 (`unix` false) or, as in a guest without
+    /// IPv4, only on the Unix socket the agent's relay looks for
+    /// (`run/shoal/ports/<port>` under the sandbox's directory, the fake
+    /// agent's working directory), and waits until it is healthy.
+    fn start(d: &'a TestDaemon, sb: &str, unix: bool, c: &mut Conn) -> Interp<'a> {
+        let port = free_port();
+        let args = if unix {
+            format!("--port 0 --unix run/shoal/ports/{port}")
+        } else {
+            format!("--host 127.0.0.1 --port {port}")
+        };
+        let script = format!("exec python3 {} {args}", interp_server());
+        let req = ExecRequest {
+            timeout_s: Some(600.0),
+            ..ExecRequest::shell(script)
+        };
+        let cmd = d.c.start_command(sb, &req).unwrap().id;
+        let me = Interp {
+            d,
+            sb: sb.into(),
+            cmd,
+            port,
+        };
+        let t0 = Instant::now();
+        loop {
+            let r = c.send(sb, port, "GET /health", b"", false, |_| {});
+            if r.status == 200 {
+                break;
+            }
+            assert!(
+                t0.elapsed() < T,
+                "the interpreter never got healthy: {}",
+                r.text()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        me
+    }
+}
+
+impl Drop for Interp<'_> {
+    fn drop(&mut self) {
+        // Its contexts end when it does (their command pipes close).
+        let _ = self
+            .d
+            .c
+            .signal_command(&self.sb, &self.cmd, libc::SIGKILL, true);
+    }
+}
+
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -293,30 +353,9 @@ fn of_type<'a>(ev: &'a [serde_json::Value], t: &str) -> Vec<&'a serde_json::Valu
 fn the_code_interpreter_serves_execute_and_contexts_through_the_relay() {
     let d = TestDaemon::start();
     let sb = d.create();
-    let port = free_port();
-    let script = format!(
-        "exec python3 {} --host 127.0.0.1 --port {port}",
-        interp_server()
-    );
-    let req = ExecRequest {
-        timeout_s: Some(600.0),
-        ..ExecRequest::shell(script)
-    };
-    d.c.start_command(&sb.id, &req).unwrap();
     let mut c = Conn::open(&d);
-    let t0 = Instant::now();
-    loop {
-        let r = c.send(&sb.id, port, "GET /health", b"", false, |_| {});
-        if r.status == 200 {
-            break;
-        }
-        assert!(
-            t0.elapsed() < T,
-            "the interpreter never got healthy: {}",
-            r.text()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let interp = Interp::start(&d, &sb.id, true, &mut c);
+    let port = interp.port;
 
     // State across calls, a printed line, the last expression's value.
     let ev = execute(
@@ -429,26 +468,9 @@ fn the_code_interpreter_serves_execute_and_contexts_through_the_relay() {
 fn a_client_that_goes_away_interrupts_the_execution() {
     let d = TestDaemon::start();
     let sb = d.create();
-    let port = free_port();
-    let script = format!(
-        "exec python3 {} --host 127.0.0.1 --port {port}",
-        interp_server()
-    );
-    let req = ExecRequest {
-        timeout_s: Some(600.0),
-        ..ExecRequest::shell(script)
-    };
-    d.c.start_command(&sb.id, &req).unwrap();
     let mut c = Conn::open(&d);
-    let t0 = Instant::now();
-    while c
-        .send(&sb.id, port, "GET /health", b"", false, |_| {})
-        .status
-        != 200
-    {
-        assert!(t0.elapsed() < T, "the interpreter never got healthy");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let interp = Interp::start(&d, &sb.id, false, &mut c);
+    let port = interp.port;
     execute(&mut c, &sb.id, port, serde_json::json!({"code": "y = 5"}));
     // A cell that never ends, abandoned after its first line.
     let mut gone = Conn::open(&d);
