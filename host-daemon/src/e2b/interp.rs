@@ -37,7 +37,7 @@ pub const MEMORY_MIB: u32 = 512;
 pub const WARM: &str = "numpy,pandas,matplotlib,matplotlib.pyplot";
 /// Longest the build waits for the server to answer (imports of the
 /// scientific stack take a while under PVM).
-pub const READY_TIMEOUT: Duration = Duration::from_secs(600);
+pub const READY_TIMEOUT: Duration = Duration::from_secs(1800);
 
 /// Builds one at a time.
 fn build_lock() -> &'static tokio::sync::Mutex<()> {

@@ -25,7 +25,7 @@ def sbx(daemon):
     from e2b_code_interpreter import Sandbox
 
     # The first create of code-interpreter-v1 builds the template.
-    s = Sandbox.create(timeout=900, request_timeout=900, envs={"FROM_CREATE": "created"})
+    s = Sandbox.create(timeout=3600, request_timeout=2400, envs={"FROM_CREATE": "created"})
     try:
         yield s
     finally:
@@ -140,13 +140,38 @@ def _port_request(daemon, sbx, port: int, path: str = "/"):
         return e.code, e.read()
 
 
+# A guest HTTP server on port 8080. The guest kernel has no IPv4, so a
+# guest service listens on the Unix socket /run/shoal/ports/<port>, which
+# is where the agent's relay connects for that port.
+GUEST_SERVER = """
+import http.server, os, socketserver
+
+class Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+
+class Handler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+    def address_string(self):
+        return "local"
+
+os.makedirs("/run/shoal/ports", exist_ok=True)
+path = "/run/shoal/ports/8080"
+if os.path.exists(path):
+    os.unlink(path)
+Server(path, Handler).serve_forever()
+"""
+
+
 def test_port_relay_to_a_guest_server(daemon, sbx):
     ex = sbx.run_code(
         "import subprocess, pathlib\n"
         "pathlib.Path('/tmp/www').mkdir(exist_ok=True)\n"
         "pathlib.Path('/tmp/www/hello.txt').write_text('hello from the guest')\n"
-        "srv = subprocess.Popen(['python3', '-m', 'http.server', '8080', '--bind', '127.0.0.1'],\n"
-        "                       cwd='/tmp/www', start_new_session=True,\n"
+        f"pathlib.Path('/tmp/srv.py').write_text({GUEST_SERVER!r})\n"
+        "srv = subprocess.Popen(['python3', '/tmp/srv.py'], cwd='/tmp/www',\n"
+        "                       start_new_session=True,\n"
         "                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)"
     )
     assert ex.error is None, ex.error
