@@ -37,6 +37,9 @@ echo "== guest kernel" >&2
 scripts/build-kernel.sh >/dev/null
 echo "== guest images" >&2
 scripts/build-images.sh all >/dev/null
+echo "== built-in layers (Debian packages over base; cached; installed for test daemons)" >&2
+cargo build --release -q -p shoald --bin shoald -p shoal-cli --bin shoal
+target/release/shoal artifacts build tiny base layers >/dev/null
 echo "== format and lints" >&2
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
@@ -63,3 +66,7 @@ target/pyenv/bin/pip install -q --disable-pip-version-check "httpx>=0.25,<1" "py
 target/pyenv/bin/pip install -q --disable-pip-version-check --no-deps --force-reinstall ./sdk/python
 bins="$PWD/target/release"
 (cd sdk/python && SHOAL_BIN_DIR="$bins" ../../target/pyenv/bin/python -m pytest -q tests)
+echo "== E2B drop-in (sdk/python/e2b_tests: the stock e2b SDKs from PyPI, pinned, against a real shoald)" >&2
+# The base image (E2B's default template) and one venv per pinned SDK.
+target/release/shoal artifacts build base >/dev/null
+SHOAL_BIN_DIR="$bins" scripts/e2b-tests.sh

@@ -148,14 +148,7 @@ pub fn build_cmd(dir: Option<std::path::PathBuf>, images: &[String]) -> Result<i
     let checkout = Checkout::find().ok_or_else(|| {
         shoal_images::artifacts::ArtifactError::NoCheckout(shoal_images::artifacts::repo_root())
     })?;
-    let images: Vec<String> = if images.is_empty() {
-        shoal_images::artifacts::IMAGES
-            .iter()
-            .map(|s| s.to_string())
-            .collect()
-    } else {
-        images.to_vec()
-    };
+    let images = expand_images(images);
     let total = 1 + images.len();
     {
         let live = Live::start_with_line(&format!(
@@ -167,6 +160,34 @@ pub fn build_cmd(dir: Option<std::path::PathBuf>, images: &[String]) -> Result<i
     }
     print!("{}", show_text(&layout));
     Ok(0)
+}
+
+/// The images `shoal artifacts build` builds: tiny and base when none are
+/// named; `layers` stands for every built-in layer.
+pub fn expand_images(names: &[String]) -> Vec<String> {
+    if names.is_empty() {
+        return shoal_images::artifacts::IMAGES
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+    }
+    let mut v: Vec<String> = vec![];
+    for n in names {
+        let add: Vec<String> = if n == "layers" {
+            shoal_images::lang_layers::names()
+                .into_iter()
+                .map(String::from)
+                .collect()
+        } else {
+            vec![n.clone()]
+        };
+        for a in add {
+            if !v.contains(&a) {
+                v.push(a);
+            }
+        }
+    }
+    v
 }
 
 /// The layout's directory, where it came from, and each file.
@@ -211,4 +232,25 @@ pub fn show_json(layout: &Layout) -> serde_json::Value {
         "items": items,
         "checkout": Checkout::find().map(|c| c.root),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layers_expands_to_every_built_in_layer() {
+        let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+        assert_eq!(expand_images(&[]), s(&["tiny", "base"]));
+        assert_eq!(
+            expand_images(&s(&["base", "layers", "fncall-cpp"])),
+            s(&[
+                "base",
+                "fncall-python",
+                "fncall-cpp",
+                "fncall-nodejs",
+                "code-interpreter"
+            ])
+        );
+    }
 }

@@ -158,6 +158,29 @@ pub enum BenchCmd {
         #[arg(value_name = "FILE.json")]
         doc: PathBuf,
     },
+    /// The E2B layer: create -> commands.run("echo hi") -> kill with the
+    /// stock e2b SDK vs the same flow through Shoal's Python SDK, at each
+    /// concurrency, and run_code("1+1"); runs sdk/python/bench/e2b_overhead.py.
+    E2b {
+        /// The Python with the pinned e2b SDK (scripts/e2b-tests.sh makes it).
+        #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/../target/e2b-venvs/e2b-2.63/bin/python"))]
+        python: PathBuf,
+        /// Concurrency levels (comma-separated).
+        #[arg(long, default_value = "1,10,50")]
+        concurrency: String,
+        /// Cycles per level and system (at least the level).
+        #[arg(long, default_value_t = 50)]
+        cycles: usize,
+        /// Warm pool size (0: the top level).
+        #[arg(long, default_value_t = 0)]
+        pool: usize,
+        /// Extra shoald arguments for the private daemon.
+        #[arg(long, default_value = "")]
+        daemon_args: String,
+        /// Directory for the JSON reports (bench-e2b.json, bench-e2b-summary.json).
+        #[arg(long = "out", default_value = ".")]
+        out: PathBuf,
+    },
 }
 
 /// Runs `shoal bench ...`.
@@ -256,6 +279,42 @@ pub fn run(g: &crate::daemon_cmds::Global, a: BenchArgs) -> Result<i32> {
         )
         .map(|_| 0),
         BenchCmd::Plot { doc } => bench::plot_doc(&bench::Output::new(&doc, plot)).map(|_| 0),
+        BenchCmd::E2b {
+            python,
+            concurrency,
+            cycles,
+            pool,
+            daemon_args,
+            out,
+        } => {
+            let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../sdk/python/bench/e2b_overhead.py");
+            let bins = std::env::current_exe()?
+                .parent()
+                .map(std::path::Path::to_path_buf)
+                .unwrap_or_default();
+            let st = std::process::Command::new(&python)
+                .arg(&script)
+                .args(["--concurrency", &concurrency])
+                .args(["--cycles", &cycles.to_string()])
+                .args(["--pool", &pool.to_string()])
+                .arg(format!("--daemon-args={daemon_args}"))
+                .arg("--out")
+                .arg(&out)
+                .arg("--bins")
+                .arg(&bins)
+                .status()
+                .map_err(|e| {
+                    anyhow::anyhow!(
+                        "{}: {e} (make it with scripts/e2b-tests.sh)",
+                        python.display()
+                    )
+                })?;
+            if let Some(dir) = plot.filter(|d| *d != out.as_path()) {
+                bench::plot_doc(&bench::Output::new(&out.join("bench-e2b.json"), Some(dir)))?;
+            }
+            Ok(st.code().unwrap_or(1))
+        }
     }
 }
 

@@ -326,7 +326,8 @@ enum ArtifactsCmd {
         /// ~/.cache/shoal/artifacts: where shoald looks by default).
         #[arg(long, value_name = "DIR")]
         dir: Option<PathBuf>,
-        /// Images to build (default: tiny and base).
+        /// Images to build (default: tiny and base): tiny, base, a built-in
+        /// layer (`shoal image layers`), or `layers` for all of those.
         images: Vec<String>,
     },
     /// Where they are read from and which are present.

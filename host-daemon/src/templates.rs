@@ -453,6 +453,13 @@ mod tests {
             check(&d, &root(&["tiny"], None, Some(64))).await.unwrap(),
             Upper::Disk { size_mib: 64 }
         );
+        // The built-in layers are names, resolved from the artifacts later.
+        assert_eq!(
+            check(&d, &root(&["fncall-cpp", "code-interpreter"], None, None))
+                .await
+                .unwrap(),
+            Upper::default()
+        );
         let layers = d.cfg.layers_dir();
         std::fs::create_dir_all(&layers).unwrap();
         let inside = |n: &str| layers.join(n).display().to_string();
@@ -464,6 +471,7 @@ mod tests {
             (root(&[], Some(129), None), "at most the guest's memory"),
             (root(&[], None, Some(4)), "upper_disk_mib 4"),
             (root(&["kit.img"], None, None), "absolute path"),
+            (root(&["fncall-cobol"], None, None), "built-in layer"),
             (
                 root(&["/nonexistent/kit.img"], None, None),
                 "not an allowed layer",
@@ -493,6 +501,16 @@ mod tests {
         let a = image_template_name("tiny", 1, 128, &root(&["base"], None, None));
         let b = image_template_name("tiny", 1, 128, &root(&["base"], Some(8), None));
         let c = image_template_name("tiny", 1, 128, &root(&["base"], None, Some(64)));
+        let named = image_template_name("base", 1, 128, &root(&["fncall-cpp"], None, None));
+        assert_eq!(
+            named,
+            image_template_name("base", 1, 128, &root(&["fncall-cpp"], None, None)),
+            "a built-in layer is named, not a file of the daemon's working directory"
+        );
+        assert_ne!(
+            named,
+            image_template_name("base", 1, 128, &root(&["fncall-python"], None, None))
+        );
         let d = image_template_name("tiny", 1, 128, &root(&[], Some(8), None));
         for n in [&a, &b, &c, &d] {
             assert!(n.starts_with("tiny-1c-128m-") && n.len() == 25, "{n}");

@@ -7,6 +7,8 @@
 
 #[path = "fake_daemon/commands.rs"]
 mod commands;
+#[path = "fake_daemon/e2b_control.rs"]
+mod e2b_control;
 #[path = "fake_daemon/e2b_proxy.rs"]
 mod e2b_proxy;
 #[path = "fake_daemon/fork.rs"]

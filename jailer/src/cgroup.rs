@@ -241,12 +241,18 @@ pub fn plan(
 pub fn plan_here(id: &str, spec: &CgroupSpec) -> Result<Plan, CgroupError> {
     let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
     let mi = read("/proc/self/mountinfo");
-    let v2 = mounts(&mi)
+    let v2 = v2_controllers(&mi);
+    plan(&mi, &read("/proc/self/cgroup"), &v2, id, spec)
+}
+
+/// The controllers of the cgroup2 mount `mountinfo` lists (its root's
+/// `cgroup.controllers`; empty without one): [`plan`]'s third input.
+pub fn v2_controllers(mountinfo: &str) -> String {
+    mounts(mountinfo)
         .into_iter()
         .find(|m| m.v2)
-        .map(|m| read(&m.point.join("cgroup.controllers").to_string_lossy()))
-        .unwrap_or_default();
-    plan(&mi, &read("/proc/self/cgroup"), &v2, id, spec)
+        .and_then(|m| std::fs::read_to_string(m.point.join("cgroup.controllers")).ok())
+        .unwrap_or_default()
 }
 
 /// A VMM's cgroup directories, made by [`Cgroup::create`].
@@ -262,7 +268,28 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> CgroupError + '_ {
     }
 }
 
+/// Where cgroup hierarchies are mounted.
+pub const ROOT: &str = "/sys/fs/cgroup";
+
 impl Cgroup {
+    /// A cgroup someone else made from a [`Plan`] (its directories, one
+    /// per hierarchy), to join and remove like one [`Self::create`] made;
+    /// v1 if its first directory has a `tasks` file.
+    pub fn adopt(dirs: Vec<PathBuf>) -> Cgroup {
+        let version = match dirs.first() {
+            Some(d) if d.join("tasks").exists() => Version::V1,
+            _ => Version::V2,
+        };
+        Cgroup {
+            plan: Plan {
+                version,
+                enable: vec![],
+                dirs,
+                limits: vec![],
+            },
+        }
+    }
+
     /// Makes the directories (a leftover of the same id is removed first,
     /// if empty) and writes the limits.
     pub fn create(plan: Plan) -> Result<Cgroup, CgroupError> {

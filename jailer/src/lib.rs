@@ -2,12 +2,14 @@
 //! Firecracker's jailer takes, adapted to a VMM whose paths must not
 //! change (its snapshot states name absolute paths):
 //!
-//! 1. the VMM's cgroup is created and its limits written ([`cgroup`]);
+//! 1. the VMM's cgroup is created and its limits written ([`cgroup`]),
+//!    or one its starter made is adopted (a daemon that makes them from
+//!    a plan it keeps saves every VMM start the jailer's reading of
+//!    mountinfo and its own cgroups);
 //! 2. the jailer forks into a new pid namespace: the parent stays in the
 //!    host's namespaces as a small supervisor (forwards signals, waits,
 //!    removes the cgroup, exits as the VMM did); the child is PID 1 of the
-//!    new namespace, dies with the supervisor (`PR_SET_PDEATHSIG`), and
-//!    joins the cgroup;
+//!    new namespace and dies with the supervisor (`PR_SET_PDEATHSIG`);
 //! 3. the child enters a network namespace (a new empty one, or the one a
 //!    spec names) and new mount, ipc and uts namespaces, makes every mount
 //!    a slave, opens (`O_PATH`) every file and directory the VMM needs
@@ -17,7 +19,9 @@
 //!    and DAX sharing of images across VMs is unaffected), makes
 //!    `/dev/kvm` (and `/dev/null`) owned by the jail's uid, mounts a procfs
 //!    of its own pid namespace, `pivot_root`s into the tmpfs, detaches the
-//!    old root and remounts the tmpfs read-only;
+//!    old root and remounts the tmpfs read-only, then joins the cgroup
+//!    (its files opened before the pivot: the set-up runs at its
+//!    starter's CPU share);
 //! 4. rlimits (`NOFILE`, `MEMLOCK`, `CORE` 0, optionally `NPROC`), umask
 //!    077, the bounding, ambient and inheritable capability sets emptied,
 //!    groups, gid and uid set to the jail's (which drops the permitted
@@ -131,6 +135,11 @@ pub struct JailSpec {
     pub netns: Option<PathBuf>,
     /// A cgroup of its own (`None`: stays in the starter's).
     pub cgroup: Option<CgroupSpec>,
+    /// A cgroup of its own that the starter already made, limits written
+    /// (one directory per hierarchy, under `/sys/fs/cgroup`): joined, and
+    /// removed after, as one the jailer makes ([`cgroup::Cgroup::adopt`]).
+    /// Not with [`Self::cgroup`].
+    pub cgroup_dirs: Vec<PathBuf>,
     /// Resource limits.
     pub rlimits: Rlimits,
     /// Where the supervisor writes the VMM's host pid (decimal).
@@ -220,6 +229,10 @@ impl JailSpec {
             f("--pids-max", c.pids_max);
             f("--cpu-weight", c.cpu_weight);
         }
+        for d in &self.cgroup_dirs {
+            a.push("--cgroup-dir".into());
+            a.push(os(d));
+        }
         let mut f = |k: &str, v: OsString| {
             a.push(k.into());
             a.push(v);
@@ -300,6 +313,7 @@ impl JailSpec {
                     }
                 }
                 "--netns" => s.netns = Some(clean_abs(flag, &v)?),
+                "--cgroup-dir" => s.cgroup_dirs.push(clean_abs(flag, &v)?),
                 "--memory-bytes" => {
                     cg.as_mut().ok_or_else(cgroup)?.memory_bytes = Some(num(flag, &v)?)
                 }
@@ -372,6 +386,20 @@ impl JailSpec {
         if !all.iter().any(|b| self.exec.starts_with(b)) {
             return Err(SpecError::ExecNotBound(self.exec.clone()));
         }
+        if let Some(d) = self.cgroup_dirs.first() {
+            if self.cgroup.is_some() {
+                return Err(bad("--cgroup-dir", "not with --cgroup", d));
+            }
+        }
+        for d in &self.cgroup_dirs {
+            if !d.starts_with(cgroup::ROOT) || d.components().count() < 6 {
+                return Err(bad(
+                    "--cgroup-dir",
+                    "not a cgroup below /sys/fs/cgroup/*/",
+                    d,
+                ));
+            }
+        }
         if let Some(w) = self.cgroup.and_then(|c| c.cpu_weight) {
             if !(1..=10000).contains(&w) {
                 return Err(bad("--cpu-weight", "not in 1..=10000", &w.to_string()));
@@ -382,7 +410,7 @@ impl JailSpec {
 }
 
 /// The flags that take a value.
-const VALUED: [&str; 17] = [
+const VALUED: [&str; 18] = [
     "--id",
     "--uid",
     "--gid",
@@ -393,6 +421,7 @@ const VALUED: [&str; 17] = [
     "--hold-fd",
     "--env",
     "--netns",
+    "--cgroup-dir",
     "--memory-bytes",
     "--pids-max",
     "--cpu-weight",

@@ -20,6 +20,7 @@ fn spec() -> JailSpec {
             pids_max: Some(64),
             cpu_weight: Some(100),
         }),
+        cgroup_dirs: vec![],
         rlimits: Rlimits {
             nofile: 2048,
             memlock: 0,
@@ -57,6 +58,13 @@ fn a_spec_round_trips_through_its_arguments() {
     // A cgroup with no limits is still a cgroup of its own.
     m.cgroup = Some(CgroupSpec::default());
     assert_eq!(JailSpec::parse(m.to_args()).unwrap(), m);
+    // Or one the starter made.
+    m.cgroup = None;
+    m.cgroup_dirs = vec![
+        "/sys/fs/cgroup/memory/shoal/sb-1".into(),
+        "/sys/fs/cgroup/pids/shoal/sb-1".into(),
+    ];
+    assert_eq!(JailSpec::parse(m.to_args()).unwrap(), m);
 }
 
 #[test]
@@ -82,6 +90,19 @@ fn bad_specs_are_refused_with_what_is_wrong() {
     assert!(e(&["--memory-bytes", "5", "--", "/bin/true"]).contains("before --cgroup"));
     assert!(e(&["--cgroup", "--cpu-weight", "0", "--", "/bin/true"]).contains("1..=10000"));
     assert!(e(&["--nofile", "x", "--", "/bin/true"]).contains("not a number"));
+    assert!(e(&["--cgroup-dir", "/tmp/x/y/z", "--", "/bin/true"]).contains("below /sys/fs/cgroup"));
+    assert!(
+        e(&["--cgroup-dir", "/sys/fs/cgroup/memory", "--", "/bin/true"])
+            .contains("below /sys/fs/cgroup")
+    );
+    assert!(e(&[
+        "--cgroup",
+        "--cgroup-dir",
+        "/sys/fs/cgroup/memory/shoal/a",
+        "--",
+        "/bin/true"
+    ])
+    .contains("not with --cgroup"));
     assert!(e(&[]).contains("PROGRAM"));
     assert!(e(&["--uid"]).contains("needs a value"));
     let root = args(&[

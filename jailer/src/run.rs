@@ -152,6 +152,7 @@ pub fn run(spec: &JailSpec) -> Result<Ended, JailError> {
     // 2. The cgroup.
     let cg = match &spec.cgroup {
         Some(c) => Some(Cgroup::create(cgroup::plan_here(&spec.id, c)?)?),
+        None if !spec.cgroup_dirs.is_empty() => Some(Cgroup::adopt(spec.cgroup_dirs.clone())),
         None => None,
     };
     let procs = cg.as_ref().map(Cgroup::procs_files).unwrap_or_default();
@@ -390,12 +391,19 @@ fn child_steps(
     // umask the jailer was started with (the VMM's own is set below).
     // SAFETY: umask cannot fail.
     unsafe { libc::umask(0o022) };
+    // The cgroup is joined last, just before the credentials change (its
+    // files opened now, while they are visible): the set-up runs at the
+    // starter's CPU share, not the VMM's, which a loaded host gives little.
+    let mut joins = vec![];
     for p in procs {
-        // "0": the writing process.
-        std::fs::write(OsStr::from_bytes(p.as_bytes()), "0").map_err(sys(format!(
-            "joining {}",
-            String::from_utf8_lossy(p.as_bytes())
-        )))?;
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(OsStr::from_bytes(p.as_bytes()))
+            .map_err(sys(format!(
+                "joining {}",
+                String::from_utf8_lossy(p.as_bytes())
+            )))?;
+        joins.push((f, p));
     }
     // 4. Namespaces: the network one joined or new, the others new (one
     // call when all are).
@@ -515,6 +523,14 @@ fn child_steps(
         None,
     )
     .map_err(sys("remounting the jail root read-only"))?;
+    for (mut f, p) in joins {
+        use std::io::Write;
+        // "0": the writing process.
+        f.write_all(b"0").map_err(sys(format!(
+            "joining {}",
+            String::from_utf8_lossy(p.as_bytes())
+        )))?;
+    }
     // 5. Limits and credentials.
     let lim = |res, v: u64| {
         let mut cur = libc::rlimit {

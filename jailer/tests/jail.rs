@@ -40,6 +40,7 @@ fn spec(id: &str, dir: &Path, script: &str) -> JailSpec {
         hold_fds: vec![],
         env: vec![("RUST_LOG".into(), "debug".into())],
         netns: None,
+        cgroup_dirs: vec![],
         cgroup: Some(CgroupSpec {
             memory_bytes: Some(64 << 20),
             pids_max: Some(16),

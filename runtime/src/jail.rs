@@ -21,6 +21,7 @@
 //! ([`own_dir`]). A bind is reached without the host's parent
 //! directories, so the state directory itself stays 0700 root.
 
+use crate::jail_prep::{CgroupMaker, NetnsStock};
 pub use shoal_jailer::{uids, CgroupSpec, JailSpec, Rlimits};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -73,6 +74,10 @@ pub struct JailConfig {
     pub base_ro: Vec<PathBuf>,
     /// Most tasks (threads) per VMM.
     pub pids_max: u64,
+    /// Fresh network namespaces made ahead (root only).
+    pub netns: Option<Arc<NetnsStock>>,
+    /// Makes each VMM's cgroup from a plan read once (root only).
+    pub cgroups: Option<Arc<CgroupMaker>>,
 }
 
 impl JailConfig {
@@ -90,6 +95,12 @@ impl JailConfig {
             uid_dir: uid_dir.into(),
             base_ro,
             pids_max: 256,
+            netns: NetnsStock::start(),
+            // SAFETY: geteuid cannot fail.
+            cgroups: (unsafe { libc::geteuid() } == 0)
+                .then(CgroupMaker::new)
+                .flatten()
+                .map(Arc::new),
         })
     }
 
@@ -175,7 +186,14 @@ impl JailConfig {
             .into_iter()
             .filter_map(|k| std::env::var(k).ok().map(|v| (k.to_string(), v)))
             .collect();
-        let spec = JailSpec {
+        let cgroup = CgroupSpec {
+            memory_bytes: Some(memory_bytes + OVERHEAD_BYTES),
+            pids_max: Some(self.pids_max),
+            // Every VMM the same share of the CPUs under contention,
+            // whatever its number of threads.
+            cpu_weight: Some(CPU_WEIGHT),
+        };
+        let mut spec = JailSpec {
             id,
             uid,
             gid: uid,
@@ -191,20 +209,24 @@ impl JailConfig {
             hold_fds: vec![],
             env,
             netns: None,
-            cgroup: Some(CgroupSpec {
-                memory_bytes: Some(memory_bytes + OVERHEAD_BYTES),
-                pids_max: Some(self.pids_max),
-                // Every VMM the same share of the CPUs under contention,
-                // whatever its number of threads.
-                cpu_weight: Some(CPU_WEIGHT),
-            }),
+            cgroup: Some(cgroup),
+            cgroup_dirs: vec![],
             rlimits: Rlimits::default(),
             pid_file: Some(dir.join(PID_FILE)),
         };
+        // Made here, the jailer adopts it; if this fails the jailer tries
+        // itself and reports why.
+        if let Some(m) = &self.cgroups {
+            if let Ok(dirs) = m.make(&spec.id, &cgroup) {
+                spec.cgroup = None;
+                spec.cgroup_dirs = dirs;
+            }
+        }
         Ok(Jail {
             jailer: self.jailer.clone(),
             spec,
             lease: Some(Arc::new(lease)),
+            netns: self.netns.as_ref().and_then(|s| s.take()).map(Arc::new),
         })
     }
 }
@@ -220,6 +242,10 @@ pub struct Jail {
     pub spec: JailSpec,
     /// The uid lease (its descriptor is in `spec.hold_fds`).
     pub lease: Option<Arc<uids::Lease>>,
+    /// A network namespace made ahead for this VMM alone (passed to the
+    /// jailer as a descriptor, `--netns /proc/self/fd/N`); `None`: the
+    /// jailer makes a new one.
+    pub netns: Option<Arc<std::fs::File>>,
 }
 
 impl PartialEq for Jail {

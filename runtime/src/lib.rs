@@ -11,6 +11,7 @@ pub mod backend;
 pub mod console_lines;
 pub mod fresh;
 pub mod jail;
+pub mod jail_prep;
 pub mod launch;
 pub mod ready;
 pub mod sandbox;

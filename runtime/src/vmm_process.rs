@@ -600,8 +600,9 @@ impl VmmProcess {
     /// the files it needs at their own paths, no capabilities,
     /// `no_new_privs`, rlimits, only the passed descriptors above 2, a
     /// clean environment, a cgroup: `shoal_jailer`); the VMM's arguments are
-    /// the same either way. The jail's uid lease joins `passed` (after the
-    /// others), for the jailer's supervisor alone to hold. Seccomp filters
+    /// the same either way. The jail's uid lease and its network namespace
+    /// made ahead join `passed` (after the others), for the jailer's
+    /// supervisor alone to hold (the jailer joins the namespace by it). Seccomp filters
     /// are installed by the VMM itself.
     fn confine(
         &self,
@@ -627,11 +628,22 @@ impl VmmProcess {
                 }
                 spec.keep_fds = keep;
                 spec.hold_fds.clear();
+                let mut held: Vec<(std::fs::File, bool)> = vec![];
                 if let Some(l) = &j.lease {
                     let file = l.file().map_err(|source| VmmProcessError::Spawn {
                         program: j.jailer.clone(),
                         source,
                     })?;
+                    held.push((file, false));
+                }
+                if let Some(n) = &j.netns {
+                    let file = n.try_clone().map_err(|source| VmmProcessError::Spawn {
+                        program: j.jailer.clone(),
+                        source,
+                    })?;
+                    held.push((file, true));
+                }
+                for (file, is_netns) in held {
                     let target = passed
                         .iter()
                         .map(|p| p.target + 1)
@@ -643,6 +655,9 @@ impl VmmProcess {
                         file: Arc::new(file),
                     });
                     spec.hold_fds.push(target);
+                    if is_netns {
+                        spec.netns = Some(format!("/proc/self/fd/{target}").into());
+                    }
                 }
                 let mut c = Command::new(&j.jailer);
                 c.args(spec.to_args());

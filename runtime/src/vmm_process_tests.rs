@@ -393,11 +393,35 @@ fn a_jailed_command_is_the_jailer_with_the_vmm_arguments_unchanged() {
     assert_eq!(spec.rw, vec![sb.clone()]);
     assert!(spec.ro.contains(&tpl) && spec.ro.contains(&canon));
     // The uid lease is passed after the VMM's descriptors, for the
-    // jailer's supervisor alone.
-    assert_eq!(spec.hold_fds, vec![FIRST_PASSED_FD + 1]);
+    // jailer's supervisor alone; then the network namespace made ahead,
+    // if one was ready, which the jailer joins by that descriptor.
+    assert_eq!(spec.hold_fds[0], FIRST_PASSED_FD + 1);
+    match &j.netns {
+        Some(_) => {
+            assert_eq!(
+                spec.hold_fds,
+                vec![FIRST_PASSED_FD + 1, FIRST_PASSED_FD + 2]
+            );
+            let p = format!("/proc/self/fd/{}", FIRST_PASSED_FD + 2);
+            assert_eq!(spec.netns, Some(p.into()));
+        }
+        None => assert_eq!(spec.hold_fds.len(), 1),
+    }
+    // The cgroup is made here, limits written, for the jailer to adopt.
+    assert_eq!(spec.cgroup, None);
+    assert_eq!(spec.cgroup_dirs, j.spec.cgroup_dirs);
+    let mem = spec
+        .cgroup_dirs
+        .iter()
+        .find_map(|d| {
+            std::fs::read_to_string(d.join("memory.limit_in_bytes"))
+                .or_else(|_| std::fs::read_to_string(d.join("memory.max")))
+                .ok()
+        })
+        .expect("a memory cgroup among the jail's");
     assert_eq!(
-        spec.cgroup.unwrap().memory_bytes,
-        Some((128 << 20) + crate::jail::OVERHEAD_BYTES)
+        mem.trim(),
+        ((128u64 << 20) + crate::jail::OVERHEAD_BYTES).to_string()
     );
     assert_eq!(spec.pid_file, Some(sb.join(crate::jail::PID_FILE)));
     assert!(spec
@@ -407,4 +431,10 @@ fn a_jailed_command_is_the_jailer_with_the_vmm_arguments_unchanged() {
     // Two jails at once never share a uid.
     let j2 = cfg.jail_for(&sb, &[], 0).unwrap();
     assert_ne!(j2.spec.uid, uid);
+    // Both are sandbox "abc": the second replaced the first's (empty)
+    // cgroup, as the jailer does with a leftover of the same id.
+    assert_eq!(j2.spec.cgroup_dirs, j.spec.cgroup_dirs);
+    for d in &j2.spec.cgroup_dirs {
+        std::fs::remove_dir(d).unwrap();
+    }
 }

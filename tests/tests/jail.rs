@@ -215,6 +215,13 @@ fn daemon_vmms_run_jailed_through_the_whole_lifecycle() {
     let s2 = d.restore("jailsnap");
     let uid2 = check_jailed(&d, &s2.id);
     assert_ne!(uid2, check_jailed(&d, &id), "two live sandboxes, two uids");
+    let netns =
+        |sb: &str| std::fs::read_link(format!("/proc/{}/ns/net", vmm_of(&d, sb).1)).unwrap();
+    assert_ne!(
+        netns(&id),
+        netns(&s2.id),
+        "two live sandboxes, two network namespaces"
+    );
     assert_eq!(d.sh(&s2.id, "cat /root/f").stdout, "kept\n");
 
     // A daemon restart reattaches the jailed VMMs (found by their jailer).

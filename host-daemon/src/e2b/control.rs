@@ -87,10 +87,13 @@ async fn authenticate(tokens: Option<&Tokens>, mut req: Request, next: Next) -> 
         },
         Some(t) => {
             let h = req.headers();
-            let key = h.get("x-api-key").map(HeaderValue::as_bytes).or_else(|| {
-                h.get(header::AUTHORIZATION)
-                    .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "))
-            });
+            let key = h
+                .get(super::API_KEY_HEADER)
+                .map(HeaderValue::as_bytes)
+                .or_else(|| {
+                    h.get(header::AUTHORIZATION)
+                        .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "))
+                });
             key.and_then(|k| t.principal(k))
         }
     };

@@ -75,7 +75,27 @@ pub async fn pause(AxState(d): D, Path(id): Path<String>) -> R {
         .await
         .map_err(|e| E::of(api_error(e)))?;
     set_ttl(&d, &id, 0)?;
+    // Resumed by a data-plane request instead of a connect, it gets E2B's
+    // default timeout again ([`auto_resumed`]).
+    if let Err(e) = std::fs::write(r.dir.join(AUTO_RESUME_FILE), b"") {
+        tracing::warn!(sandbox = %id, "e2b: {}: {e}", AUTO_RESUME_FILE);
+    }
     Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+/// In the directory of a sandbox paused through E2B (whose TTL was then
+/// cleared), until it is connected to or resumed by the data plane.
+const AUTO_RESUME_FILE: &str = "e2b-paused";
+
+/// A data-plane request for a paused sandbox (which it resumes): a
+/// sandbox E2B paused gets E2B's default timeout from now, as a connect
+/// without one would give (shoald's own pauses keep their TTL).
+pub(crate) fn auto_resumed(d: &Daemon, r: &SandboxRow) {
+    if std::fs::remove_file(r.dir.join(AUTO_RESUME_FILE)).is_ok() {
+        if let Err(e) = set_ttl(d, &r.id, w::DEFAULT_TIMEOUT_S) {
+            tracing::warn!(sandbox = %r.id, "e2b: timeout on auto-resume: {:?}", e.0.status());
+        }
+    }
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -89,6 +109,7 @@ struct ConnectBody {
 async fn connect(d: &Arc<Daemon>, id: &str, secs: u64) -> R {
     let r = visible(d, id)?;
     let status = if matches!(r.state, State::Paused | State::Pausing) {
+        let _ = std::fs::remove_file(r.dir.join(AUTO_RESUME_FILE));
         lifecycle::resume(d, id)
             .await
             .map_err(|e| E::of(api_error(e)))?;

@@ -150,13 +150,9 @@ async fn the_data_plane_needs_the_sandboxs_token_on_tcp_and_says_when_it_is_gone
     let r = routes(d.clone());
     let id = "0123456789ab";
     let sb = [("e2b-sandbox-id", id), ("e2b-sandbox-port", "49983")];
-    // The API key is not the sandbox's token, nor is another sandbox's.
+    // No token, or another sandbox's: 401.
     let other = d.e2b.envd_token("ba9876543210");
-    for h in [
-        vec![],
-        vec![("x-api-key", KEY)],
-        vec![("x-access-token", other.as_str())],
-    ] {
+    for h in [vec![], vec![("x-access-token", other.as_str())]] {
         let h: Vec<_> = sb.iter().copied().chain(h).collect();
         let (s, v, _) = send(&r, "GET", "/health", &h, "").await;
         assert_eq!(s, 401, "{h:?}: {v}");
@@ -184,6 +180,20 @@ async fn the_data_plane_needs_the_sandboxs_token_on_tcp_and_says_when_it_is_gone
     assert_eq!(s, 502);
     let (s, v, _) = send(&r, "GET", "/health", &[("e2b-sandbox-id", "")], "").await;
     assert_eq!(s, 400, "{v}");
+    // With the API key it is a control-plane call (e2b 2.20's connect
+    // sends E2b-Sandbox-Id too).
+    let h: Vec<_> = sb.iter().copied().chain([("x-api-key", KEY)]).collect();
+    let (s, v, _) = send(
+        &r,
+        "POST",
+        "/sandboxes/0123456789ab/connect",
+        &h,
+        r#"{"timeout":5}"#,
+    )
+    .await;
+    assert_eq!(s, 404, "{v}");
+    let (s, _, _) = send(&r, "GET", "/health", &h, "").await;
+    assert_eq!(s, 204);
 }
 
 #[test]

@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 
 /// A handler's error: a ready E2B error response.
 #[derive(Debug)]
-pub struct E(Box<Response>);
+pub struct E(pub Box<Response>);
 
 impl E {
     /// The error `r`.

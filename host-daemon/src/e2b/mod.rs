@@ -10,9 +10,9 @@
 //! - [`proxy`]: any other sandbox port (the code interpreter's 49999, a
 //!   user's server), relayed to that port inside the guest.
 //!
-//! A data-plane request is recognised by its `E2b-Sandbox-Id` header and
-//! goes to [`data_plane`] whatever its path, before the API's own
-//! authentication. On TCP it must carry the sandbox's access token, which
+//! A data-plane request is recognised by its `E2b-Sandbox-Id` header
+//! (without `X-API-KEY`: [`is_data_plane`]) and goes to [`data_plane`]
+//! whatever its path, before the API's own authentication. On TCP it must carry the sandbox's access token, which
 //! the control plane hands out as `envdAccessToken` (sent back by the SDK
 //! as `X-Access-Token` on every envd call) and `trafficAccessToken` (sent
 //! as `E2B-Traffic-Access-Token` to other ports): each is an HMAC of the
@@ -29,6 +29,7 @@ pub mod interp;
 pub mod proxy;
 
 use crate::auth::Tokens;
+use crate::db::State;
 use crate::listen::Peer;
 use crate::Daemon;
 use axum::extract::Request;
@@ -50,6 +51,8 @@ pub const CODE_INTERPRETER_PORT: u16 = 49999;
 pub const SANDBOX_ID_HEADER: &str = "e2b-sandbox-id";
 /// The header naming the sandbox port of a data-plane request.
 pub const SANDBOX_PORT_HEADER: &str = "e2b-sandbox-port";
+/// The header carrying the control plane's API key.
+pub const API_KEY_HEADER: &str = "x-api-key";
 /// The header carrying the sandbox's `envdAccessToken`.
 pub const ACCESS_TOKEN_HEADER: &str = "x-access-token";
 /// The header carrying the sandbox's `trafficAccessToken` (other ports).
@@ -187,8 +190,8 @@ pub fn sandbox_not_found(sandbox: &str) -> Response {
     (StatusCode::BAD_GATEWAY, axum::Json(body)).into_response()
 }
 
-/// The E2B routes in front of `rest` (the daemon's own API): a request
-/// with an `E2b-Sandbox-Id` header goes to [`data_plane`] whatever its
+/// The E2B routes in front of `rest` (the daemon's own API): a
+/// data-plane request ([`is_data_plane`]) goes to [`data_plane`] whatever its
 /// path, before any other authentication; the control-plane routes to
 /// [`control`] (their own `X-API-KEY` check); anything else to `rest`.
 pub fn router(d: Arc<Daemon>, tokens: Option<Tokens>, rest: Router) -> Router {
@@ -198,13 +201,21 @@ pub fn router(d: Arc<Daemon>, tokens: Option<Tokens>, rest: Router) -> Router {
         .layer(middleware::from_fn(move |req: Request, next: Next| {
             let d = dp.clone();
             async move {
-                if req.headers().contains_key(SANDBOX_ID_HEADER) {
+                if is_data_plane(&req) {
                     data_plane(d, req).await
                 } else {
                     next.run(req).await
                 }
             }
         }))
+}
+
+/// Whether `req` is for the data plane: it names a sandbox
+/// (`E2b-Sandbox-Id`) and carries no `X-API-KEY`. The SDK never sends the
+/// API key to a sandbox, but e2b 2.20 sends `E2b-Sandbox-Id` on its
+/// control-plane connect call too.
+pub fn is_data_plane(req: &Request) -> bool {
+    req.headers().contains_key(SANDBOX_ID_HEADER) && !req.headers().contains_key(API_KEY_HEADER)
 }
 
 /// The sandbox id and port a data-plane request names, if it is one.
@@ -226,7 +237,9 @@ pub fn data_plane_target(req: &Request) -> Option<Result<(String, u16), String>>
 }
 
 /// Serves one data-plane request: checks the access token (TCP) and that
-/// the sandbox exists (502 "was not found" otherwise), then envd's port
+/// the sandbox exists (502 "was not found" otherwise; a paused one is
+/// resumed by what serves the request, with E2B's default timeout when E2B
+/// paused it), then envd's port
 /// goes to [`envd`], any other to [`proxy`].
 pub async fn data_plane(d: Arc<Daemon>, req: Request) -> Response {
     let (id, port) = match data_plane_target(&req) {
@@ -242,7 +255,10 @@ pub async fn data_plane(d: Arc<Daemon>, req: Request) -> Response {
         );
     }
     match crate::ops::row(&d, &id) {
-        Ok(r) if r.state != crate::db::State::Failed => {}
+        Ok(r) if matches!(r.state, State::Paused | State::Pausing) => {
+            control_ops::auto_resumed(&d, &r)
+        }
+        Ok(r) if r.state != State::Failed => {}
         Ok(_) | Err(crate::ApiError::NotFound(_)) => return sandbox_not_found(&id),
         Err(e) => return api_error(e),
     }
