@@ -59,8 +59,6 @@ echo "== Python SDK (sdk/python: pytest against a real shoald and real guests)" 
 # (~/.cache/shoal/artifacts), and a venv of their own under target/.
 cargo build --release -p shoald --bin shoald -p shoal-cli --bin shoal
 target/release/shoal artifacts build tiny >/dev/null
-# The code interpreter's layer (numpy, pandas, matplotlib) for code-interpreter-v1.
-target/release/shoal artifacts build code-interpreter >/dev/null
 [[ -x target/pyenv/bin/python ]] || python3 -m venv target/pyenv
 target/pyenv/bin/pip install -q --disable-pip-version-check "httpx>=0.25,<1" "pytest>=7.4" "pytest-asyncio>=0.23"
 target/pyenv/bin/pip install -q --disable-pip-version-check --no-deps --force-reinstall ./sdk/python
