@@ -28,6 +28,7 @@ import ast
 import base64
 import codecs
 import json
+import linecache
 import os
 import selectors
 import signal
@@ -612,19 +613,26 @@ def worker_main():
                 send(formats(fig, False))
         plt.close("all")
 
+    cells = [0]
+
     def run(code, env):
         saved = {k: os.environ.get(k) for k in env}
         os.environ.update(env)
         main_value = None
         has_main = False
+        # Each cell's source is known to linecache, so tracebacks (and
+        # inspect) show its lines.
+        cells[0] += 1
+        name = "<cell %d>" % cells[0]
+        linecache.cache[name] = (len(code), None, code.splitlines(True), name)
         try:
-            tree = ast.parse(code, "<cell>", "exec")
+            tree = ast.parse(code, name, "exec")
             last = None
             if tree.body and isinstance(tree.body[-1], ast.Expr):
                 last = ast.Expression(tree.body.pop().value)
-            exec(compile(tree, "<cell>", "exec"), ns)
+            exec(compile(tree, name, "exec"), ns)
             if last is not None:
-                main_value = eval(compile(last, "<cell>", "eval"), ns)
+                main_value = eval(compile(last, name, "eval"), ns)
                 has_main = True
         except BaseException as e:  # KeyboardInterrupt and SystemExit too
             sys.stdout.flush()
