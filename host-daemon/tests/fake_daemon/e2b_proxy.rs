@@ -120,7 +120,7 @@ impl Conn {
     ) -> Reply {
         let mut req = format!(
             "{head} HTTP/1.1\r\nHost: 127.0.0.1\r\nE2b-Sandbox-Id: {sandbox}\r\n\
-             E2b-Sandbox-Port: {port}\r\nX-API-KEY: secret\r\nContent-Type: application/json\r\n"
+             E2b-Sandbox-Port: {port}\r\nContent-Type: application/json\r\n"
         )
         .into_bytes();
         if chunked {
@@ -205,7 +205,7 @@ fn sandbox_ports_are_relayed_with_streaming_bodies_and_reused_tunnels() {
     let rest = &rest[1..];
     let (names, body) = rest.split_at(rest.iter().position(|&b| b == b'\n').unwrap());
     let names = String::from_utf8_lossy(names);
-    for gone in ["e2b-sandbox-id", "e2b-sandbox-port", "x-api-key"] {
+    for gone in ["e2b-sandbox-id", "e2b-sandbox-port"] {
         assert!(!names.contains(gone), "{gone} reached the guest: {names}");
     }
     assert!(names.contains("content-type"), "{names}");
@@ -238,7 +238,7 @@ fn closed_ports_and_unknown_sandboxes_answer_502_as_e2b() {
         .port();
     let mut c = Conn::open(&d);
     let r = c.send(&sb.id, port, "GET /", b"", false, |_| {});
-    assert_eq!(r.status, 502);
+    assert_eq!(r.status, 502, "{}", r.text());
     assert!(r.text().contains("port is not open"), "{}", r.text());
     let r = c.send("no-such-sandbox", port, "GET /", b"", false, |_| {});
     assert_eq!(r.status, 502);
