@@ -6,7 +6,8 @@
 #   tiny: busybox-static + /sbin/shoal-agent (also /init), as tiny.erofs
 #         (read-only root) and tiny.cpio (uncompressed newc initramfs).
 #   base: minimal Debian bookworm (minbase + python3, bash, ca-certificates),
-#         stripped, with /sbin/shoal-agent, as base.erofs.
+#         stripped, with /sbin/shoal-agent and the account `user` (uid 1000,
+#         home /home/user: the E2B SDK's default user), as base.erofs.
 #
 #   The erofs images are DAX-ready for virtio-pmem (/dev/pmem0 with
 #   rootflags=dax) and work as virtio-blk disks too: uncompressed, 4 KiB
@@ -291,6 +292,22 @@ strip_rootfs() {
 	: >"$r/etc/machine-id"
 }
 
+# Adds the unprivileged account `user` (uid/gid 1000, home /home/user,
+# bash) to rootfs $1: the E2B SDK runs commands and file operations as
+# `user` unless told otherwise.
+add_default_user() {
+	local r=$1
+	grep -q '^user:' "$r/etc/passwd" && return 0
+	printf 'user:x:1000:1000::/home/user:/bin/bash\n' >>"$r/etc/passwd"
+	printf 'user:x:1000:\n' >>"$r/etc/group"
+	[[ -f $r/etc/shadow ]] && printf 'user:*:19000:0:99999:7:::\n' >>"$r/etc/shadow"
+	[[ -f $r/etc/gshadow ]] && printf 'user:*::\n' >>"$r/etc/gshadow"
+	mkdir -p "$r/home/user"
+	[[ -d $r/etc/skel ]] && cp -a "$r/etc/skel/." "$r/home/user/"
+	chown -R 1000:1000 "$r/home/user"
+	chmod 0750 "$r/home/user"
+}
+
 build_base() {
 	local tar key dir tmp r
 	rootfs_tarball
@@ -309,6 +326,7 @@ build_base() {
 		mkdir "$r"
 		tar -C "$r" --numeric-owner --xattrs -xpf "$tar" || die "extracting $tar failed"
 		strip_rootfs "$r"
+		add_default_user "$r"
 		# Real mtimes: python's .pyc files are validated against the .py mtime.
 		make_erofs "$tmp/base.erofs" "$r" --preserve-mtime || die "mkfs.erofs failed for base"
 		rm -rf --one-file-system "$r"

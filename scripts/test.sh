@@ -58,9 +58,9 @@ echo "== Python SDK (sdk/python: pytest against a real shoald and real guests)" 
 # The daemon and CLI the SDK tests drive, the guest artifacts they read
 # (~/.cache/shoal/artifacts), and a venv of their own under target/.
 cargo build --release -p shoald --bin shoald -p shoal-cli --bin shoal
-target/release/shoal artifacts build tiny >/dev/null
+target/release/shoal artifacts build tiny base >/dev/null
 [[ -x target/pyenv/bin/python ]] || python3 -m venv target/pyenv
-target/pyenv/bin/pip install -q --disable-pip-version-check "httpx>=0.25,<1" "pytest>=7.4" "pytest-asyncio>=0.23"
+target/pyenv/bin/pip install -q --disable-pip-version-check "httpx>=0.25,<1" "pytest>=7.4" "pytest-asyncio>=0.23" "sandbox-fusion==0.3.7"
 target/pyenv/bin/pip install -q --disable-pip-version-check --no-deps --force-reinstall ./sdk/python
 bins="$PWD/target/release"
 (cd sdk/python && SHOAL_BIN_DIR="$bins" ../../target/pyenv/bin/python -m pytest -q tests)

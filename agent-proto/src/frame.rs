@@ -75,6 +75,12 @@ pub enum Kind {
     Signal = 0x13,
     /// [`AttachRequest`]; answered like `Exec`, from the buffered output on.
     Attach = 0x14,
+    /// [`PtyExec`]: an exec on a new pseudo-terminal (its stdin, stdout
+    /// and stderr, and its controlling terminal); answered like `Exec`,
+    /// the terminal's output as `Stdout`.
+    PtyExec = 0x15,
+    /// [`PtyResize`]: sets a PTY exec's terminal size; answered by `Ok`.
+    PtyResize = 0x16,
     /// [`FileWrite`]: opens a file for a streamed upload.
     FileWrite = 0x20,
     /// Raw bytes appended to the upload `id`.
@@ -131,7 +137,7 @@ pub enum Kind {
 
 impl Kind {
     /// Every kind, for lookups.
-    pub const ALL: [Kind; 35] = [
+    pub const ALL: [Kind; 37] = [
         Kind::Hello,
         Kind::Health,
         Kind::Version,
@@ -142,6 +148,8 @@ impl Kind {
         Kind::StdinClose,
         Kind::Signal,
         Kind::Attach,
+        Kind::PtyExec,
+        Kind::PtyResize,
         Kind::FileWrite,
         Kind::FileData,
         Kind::FileEnd,

@@ -21,6 +21,16 @@ fn roundtrip<M: Message + PartialEq + std::fmt::Debug>(m: M) {
 
 #[test]
 fn messages_roundtrip() {
+    roundtrip(PtyExec {
+        exec: ExecRequest::shell("bash -i"),
+        cols: 80,
+        rows: 24,
+    });
+    roundtrip(PtyResize {
+        exec_id: 9,
+        cols: 100,
+        rows: 30,
+    });
     roundtrip(Hello {
         magic: HELLO_MAGIC,
         version: PROTOCOL_VERSION,

@@ -321,6 +321,39 @@ impl Wire for Command {
     }
 }
 
+/// Starts a command on a new pseudo-terminal of `cols` x `rows` (an
+/// agent older than this message answers `UnknownKind`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PtyExec {
+    /// The command (its `stdin` flag is ignored: a terminal always has
+    /// input).
+    pub exec: ExecRequest,
+    /// Terminal columns.
+    pub cols: u16,
+    /// Terminal rows.
+    pub rows: u16,
+}
+message!(PtyExec = PtyExec { exec, cols, rows });
+
+/// Sets the terminal size of PTY exec `exec_id` (its foreground process
+/// group gets SIGWINCH).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PtyResize {
+    /// The exec.
+    pub exec_id: u64,
+    /// Terminal columns.
+    pub cols: u16,
+    /// Terminal rows.
+    pub rows: u16,
+}
+message!(
+    PtyResize = PtyResize {
+        exec_id,
+        cols,
+        rows
+    }
+);
+
 /// User and group to run a command as.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct User {

@@ -163,4 +163,12 @@ pub struct Language {
     pub image: String,
     /// Its layers, lowest first.
     pub layers: Vec<String>,
+    /// The template its calls are cloned from, once built (give it a warm
+    /// pool with `PUT /v1/pools/{template}` to take restores off the
+    /// calls' path).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template: Option<String>,
+    /// Why it cannot run here (a layer image this build lacks), if so.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }

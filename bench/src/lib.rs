@@ -4,6 +4,8 @@
 
 pub mod boot;
 pub mod exec;
+pub mod fncall;
+mod fncall_plot;
 pub mod fork;
 pub mod hostmem;
 pub mod jail_ab;

@@ -193,15 +193,18 @@ pub struct LoadArgs {
 
 /// A private shoald on a temporary state directory, stopped (with every
 /// VMM it left) when dropped.
-struct PrivateDaemon {
+pub(crate) struct PrivateDaemon {
     child: std::process::Child,
-    dir: PathBuf,
+    pub(crate) dir: PathBuf,
 }
 
 impl PrivateDaemon {
     /// Starts `shoald` (beside this program) on a new state directory
     /// for bench `name`, with `args`, and waits until it answers.
-    fn start(name: &str, args: &str) -> Result<(shoal_client::DaemonClient, PrivateDaemon)> {
+    pub(crate) fn start(
+        name: &str,
+        args: &str,
+    ) -> Result<(shoal_client::DaemonClient, PrivateDaemon)> {
         let dir = std::env::temp_dir().join(format!("shoal-bench-{name}-{}", std::process::id()));
         std::fs::create_dir_all(&dir)?;
         let bin = std::env::current_exe()?.with_file_name("shoald");
@@ -226,6 +229,13 @@ impl PrivateDaemon {
         }
         eprintln!("private shoald on {}", c.target_display());
         Ok((c, p))
+    }
+}
+
+impl PrivateDaemon {
+    /// The daemon's pid.
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id()
     }
 }
 
@@ -310,7 +320,7 @@ impl<'a> Output<'a> {
 
     /// Prints a bench's table, writes its JSON report, then its figures
     /// (`figures` draws them).
-    fn emit<R: serde::Serialize>(
+    pub(crate) fn emit<R: serde::Serialize>(
         &self,
         table: &str,
         report: &R,

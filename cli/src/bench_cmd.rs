@@ -57,6 +57,10 @@ pub enum BenchCmd {
     },
     /// Fork a running sandbox into 1, 10, 100 clones vs as many creates: time, memory.
     Fork(bench::ForkArgs),
+    /// HumanEval's 164 problems through FnCall at each concurrency, vs
+    /// restore+exec python3+remove and a host python3: passes, calls/s,
+    /// p50/p99, host CPU per call.
+    Fncall(crate::bench_fncall::FnCallArgs),
     /// VMM start to first instruction, console, init and exit; vs QEMU microvm.
     Boot {
         /// Boots per system (>= 20 on hardware KVM; each takes seconds on PVM hosts).
@@ -218,6 +222,9 @@ pub fn run(g: &crate::daemon_cmds::Global, a: BenchArgs) -> Result<i32> {
         )
         .map(|_| 0),
         BenchCmd::Fork(f) => bench::fork(g, &f, &bench::Output::new(&f.out, plot)).map(|_| 0),
+        BenchCmd::Fncall(f) => {
+            crate::bench_fncall::run(g, &f, &bench::Output::new(&f.out, plot)).map(|_| 0)
+        }
         BenchCmd::Boot {
             runs,
             image,

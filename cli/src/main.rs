@@ -15,16 +15,19 @@
 //!   a built-in layer (`shoal image layers` lists them).
 //! - `shoal artifacts build|show`: the guest kernel and images shoald
 //!   boots templates from (built from a checkout, installed in a layout).
+//! - `shoal fncall -l LANG -c CODE`: one function call (FnCall).
 //! - `shoal doctor`: what this host offers and where the guest artifacts
 //!   come from. `shoal bench ...`: benchmarks.
 
 mod artifacts_cmd;
 mod bench;
 mod bench_cmd;
+mod bench_fncall;
 mod confinement;
 mod daemon_client;
 mod daemon_cmds;
 mod daemon_ctl;
+mod fncall_cmd;
 mod image_cmd;
 mod progress;
 mod sandbox_cmds;
@@ -228,6 +231,10 @@ enum Cmd {
     },
     /// What the daemon holds: sandboxes, reservations, host memory, pools.
     Stats,
+    /// One function call: code run in a fresh clone of the language's warm
+    /// template (`shoal fncall -l python -c 'print(1)'`); prints its output
+    /// and exits as the program did (124: timed out, 125: sandbox error).
+    Fncall(fncall_cmd::FnCallArgs),
     /// The local daemon (shoald): start, stop, status.
     Daemon {
         #[command(subcommand)]
@@ -532,6 +539,7 @@ fn main() {
         Cmd::Template { op } => dc::template(g, &op),
         Cmd::Pool { op } => dc::pool(g, &op),
         Cmd::Stats => dc::stats(g),
+        Cmd::Fncall(a) => fncall_cmd::run(g, &a),
         Cmd::Daemon { op } => daemon_ctl::run(g, &op),
         Cmd::Vm { op } => match op {
             VmCmd::Start { sandbox } => sb::start(&sandbox),

@@ -90,6 +90,16 @@ const MOUNTS: &[Mount] = &[
         data: Some(c"mode=0755"),
         dir_mode: 0o755,
     },
+    // Pseudo-terminals (PTY execs): /dev/ptmx of devtmpfs opens this
+    // (initial) instance.
+    Mount {
+        source: c"devpts",
+        target: c"/dev/pts",
+        fstype: c"devpts",
+        flags: libc::MS_NOSUID | libc::MS_NOEXEC,
+        data: Some(c"mode=0620,ptmxmode=0666"),
+        dir_mode: 0o755,
+    },
     Mount {
         source: c"proc",
         target: c"/proc",

@@ -77,6 +77,7 @@ fn checks(c: &Client) {
         " /sys/fs/cgroup cgroup2 ",
         " /tmp tmpfs ",
         " /dev devtmpfs ",
+        " /dev/pts devpts ",
     ] {
         assert!(mounts.contains(m), "{m} missing from {mounts}");
     }

@@ -10,9 +10,10 @@
 //! router serves and that every body in it is the schema of its shared
 //! type.
 
+mod fncall_route;
 mod fork_route;
 mod handlers;
-mod wire;
+pub(crate) mod wire;
 
 use crate::auth::{Principal, Tokens};
 use crate::listen::Peer;
@@ -22,6 +23,7 @@ use axum::http::header;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::{Json, Router};
+use fncall_route::*;
 use fork_route::*;
 use handlers::*;
 use std::sync::{Arc, OnceLock};
@@ -64,6 +66,9 @@ pub fn routes() -> OpenApiRouter<Arc<Daemon>> {
         .routes(routes!(tpl_get, tpl_delete))
         .routes(routes!(pool_list))
         .routes(routes!(pool_set, pool_delete))
+        .routes(routes!(fncall_once))
+        .routes(routes!(fncall_batch))
+        .routes(routes!(fncall_languages))
 }
 
 /// This document.
@@ -94,6 +99,7 @@ async fn openapi_json() -> Json<serde_json::Value> {
         (name = "files", description = "Files in a sandbox"),
         (name = "templates", description = "Snapshots sandboxes are restored from"),
         (name = "pools", description = "Warm pools of restored sandboxes"),
+        (name = "fncall", description = "Stateless calls of code, each in a fresh clone"),
         (name = "meta", description = "Health, metrics, stats, events, this document"),
     )
 )]
@@ -155,7 +161,9 @@ async fn not_found() -> ApiError {
 }
 
 /// The API router: on TCP (`tokens`) every route but `/healthz` needs one
-/// of the bearer tokens, whose name is the caller's
+/// of the bearer tokens (SandboxFusion's routes also take it as a Basic
+/// password, or none with [`Tokens::with_open_fusion`]), whose name is the
+/// caller's
 /// [`Principal`]; on the Unix socket the caller is
 /// the peer's uid ([`crate::listen::Peer`]).
 ///
@@ -179,6 +187,9 @@ pub fn router(d: Arc<Daemon>, tokens: Option<Tokens>) -> Router {
 fn shoal_router(d: Arc<Daemon>, tokens: Option<Tokens>) -> Router {
     let (r, _) = routes().split_for_parts();
     let r = r
+        // SandboxFusion's /run_code and /v1/ping: a foreign API, outside
+        // the document (see crate::fusion).
+        .merge(crate::fusion::routes())
         .fallback(not_found)
         .method_not_allowed_fallback(|| async {
             ApiError::BadRequest("method not allowed on this route (see GET /openapi.json)".into())
@@ -199,17 +210,26 @@ fn shoal_router(d: Arc<Daemon>, tokens: Option<Tokens>) -> Router {
             r.layer(middleware::from_fn(move |mut req: Request, next: Next| {
                 let t = t.clone();
                 async move {
-                    let who = req
-                        .headers()
-                        .get(header::AUTHORIZATION)
+                    let auth = req.headers().get(header::AUTHORIZATION);
+                    let fusion = crate::fusion::is_fusion_path(req.uri().path());
+                    let who = auth
                         .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "))
-                        .and_then(|b| t.principal(b));
+                        .and_then(|b| t.principal(b))
+                        .or_else(|| {
+                            // SandboxFusion's clients send the endpoint
+                            // URL's user-info instead (see crate::fusion).
+                            if !fusion {
+                                return None;
+                            }
+                            t.principal(&crate::fusion::basic_password(auth?.as_bytes())?)
+                        });
                     match who {
                         Some(p) => {
                             req.extensions_mut().insert(p);
                             next.run(req).await
                         }
                         None if req.uri().path() == "/healthz" => next.run(req).await,
+                        None if fusion && t.open_fusion() => next.run(req).await,
                         None => ApiError::Unauthorized(
                             "missing or wrong 'Authorization: Bearer TOKEN'".into(),
                         )

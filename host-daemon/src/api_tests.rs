@@ -86,6 +86,9 @@ const V1: &[(&str, &str)] = &[
     ("get", "/v1/pools"),
     ("put", "/v1/pools/{template}"),
     ("delete", "/v1/pools/{template}"),
+    ("post", "/v1/fncall"),
+    ("post", "/v1/fncall/batch"),
+    ("get", "/v1/fncall/languages"),
 ];
 
 #[tokio::test]
@@ -163,6 +166,13 @@ fn shared_schemas() -> BTreeMap<String, Value> {
         schema::<t::ErrorBody>(),
         schema::<t::ErrorDetail>(),
         schema::<t::ErrorCode>(),
+        schema::<t::FnCallRequest>(),
+        schema::<t::FnCallResult>(),
+        schema::<t::FnCallStatus>(),
+        schema::<t::CompileResult>(),
+        schema::<t::BatchRequest>(),
+        schema::<t::BatchItem>(),
+        schema::<t::Language>(),
     ]
     .into_iter()
     .collect()
@@ -450,6 +460,27 @@ fn every_body_is_the_shared_type() {
             204,
             None,
         ),
+        (
+            "post",
+            "/v1/fncall",
+            Some("FnCallRequest"),
+            200,
+            Some("application/json FnCallResult"),
+        ),
+        (
+            "post",
+            "/v1/fncall/batch",
+            Some("BatchRequest"),
+            200,
+            Some("application/x-ndjson BatchItem"),
+        ),
+        (
+            "get",
+            "/v1/fncall/languages",
+            None,
+            200,
+            Some("application/json [Language]"),
+        ),
     ];
     assert_eq!(want.len(), V1.len());
     let doc = document_json();
@@ -736,57 +767,6 @@ fn query_parameters_are_the_shared_query_types() {
 }
 
 #[test]
-fn layer_limits_are_the_daemons() {
-    let s = &document_json()["components"]["schemas"];
-    for name in ["CreateSandbox", "CreateTemplate"] {
-        let p = &s[name]["properties"];
-        assert_eq!(p["layers"]["maxItems"], layers::MAX_LAYERS, "{name}");
-        assert_eq!(
-            p["upper_size_mib"]["minimum"],
-            layers::MIN_UPPER_SIZE_MIB,
-            "{name}"
-        );
-        assert_eq!(
-            p["upper_disk_mib"]["minimum"],
-            layers::MIN_UPPER_DISK_MIB,
-            "{name}"
-        );
-        assert_eq!(
-            p["upper_disk_mib"]["maximum"],
-            layers::MAX_UPPER_DISK_MIB,
-            "{name}"
-        );
-    }
-    assert_eq!(
-        s["Template"]["properties"]["layers"]["maxItems"],
-        layers::MAX_LAYERS
-    );
-    // The bounds of metadata and env are the ones the daemon checks.
-    let p = &s["CreateSandbox"]["properties"];
-    for (k, b, what) in [
-        ("metadata", crate::inputs::METADATA, "keys"),
-        ("env", crate::inputs::ENV, "names"),
-    ] {
-        let d = p[k]["description"]
-            .as_str()
-            .unwrap_or("")
-            .replace('\n', " ");
-        let want = format!("at most {} {what} of at most {} bytes", b.keys, b.key_bytes);
-        assert!(d.contains(&want), "{k}: {want:?} not in {d:?}");
-        assert!(
-            d.contains(&format!("{} KiB in all", b.total_bytes >> 10)),
-            "{k}: {d}"
-        );
-    }
-    assert_eq!(
-        s["SetPool"]["properties"]["target"]["description"]
-            .as_str()
-            .map(|d| d.contains(&crate::templates::MAX_POOL.to_string())),
-        Some(true)
-    );
-}
-
-#[test]
 fn served_document_is_the_generated_one() {
     let doc = document_json();
     assert_eq!(doc["openapi"], "3.1.0");
@@ -797,3 +777,7 @@ fn served_document_is_the_generated_one() {
         "bearer"
     );
 }
+
+// The bounds the document states, beside: this file would be too long.
+#[path = "api_bounds_tests.rs"]
+mod bounds;

@@ -106,14 +106,22 @@ pub enum TokenError {
     },
 }
 
-/// The bearer tokens TCP callers may send, each with its name.
+/// The bearer tokens TCP callers may send, each with its name, and
+/// whether SandboxFusion's routes ([`crate::fusion`]) need one.
 #[derive(Clone)]
-pub struct Tokens(Vec<(String, String)>);
+pub struct Tokens {
+    tokens: Vec<(String, String)>,
+    open_fusion: bool,
+}
 
 impl std::fmt::Debug for Tokens {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let names: Vec<&str> = self.0.iter().map(|(n, _)| n.as_str()).collect();
-        write!(f, "Tokens({names:?})")
+        let names: Vec<&str> = self.tokens.iter().map(|(n, _)| n.as_str()).collect();
+        write!(f, "Tokens({names:?})")?;
+        if self.open_fusion {
+            write!(f, " (/run_code open)")?;
+        }
+        Ok(())
     }
 }
 
@@ -127,12 +135,27 @@ fn valid_name(n: &str) -> bool {
 impl Tokens {
     /// One token, named [`DEFAULT_TOKEN`].
     pub fn single(token: impl Into<String>) -> Tokens {
-        Tokens(vec![(DEFAULT_TOKEN.into(), token.into())])
+        Tokens::named([(DEFAULT_TOKEN.into(), token.into())])
     }
 
     /// Named tokens.
     pub fn named(tokens: impl IntoIterator<Item = (String, String)>) -> Tokens {
-        Tokens(tokens.into_iter().collect())
+        Tokens {
+            tokens: tokens.into_iter().collect(),
+            open_fusion: false,
+        }
+    }
+
+    /// Lets TCP callers use SandboxFusion's routes (`/run_code`,
+    /// `/v1/ping`) without a token (`shoald --run-code-without-token`).
+    pub fn with_open_fusion(mut self, open: bool) -> Tokens {
+        self.open_fusion = open;
+        self
+    }
+
+    /// Whether SandboxFusion's routes need no token.
+    pub fn open_fusion(&self) -> bool {
+        self.open_fusion
     }
 
     /// Reads a token file: owned by the daemon's user and inaccessible to
@@ -221,7 +244,7 @@ impl Tokens {
                     }
                     out.push((n.into(), t.into()));
                 }
-                Ok(Tokens(out))
+                Ok(Tokens::named(out))
             }
         }
     }
@@ -230,7 +253,7 @@ impl Tokens {
     /// per token).
     pub fn principal(&self, bearer: &[u8]) -> Option<Principal> {
         let mut found = None;
-        for (n, t) in &self.0 {
+        for (n, t) in &self.tokens {
             if constant_eq(bearer, t.as_bytes()) && found.is_none() {
                 found = Some(Principal::Token(n.clone()));
             }

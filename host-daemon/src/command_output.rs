@@ -149,6 +149,12 @@ impl Output {
         self.head_cost[0] + self.head_cost[1] + self.tail_cost
     }
 
+    /// The number the next chunk kept will get (a reader starting here
+    /// sees only what comes from now on).
+    pub fn next_seq(&self) -> u64 {
+        self.next
+    }
+
     /// Bytes that fell out of the tail (not replayed to a new attach).
     pub fn dropped(&self) -> u64 {
         self.dropped

@@ -21,7 +21,7 @@
 //! on (`lost`) and killed.
 
 use super::command_output::{Output, Stream};
-use super::exec::{error_line, line, prepare, status_fields, write_all};
+use super::exec::{error_line, line, prepare, status_fields, write_all, Prepared};
 use super::freeze::Busy;
 use super::lifecycle::ensure_running;
 use super::ops::agent;
@@ -64,9 +64,22 @@ struct Inner {
     stdin_closed: bool,
 }
 
+/// What a caller other than the plain API (the E2B data plane) keeps
+/// with a command: its tag and the configuration it was started with.
+#[derive(Debug, Clone)]
+pub struct Label {
+    /// A name the command is found by besides its pid.
+    pub tag: Option<String>,
+    /// The command as asked for (shown back by listings).
+    pub config: serde_json::Value,
+    /// It runs on a terminal (its output is the terminal's).
+    pub pty: bool,
+}
+
 /// One background command.
 pub struct Cmd {
     exec_id: u64,
+    label: Option<Label>,
     pid: i32,
     sandbox_id: String,
     started_at: f64,
@@ -125,6 +138,26 @@ impl Cmd {
 
     fn running(&self) -> bool {
         self.inner().end == End::Running
+    }
+
+    /// Whether the command has not ended (as far as the daemon knows).
+    pub fn is_running(&self) -> bool {
+        self.running()
+    }
+
+    /// Its id in the guest agent.
+    pub fn exec_id(&self) -> u64 {
+        self.exec_id
+    }
+
+    /// Its pid in the guest.
+    pub fn pid(&self) -> i32 {
+        self.pid
+    }
+
+    /// What its starter labelled it with.
+    pub fn label(&self) -> Option<&Label> {
+        self.label.as_ref()
     }
 
     /// The command as the API shows it.
@@ -273,15 +306,31 @@ fn link(d: &Arc<Daemon>, cmd: &Arc<Cmd>, h: AsyncExecHandle, busy: Busy) {
 /// Starts a background command (a paused sandbox is resumed first).
 pub async fn start(d: &Arc<Daemon>, id: &str, b: api::ExecRequest) -> ApiResult<api::Command> {
     let stdin_open = b.stdin_open;
+    let cmd = start_with(d, id, stdin_open, None, |row| prepare(&row.env, b, true)).await?;
+    Ok(cmd.view())
+}
+
+/// Starts a background command whose agent request `make` builds from the
+/// sandbox's row (a paused sandbox is resumed first), labelled `label`.
+pub(crate) async fn start_with(
+    d: &Arc<Daemon>,
+    id: &str,
+    stdin_open: bool,
+    label: Option<Label>,
+    make: impl FnOnce(&db::SandboxRow) -> ApiResult<Prepared>,
+) -> ApiResult<Arc<Cmd>> {
     let (row, live, busy) = ensure_running(d, id).await?;
-    let p = prepare(&row.env, b, true)?;
+    let p = make(&row)?;
     let slot = live.commands.reserve(d.cfg.agent.max_commands)?;
     let c = agent(d, &live).await?;
     let limits = d.cfg.agent;
     let t0 = Instant::now();
     let deadline = tokio::time::Instant::now() + p.timeout + limits.exec_slack;
     let h = within("starting the command", limits.call_timeout, async {
-        Ok(c.exec(&p.req).await?)
+        Ok(match p.pty {
+            Some((cols, rows)) => c.exec_pty(&p.req, cols, rows).await?,
+            None => c.exec(&p.req).await?,
+        })
     })
     .await?;
     if let Some(data) = p.stdin {
@@ -301,6 +350,7 @@ pub async fn start(d: &Arc<Daemon>, id: &str, b: api::ExecRequest) -> ApiResult<
     }
     let cmd = Arc::new(Cmd {
         exec_id: h.exec_id(),
+        label,
         pid: h.pid(),
         sandbox_id: id.into(),
         started_at: db::now(),
@@ -320,7 +370,7 @@ pub async fn start(d: &Arc<Daemon>, id: &str, b: api::ExecRequest) -> ApiResult<
     });
     live.commands.insert(slot, cmd.clone());
     link(d, &cmd, h, busy);
-    Ok(cmd.view())
+    Ok(cmd)
 }
 
 /// Command `cid` of sandbox `id`.
@@ -398,19 +448,47 @@ async fn attached(d: &Arc<Daemon>, cmd: &Arc<Cmd>) -> ApiResult<()> {
     }
 }
 
-/// The command's events as NDJSON: `start`, the output kept so far, live
-/// output, then `exit` (or `error` when it is lost, or its link went).
-pub async fn stream(d: &Arc<Daemon>, cmd: Arc<Cmd>) -> ApiResult<Body> {
+/// One event of a command as [`events`] gives it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    /// Output.
+    Out(Stream, Bytes),
+    /// The command exited (or was killed by a signal).
+    Exited {
+        /// Its exit code.
+        exit_code: Option<i32>,
+        /// The signal that ended it.
+        signal: Option<i32>,
+        /// Killed at its timeout.
+        timed_out: bool,
+    },
+    /// The daemon lost the command (why).
+    Lost(String),
+    /// The daemon's connection to the command went; it may still run.
+    Detached,
+    /// The command's deadline passed with no end from the guest.
+    Deadline,
+}
+
+/// The command's events: the output kept so far (with `replay`; else only
+/// what comes from now on), live output, then one last event (its exit,
+/// or why there is none). Ends at the command's deadline at the latest.
+pub async fn events(
+    d: &Arc<Daemon>,
+    cmd: Arc<Cmd>,
+    replay: bool,
+) -> ApiResult<impl futures_util::Stream<Item = Event> + Send + 'static> {
     attached(d, &cmd).await?;
-    let start = line(api::ExecEvent::Start {
-        pid: cmd.pid,
-        exec_id: cmd.exec_id,
-    });
     let rx = cmd.changed.subscribe();
     // The last moment anything can still come: the command's deadline.
     let end = cmd.deadline + Duration::from_secs(1);
-    let state = Some((cmd, rx, 0u64));
-    let s = futures_util::stream::unfold(state, move |st| async move {
+    let from = if replay {
+        0
+    } else {
+        cmd.inner().out.next_seq()
+    };
+    let state = Some((cmd, rx, from));
+    Ok(futures_util::stream::unfold(state, move |st| async move {
         let (cmd, mut rx, seq) = st?;
         loop {
             // Marked seen before looking, so no change is missed.
@@ -420,34 +498,59 @@ pub async fn stream(d: &Arc<Daemon>, cmd: Arc<Cmd>) -> ApiResult<Body> {
                 (i.out.next_from(seq), i.end.clone(), i.link.is_some())
             };
             if let Some(c) = chunk {
-                let ev = match c.stream {
-                    Stream::Stdout => api::ExecEvent::stdout(&c.data),
-                    Stream::Stderr => api::ExecEvent::stderr(&c.data),
-                };
-                return Some((Ok(line(ev)), Some((cmd, rx, c.seq + 1))));
+                let ev = Event::Out(c.stream, c.data);
+                return Some((ev, Some((cmd, rx, c.seq + 1))));
             }
             let last = match ended {
                 End::Exited {
                     exit_code,
                     signal,
                     timed_out,
-                } => line(api::ExecEvent::Exit {
+                } => Event::Exited {
                     exit_code,
                     signal,
                     timed_out,
-                }),
-                End::Lost(why) => error_line(why),
-                End::Running if !linked => error_line(
-                    "the daemon's connection to the command went (the sandbox was paused?): \
-                     the command may still run; stream it again",
-                ),
+                },
+                End::Lost(why) => Event::Lost(why),
+                End::Running if !linked => Event::Detached,
                 End::Running => match tokio::time::timeout_at(end, rx.changed()).await {
                     Ok(Ok(())) => continue,
-                    _ => error_line("deadline exceeded: the sandbox did not end the command"),
+                    _ => Event::Deadline,
                 },
             };
-            return Some((Ok::<_, std::convert::Infallible>(last), None));
+            return Some((last, None));
         }
+    }))
+}
+
+/// The command's events as NDJSON: `start`, the output kept so far, live
+/// output, then `exit` (or `error` when it is lost, or its link went).
+pub async fn stream(d: &Arc<Daemon>, cmd: Arc<Cmd>) -> ApiResult<Body> {
+    let start = line(api::ExecEvent::Start {
+        pid: cmd.pid,
+        exec_id: cmd.exec_id,
+    });
+    let evs = events(d, cmd, true).await?;
+    let s = futures_util::StreamExt::map(evs, |ev| {
+        Ok::<_, std::convert::Infallible>(match ev {
+            Event::Out(Stream::Stdout, data) => line(api::ExecEvent::stdout(&data)),
+            Event::Out(Stream::Stderr, data) => line(api::ExecEvent::stderr(&data)),
+            Event::Exited {
+                exit_code,
+                signal,
+                timed_out,
+            } => line(api::ExecEvent::Exit {
+                exit_code,
+                signal,
+                timed_out,
+            }),
+            Event::Lost(why) => error_line(why),
+            Event::Detached => error_line(
+                "the daemon's connection to the command went (the sandbox was paused?): \
+                 the command may still run; stream it again",
+            ),
+            Event::Deadline => error_line("deadline exceeded: the sandbox did not end the command"),
+        })
     });
     let s = futures_util::StreamExt::chain(futures_util::stream::once(async move { Ok(start) }), s);
     Ok(Body::from_stream(s))
@@ -622,6 +725,7 @@ mod tests {
         let mk = |id: u64, end: End| {
             Arc::new(Cmd {
                 exec_id: id,
+                label: None,
                 pid: 1,
                 sandbox_id: "s".into(),
                 started_at: 0.0,

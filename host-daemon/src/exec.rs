@@ -28,6 +28,8 @@ pub(crate) struct Prepared {
     pub(crate) req: ExecRequest,
     pub(crate) stdin: Option<Vec<u8>>,
     pub(crate) timeout: Duration,
+    /// Run on a new terminal of (cols, rows).
+    pub(crate) pty: Option<(u16, u16)>,
 }
 
 /// The agent's request for `b` in a sandbox whose environment is `env`
@@ -91,6 +93,7 @@ pub(crate) fn prepare(
         req,
         stdin,
         timeout,
+        pty: None,
     })
 }
 

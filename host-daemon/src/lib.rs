@@ -19,6 +19,8 @@
 //! - [`watch`]: VM exits (pidfd) noticed and reclaimed; [`supervisor`]:
 //!   TTL and idle sweeps, recovery on start (reattach or reclaim).
 //! - [`pool`]: warm pools of restored sandboxes per template.
+//! - [`fncall`]: stateless calls of code, each in a fresh clone of a
+//!   per-language (warm) template.
 //! - [`admission`], [`metrics`].
 //!
 //! The VMs themselves are the [`SandboxBackend`]'s: the daemon restores,
@@ -35,8 +37,10 @@ pub mod cpu_share;
 pub mod db;
 pub mod e2b;
 pub mod exec;
+pub mod fncall;
 pub mod fork;
 pub mod freeze;
+pub mod fusion;
 pub mod inputs;
 pub mod layer_files;
 pub mod lifecycle;

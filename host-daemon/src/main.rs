@@ -39,6 +39,13 @@ struct Args {
     /// owned by the daemon's user and not readable by group or others.
     #[arg(long)]
     token_file: Option<PathBuf>,
+    /// On TCP, serve SandboxFusion's `POST /run_code` and `GET /v1/ping`
+    /// without a token (as SandboxFusion does: for a private network);
+    /// every other route still needs one. Without this flag those two
+    /// take the token as a bearer token or as the password of HTTP Basic
+    /// auth (`SANDBOX_FUSION_ENDPOINT=http://fusion:TOKEN@HOST:PORT`).
+    #[arg(long)]
+    run_code_without_token: bool,
     /// A request's head must arrive within this many seconds (also how
     /// long an idle keep-alive connection is kept).
     #[arg(long, default_value_t = 10)]
@@ -123,7 +130,13 @@ fn main() -> Result<()> {
         (Some(_), None) => {
             bail!("--listen needs --token-file (TCP clients must send a bearer token)")
         }
-        (Some(addr), Some(f)) => Some((addr, daemon::auth::Tokens::load(f)?)),
+        (Some(addr), Some(f)) => {
+            let t = daemon::auth::Tokens::load(f)?.with_open_fusion(a.run_code_without_token);
+            if a.run_code_without_token {
+                tracing::warn!(%addr, "POST /run_code needs no token on TCP (--run-code-without-token)");
+            }
+            Some((addr, t))
+        }
     };
     // Each VMM costs the daemon a pidfd and a few short-lived sockets.
     raise_nofile();

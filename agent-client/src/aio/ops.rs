@@ -6,8 +6,8 @@ use std::path::Path;
 
 use agent_proto::{
     AttachRequest, ChmodRequest, DirEntry, ExecRequest, FileRead, FileStat, HealthReply, Kind,
-    Message, MkdirRequest, PostRestore, PostRestoreReply, PowerAction, PowerRequest, RemoveRequest,
-    RenameRequest, SignalRequest, VersionReply,
+    Message, MkdirRequest, PostRestore, PostRestoreReply, PowerAction, PowerRequest, PtyExec,
+    PtyResize, RemoveRequest, RenameRequest, SignalRequest, VersionReply,
 };
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 use tokio::time::Instant;
@@ -53,6 +53,37 @@ impl AsyncClient {
         let slack = self.inner.config.exec_slack;
         let deadline = req.timeout().map(|t| Instant::now() + t + slack);
         self.start(|id| session::message(id, req), deadline).await
+    }
+
+    /// Starts a command on a new terminal of `cols` x `rows` (its stdin,
+    /// stdout and stderr): the terminal's output comes as stdout, stdin
+    /// writes are typed into it. An agent without PTYs answers
+    /// `UnknownKind`.
+    pub async fn exec_pty(
+        &self,
+        req: &ExecRequest,
+        cols: u16,
+        rows: u16,
+    ) -> Result<AsyncExecHandle> {
+        let slack = self.inner.config.exec_slack;
+        let deadline = req.timeout().map(|t| Instant::now() + t + slack);
+        let m = PtyExec {
+            exec: req.clone(),
+            cols,
+            rows,
+        };
+        self.start(|id| session::message(id, &m), deadline).await
+    }
+
+    /// Sets the terminal size of PTY exec `exec_id`.
+    pub async fn resize_pty(&self, exec_id: u64, cols: u16, rows: u16) -> Result<()> {
+        self.call(&PtyResize {
+            exec_id,
+            cols,
+            rows,
+        })
+        .await?
+        .expect_ok()
     }
 
     /// Runs a command to completion and collects its output (at most

@@ -6,6 +6,7 @@ mod agent_frames;
 mod agent_messages;
 mod api;
 mod blk;
+mod e2b_envd;
 mod mmio;
 mod pmem;
 mod snapshot_state;

@@ -6,7 +6,16 @@ use super::*;
 impl Server {
     // ------------------------------------------------------------------ exec
 
-    pub(super) fn start_exec(&mut self, cid: u32, id: u32, req: ExecRequest) {
+    /// Starts `req`; on a new terminal of `pty` (cols, rows) when given:
+    /// the terminal is its stdin, stdout and stderr, its output comes as
+    /// stdout, and `Stdin` frames are typed into it.
+    pub(super) fn start_exec(
+        &mut self,
+        cid: u32,
+        id: u32,
+        req: ExecRequest,
+        pty: Option<(u16, u16)>,
+    ) {
         if !self.stream_allowed(cid, id) {
             return;
         }
@@ -27,15 +36,17 @@ impl Server {
                 return;
             }
         };
-        let (out_r, out_w) = match os::pipe() {
-            Ok(p) => p,
-            Err(e) => return self.reply_errno(cid, id, "pipe", e),
+        let fds = match pty {
+            Some((cols, rows)) => pty_fds(cols, rows),
+            None => pipe_fds(req.stdin),
         };
-        let (err_r, err_w) = match os::pipe() {
-            Ok(p) => p,
-            Err(e) => return self.reply_errno(cid, id, "pipe", e),
+        let (out_r, out_w, err_r, err_w, ins) = match fds {
+            Ok(f) => f,
+            Err((what, e)) => return self.reply_errno(cid, id, what, e),
         };
-        let (in_r, in_w) = if req.stdin {
+        let (in_r, in_w) = if let Some(ins) = ins {
+            ins
+        } else if req.stdin {
             match os::pipe() {
                 Ok((r, w)) => (Some(r), Some(w)),
                 Err(e) => return self.reply_errno(cid, id, "pipe", e),
@@ -68,6 +79,7 @@ impl Server {
             cgroup: cgroup.as_ref(),
             reset_oom: guest,
             drop_ptrace: guest,
+            ctty: pty.is_some(),
         };
         let spawned = launch::spawn(&spec);
         drop((out_w, err_w, in_r));
@@ -94,9 +106,9 @@ impl Server {
         let _ = self
             .ep
             .add(out_r.as_raw_fd(), readable, pipe_token(exec_id, 0));
-        let _ = self
-            .ep
-            .add(err_r.as_raw_fd(), readable, pipe_token(exec_id, 1));
+        if let Some(e) = &err_r {
+            let _ = self.ep.add(e.as_raw_fd(), readable, pipe_token(exec_id, 1));
+        }
         // An absurd timeout (overflowing Instant) means no timeout.
         let deadline = (req.timeout_ms > 0)
             .then(|| Instant::now().checked_add(Duration::from_millis(req.timeout_ms)))
@@ -107,7 +119,7 @@ impl Server {
             Exec {
                 pid: spawned.pid,
                 attached: Some((cid, id)),
-                pipes: [Some(out_r), Some(err_r)],
+                pipes: [Some(out_r), err_r],
                 grown: [false; 2],
                 paused: false,
                 stdin: in_w,
@@ -517,6 +529,22 @@ impl Server {
         }
     }
 
+    /// Sets a PTY exec's terminal size.
+    pub(super) fn pty_resize(&mut self, cid: u32, id: u32, req: &PtyResize) {
+        let fd = self
+            .execs
+            .get(&req.exec_id)
+            .and_then(|e| e.pipes[0].as_ref())
+            .map(|fd| os::set_winsize(os::fd_ref(fd), req.cols, req.rows));
+        match fd {
+            None => {
+                let msg = format!("no running exec {}", req.exec_id);
+                self.reply_err(cid, id, ErrorCode::NoSuchExec, 0, msg);
+            }
+            Some(r) => self.reply_result(cid, id, "TIOCSWINSZ", r),
+        }
+    }
+
     pub(super) fn signal(&mut self, cid: u32, id: u32, req: &SignalRequest) {
         if !(0..=64).contains(&req.signal) {
             let msg = format!("invalid signal {}", req.signal);
@@ -699,4 +727,36 @@ pub(super) fn env_cstrings(env: &[(Vec<u8>, Vec<u8>)]) -> Vec<CString> {
             CString::new(e).ok()
         })
         .collect()
+}
+
+/// An exec's fds: stdout (read, write), stderr (read, if a pipe of its
+/// own; write), and stdin (read, write) when they come with the rest.
+type ExecFds = (
+    OwnedFd,
+    OwnedFd,
+    Option<OwnedFd>,
+    OwnedFd,
+    Option<(Option<OwnedFd>, Option<OwnedFd>)>,
+);
+
+/// Pipes for stdout and stderr (stdin is the caller's).
+fn pipe_fds(_stdin: bool) -> Result<ExecFds, (&'static str, Errno)> {
+    let (out_r, out_w) = os::pipe().map_err(|e| ("pipe", e))?;
+    let (err_r, err_w) = os::pipe().map_err(|e| ("pipe", e))?;
+    Ok((out_r, out_w, Some(err_r), err_w, None))
+}
+
+/// A new terminal of `cols` x `rows`: the child gets its slave side as
+/// stdin, stdout and stderr; the master is read as stdout and written as
+/// stdin.
+fn pty_fds(cols: u16, rows: u16) -> Result<ExecFds, (&'static str, Errno)> {
+    let (master, slave) = os::openpty(cols, rows).map_err(|e| ("openpty", e))?;
+    let dup = |fd: &OwnedFd| {
+        fd.try_clone()
+            .map_err(|e| ("dup", Errno(e.raw_os_error().unwrap_or(libc::EIO))))
+    };
+    let out_r = dup(&master)?;
+    let out_w = dup(&slave)?;
+    let err_w = dup(&slave)?;
+    Ok((out_r, out_w, None, err_w, Some((Some(slave), Some(master)))))
 }

@@ -36,6 +36,8 @@ pub struct SpawnSpec<'a> {
     /// memory through /proc/1/mem (the agent is not dumpable), while
     /// tracing its own processes still works.
     pub drop_ptrace: bool,
+    /// Make stdin (a terminal) the controlling terminal of the new session.
+    pub ctty: bool,
 }
 
 /// Where the child failed.
@@ -87,6 +89,7 @@ struct ChildArgs {
     cg_procs: *const c_char,
     reset_oom: bool,
     drop_ptrace: bool,
+    ctty: bool,
     empty_mask: libc::sigset_t,
     /// errno of the failure; 0 if exec succeeded.
     err: AtomicI32,
@@ -131,6 +134,7 @@ pub fn spawn(spec: &SpawnSpec<'_>) -> Result<Spawned, (Stage, Errno)> {
         cg_procs: spec.cgroup.map_or(std::ptr::null(), |c| c.1.as_ptr()),
         reset_oom: spec.reset_oom,
         drop_ptrace: spec.drop_ptrace,
+        ctty: spec.ctty,
         empty_mask,
         err: AtomicI32::new(0),
         stage: AtomicI32::new(0),
@@ -242,6 +246,9 @@ extern "C" fn child_main(arg: *mut c_void) -> c_int {
             if r < 0 {
                 fail(a, 3, errno());
             }
+        }
+        if a.ctty && libc::ioctl(0, libc::TIOCSCTTY, 0) != 0 {
+            fail(a, 3, errno());
         }
         if !a.cwd.is_null() && libc::chdir(a.cwd) != 0 {
             fail(a, 1, errno());

@@ -40,8 +40,9 @@ use agent_proto::{
     AttachRequest, ChmodRequest, Command, DirEntries, ErrorCode, ErrorReply, ExecRequest,
     ExecResult, ExecStarted, ExitStatus, FileDone, FileRead, FileWrite, Header, HealthReply, Hello,
     HelloOk, Kind, Message, MkdirRequest, PathRequest, PostRestore, PowerAction, PowerRequest,
-    RemoveRequest, RenameRequest, SignalRequest, TcpConnect, VersionReply, DETACHED_OUTPUT_LIMIT,
-    HEADER_LEN, HELLO_MAGIC, MAX_PAYLOAD, PROTOCOL_VERSION, TCP_CONNECT_TIMEOUT_MAX_MS,
+    PtyExec, PtyResize, RemoveRequest, RenameRequest, SignalRequest, TcpConnect, VersionReply,
+    DETACHED_OUTPUT_LIMIT, HEADER_LEN, HELLO_MAGIC, MAX_PAYLOAD, PROTOCOL_VERSION,
+    TCP_CONNECT_TIMEOUT_MAX_MS,
 };
 
 use exec::env_cstrings;
@@ -461,7 +462,15 @@ impl Server {
             }
             Kind::Exec => {
                 let req = msg!(ExecRequest);
-                self.start_exec(cid, id, req);
+                self.start_exec(cid, id, req, None);
+            }
+            Kind::PtyExec => {
+                let req = msg!(PtyExec);
+                self.start_exec(cid, id, req.exec, Some((req.cols, req.rows)));
+            }
+            Kind::PtyResize => {
+                let req = msg!(PtyResize);
+                self.pty_resize(cid, id, &req);
             }
             Kind::Stdin => self.stdin_data(cid, id, payload),
             Kind::StdinClose => self.stdin_close(cid, id),

@@ -101,6 +101,39 @@ pub fn pipe() -> SysResult<(OwnedFd, OwnedFd)> {
     Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
 
+/// openpty(3) of `cols` x `rows`: (master, slave), both close-on-exec.
+pub fn openpty(cols: u16, rows: u16) -> SysResult<(OwnedFd, OwnedFd)> {
+    let (mut m, mut s): (c_int, c_int) = (-1, -1);
+    let ws = libc::winsize {
+        ws_row: rows,
+        ws_col: cols,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    // SAFETY: m and s are writable ints, no name buffer or termios is
+    // passed, and ws is a valid winsize.
+    cvt(unsafe { libc::openpty(&mut m, &mut s, std::ptr::null_mut(), std::ptr::null(), &ws) })?;
+    // SAFETY: openpty succeeded, so both fds are new and ours.
+    let (m, s) = unsafe { (OwnedFd::from_raw_fd(m), OwnedFd::from_raw_fd(s)) };
+    for fd in [&m, &s] {
+        // SAFETY: plain fcntl on an open fd.
+        cvt(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFD, libc::FD_CLOEXEC) })?;
+    }
+    Ok((m, s))
+}
+
+/// ioctl(TIOCSWINSZ): a terminal's size.
+pub fn set_winsize(fd: BorrowedFd<'_>, cols: u16, rows: u16) -> SysResult<()> {
+    let ws = libc::winsize {
+        ws_row: rows,
+        ws_col: cols,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    // SAFETY: ioctl on an open fd with a valid winsize.
+    cvt(unsafe { libc::ioctl(fd.as_raw_fd(), libc::TIOCSWINSZ, &ws) }).map(drop)
+}
+
 /// fcntl(F_SETFL, O_NONBLOCK) (replaces the other status flags, which are
 /// none on our pipes).
 pub fn set_nonblocking(fd: BorrowedFd<'_>) -> SysResult<()> {

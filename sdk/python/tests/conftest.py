@@ -179,3 +179,54 @@ def sandbox(client: shoal.Shoal) -> Iterator[shoal.Sandbox]:
 async def asandbox(aclient: shoal.AsyncShoal):
     async with await aclient.create(template=TEMPLATE) as sb:
         yield sb
+
+
+class TcpDaemon(Daemon):
+    """A daemon that also listens on TCP (127.0.0.1, a free port) with a
+    token file: ``url`` and ``token``."""
+
+    def __init__(self, *args: str) -> None:
+        import secrets
+        import socket
+
+        self.token = secrets.token_hex(16)
+        tokdir = tempfile.mkdtemp(prefix="shoal-py-tok-")
+        self.token_file = os.path.join(tokdir, "token")
+        fd = os.open(self.token_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(self.token + "\n")
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        super().__init__(
+            "--listen", f"127.0.0.1:{self.port}", "--token-file", self.token_file, *args
+        )
+        end = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                break
+            except OSError:
+                if self.proc.poll() is not None or time.monotonic() > end:
+                    raise RuntimeError(f"shoald did not listen on TCP:\n{self.log()}")
+                time.sleep(0.05)
+
+    def stop(self) -> None:
+        super().stop()
+        shutil.rmtree(os.path.dirname(self.token_file), ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def fncall_daemon() -> Iterator[TcpDaemon]:
+    """A daemon on the Unix socket and TCP for FnCall and SandboxFusion's
+    ``/run_code`` (its language templates are built on their first call,
+    from the ``base`` image: ``target/release/shoal artifacts build``)."""
+    base = _artifacts() / "images" / "base.erofs"
+    if not base.is_file():
+        raise RuntimeError(f"{base} is missing: target/release/shoal artifacts build base")
+    d = TcpDaemon("--agent-timeout", "300")
+    try:
+        yield d
+    finally:
+        d.stop()

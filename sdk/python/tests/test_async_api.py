@@ -244,7 +244,6 @@ async def test_per_kind_entry_points(aclient):
         await sb.kill()
     for run, args in (
         (aclient.run_container, shoal.ContainerArgs(image="debian:12")),
-        (aclient.run_fncall, shoal.FnCallArgs(function="f")),
         (aclient.run_vm, shoal.VMArgs(disk_image="/x.img")),
     ):
         with pytest.raises(shoal.KindNotAvailable, match="not available on this daemon yet"):

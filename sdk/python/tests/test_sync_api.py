@@ -245,7 +245,6 @@ def test_per_kind_entry_points(client):
         sb.kill()
     for run, args in (
         (client.run_container, shoal.ContainerArgs(image="debian:12")),
-        (client.run_fncall, shoal.FnCallArgs(function="f")),
         (client.run_vm, shoal.VMArgs(disk_image="/x.img")),
     ):
         with pytest.raises(shoal.KindNotAvailable, match="not available on this daemon yet"):

@@ -49,6 +49,7 @@ from ._errors import (
     Timeout,
     Unauthorized,
 )
+from ._fncall import FnCallArgs, FnCallCompile, FnCallResult
 from ._sync_client import Shoal
 from ._sync_files import Files
 from ._sync_sandbox import Command, Sandbox
@@ -59,7 +60,6 @@ from ._types import (
     ExecEvent,
     ExecResult,
     FileStat,
-    FnCallArgs,
     Forked,
     MicroVMArgs,
     PoolInfo,
@@ -93,6 +93,8 @@ __all__ = [
     "FileStat",
     "Files",
     "FnCallArgs",
+    "FnCallCompile",
+    "FnCallResult",
     "Forbidden",
     "ForkFailed",
     "Forked",

@@ -4,14 +4,16 @@ from this file by ``tools/gen_sync.py`` (never edit it by hand)."""
 from __future__ import annotations
 
 import contextlib
+import json as _json
 import os
-from typing import Any, AsyncIterator, List, Mapping, Sequence
+from typing import Any, AsyncIterator, Iterable, List, Mapping, Sequence
 
 import httpx
 
 from . import _aio as _io
 from ._async_sandbox import AsyncSandbox
 from ._core import Backoff, Target, create_body, ensure_daemon, resolve_target
+from ._fncall import MAX_BATCH_CALLS, FnCallArgs, FnCallResult, fncall_args
 from ._errors import (
     ConnectionFailed,
     KindNotAvailable,
@@ -25,7 +27,6 @@ from ._errors import (
 )
 from ._types import (
     ContainerArgs,
-    FnCallArgs,
     MicroVMArgs,
     PoolInfo,
     SandboxInfo,
@@ -311,10 +312,54 @@ class AsyncShoal:
         :class:`KindNotAvailable`)."""
         raise KindNotAvailable(_unavailable("container", args))
 
-    async def run_fncall(self, args: FnCallArgs) -> AsyncSandbox:
-        """Function calls: not available on this daemon yet (raises
-        :class:`KindNotAvailable`)."""
-        raise KindNotAvailable(_unavailable("fncall", args))
+    async def run_fncall(self, args: FnCallArgs | None = None, /, **fields: Any) -> FnCallResult:
+        """One function call (``POST /v1/fncall``): ``args`` (a
+        :class:`FnCallArgs`) or its fields as keywords
+        (``run_fncall(language="python", code="print(1)")``), run in a
+        fresh clone of the language's warm template that is destroyed
+        once it answers. The program's failures are in the result's
+        ``status`` (never raised); :class:`BadRequest` for a call the
+        daemon refuses (an unknown language, bad sizes or timeouts)."""
+        call = fncall_args(args, fields)
+        run = call.timeout_s if call.timeout_s is not None else 10.0
+        comp = call.compile_timeout_s if call.compile_timeout_s is not None else run
+        # The answer comes once the call has run: wait at least that long.
+        wait = max(self.timeout, run + comp + 60.0)
+        v = await self._json("POST", "/v1/fncall", json=call.to_json(), timeout=wait)
+        return FnCallResult.from_json(v)
+
+    async def map_fncall(
+        self, calls: Iterable[FnCallArgs], *, concurrency: int | None = None
+    ) -> List[FnCallResult]:
+        """Many calls (``POST /v1/fncall/batch``), at most ``concurrency``
+        at once (default: what the host admits); the results in the
+        order of ``calls``. Each runs in its own fresh clone, as
+        :meth:`run_fncall`; a call the daemon refuses is a
+        ``sandbox_error`` result with the reason, the others still run."""
+        bodies = [fncall_args(c, {}).to_json() for c in calls]
+        out: List[FnCallResult | None] = [None] * len(bodies)
+        for start in range(0, len(bodies), MAX_BATCH_CALLS):
+            chunk = bodies[start : start + MAX_BATCH_CALLS]
+            body: dict[str, Any] = {"calls": chunk}
+            if concurrency is not None:
+                body["concurrency"] = int(concurrency)
+            async with self._stream("POST", "/v1/fncall/batch", json=body) as r:
+                async for line in r.aiter_lines():
+                    if not line.strip():
+                        continue
+                    item = _json.loads(line)
+                    i = int(item["index"])
+                    if not 0 <= i < len(chunk):
+                        raise ShoalError(f"batch answer: index {i} out of range")
+                    out[start + i] = FnCallResult.from_json(item["result"])
+        lost = [i for i, r in enumerate(out) if r is None]
+        if lost:
+            raise ShoalError(
+                f"the batch answer ended without the results of {len(lost)} calls "
+                f"(first: {lost[0]})",
+                code="sandbox_error",
+            )
+        return [r for r in out if r is not None]
 
     async def run_vm(self, args: VMArgs) -> AsyncSandbox:
         """Full VMs: not available on this daemon yet (raises
@@ -462,6 +507,7 @@ def _now() -> float:
 def _unavailable(kind: str, args: object) -> str:
     return (
         f"sandbox kind '{kind}' is not available on this daemon yet: it runs "
-        f"microVMs only (use run_microvm(MicroVMArgs(...))); got {type(args).__name__}"
+        f"microVMs and function calls only (use run_microvm(MicroVMArgs(...)) or "
+        f"run_fncall(FnCallArgs(...))); got {type(args).__name__}"
     )
 

@@ -310,18 +310,6 @@ class ContainerArgs:
 
 
 @dataclass
-class FnCallArgs:
-    """A function call sandbox (one call of a registered function). Not
-    served by this daemon yet: :meth:`AsyncShoal.run_fncall` raises
-    :class:`KindNotAvailable`."""
-
-    function: str
-    args: list[Any] = field(default_factory=list)
-    kwargs: dict[str, Any] = field(default_factory=dict)
-    timeout_s: float | None = None
-
-
-@dataclass
 class VMArgs:
     """A full VM (a disk image with its own kernel and firmware). Not
     served by this daemon yet: :meth:`AsyncShoal.run_vm` raises
