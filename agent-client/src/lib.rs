@@ -22,6 +22,7 @@ mod error;
 mod session;
 pub mod syscount;
 mod transport;
+mod tunnel;
 
 pub use agent_proto::{
     AgentMode, Command, DirEntry, ErrorCode, ExecRequest, ExecResult, ExitStatus, FileStat,
@@ -34,3 +35,4 @@ pub use session::{
     ExecEvent, ExecOutput, Limits, UploadOptions, CHANNEL_FRAMES, DIR_ENTRY_OVERHEAD,
 };
 pub use transport::Transport;
+pub use tunnel::tcp_connect;

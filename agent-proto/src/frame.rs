@@ -101,6 +101,9 @@ pub enum Kind {
     Rename = 0x28,
     /// [`ChmodRequest`]; answered by `Ok`.
     Chmod = 0x29,
+    /// [`TcpConnect`]: turns the connection into a byte relay to a guest
+    /// TCP port; answered by `Ok` (then raw bytes both ways) or `Error`.
+    TcpConnect = 0x30,
 
     /// [`HelloOk`].
     HelloOk = 0x81,
@@ -134,7 +137,7 @@ pub enum Kind {
 
 impl Kind {
     /// Every kind, for lookups.
-    pub const ALL: [Kind; 36] = [
+    pub const ALL: [Kind; 37] = [
         Kind::Hello,
         Kind::Health,
         Kind::Version,
@@ -157,6 +160,7 @@ impl Kind {
         Kind::Remove,
         Kind::Rename,
         Kind::Chmod,
+        Kind::TcpConnect,
         Kind::HelloOk,
         Kind::Ok,
         Kind::Error,

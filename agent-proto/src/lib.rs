@@ -55,12 +55,14 @@
 mod codec;
 mod frame;
 mod messages;
+mod tcp;
 
 pub use codec::{decode, put_message, DecodeError, Message, Reader, Wire};
 pub use frame::{
     begin_frame, end_frame, put_data, put_empty, FrameDecoder, FrameError, Header, Kind, RawFrame,
 };
 pub use messages::*;
+pub use tcp::*;
 
 /// Protocol version spoken by this build (client and agent).
 pub const PROTOCOL_VERSION: u16 = 1;

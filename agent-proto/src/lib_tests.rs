@@ -36,6 +36,10 @@ fn messages_roundtrip() {
         version: PROTOCOL_VERSION,
         client: "test".into(),
     });
+    roundtrip(TcpConnect {
+        port: 49999,
+        timeout_ms: 1000,
+    });
     roundtrip(ExecRequest {
         command: Command::Argv(vec![b"echo".to_vec(), b"hi".to_vec()]),
         env: vec![(b"A".to_vec(), b"1".to_vec())],

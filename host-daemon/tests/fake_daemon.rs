@@ -9,6 +9,8 @@
 mod commands;
 #[path = "fake_daemon/e2b_control.rs"]
 mod e2b_control;
+#[path = "fake_daemon/e2b_proxy.rs"]
+mod e2b_proxy;
 #[path = "fake_daemon/fork.rs"]
 mod fork;
 #[path = "fake_daemon/harness.rs"]

@@ -52,6 +52,7 @@ impl Server {
                 uploads: HashMap::new(),
                 downloads: VecDeque::new(),
                 paused_execs: Vec::new(),
+                relay: None,
             },
         );
     }
@@ -97,6 +98,9 @@ impl Server {
     }
 
     pub(super) fn update_events(&mut self, cid: u32) {
+        if self.relay_events(cid) {
+            return;
+        }
         let Some(c) = self.conns.get_mut(&cid) else {
             return;
         };
@@ -124,6 +128,10 @@ impl Server {
     }
 
     pub(super) fn conn_read(&mut self, cid: u32) {
+        if self.is_relay(cid) {
+            self.relay_host_read(cid);
+            return;
+        }
         let Some(c) = self.conns.get_mut(&cid) else {
             return;
         };
@@ -177,6 +185,13 @@ impl Server {
             };
             self.handle_frame(cid, h, payload);
             pos = end;
+            if self.is_relay(cid) {
+                // The rest is relayed bytes, not frames.
+                let rest = buf.get(pos..).unwrap_or_default().to_vec();
+                self.relay_take_input(cid, &rest);
+                pos = buf.len();
+                break;
+            }
             if self.conns.get(&cid).is_none_or(|c| c.closing || c.dead) {
                 pos = buf.len();
                 break;

@@ -28,6 +28,7 @@ pub mod guest;
 mod launch;
 pub mod listen;
 pub mod os;
+mod relay;
 
 use std::collections::{HashMap, VecDeque};
 use std::ffi::CString;
@@ -39,8 +40,9 @@ use agent_proto::{
     AttachRequest, ChmodRequest, Command, DirEntries, ErrorCode, ErrorReply, ExecRequest,
     ExecResult, ExecStarted, ExitStatus, FileDone, FileRead, FileWrite, Header, HealthReply, Hello,
     HelloOk, Kind, Message, MkdirRequest, PathRequest, PostRestore, PowerAction, PowerRequest,
-    PtyExec, PtyResize, RemoveRequest, RenameRequest, SignalRequest, VersionReply,
+    PtyExec, PtyResize, RemoveRequest, RenameRequest, SignalRequest, TcpConnect, VersionReply,
     DETACHED_OUTPUT_LIMIT, HEADER_LEN, HELLO_MAGIC, MAX_PAYLOAD, PROTOCOL_VERSION,
+    TCP_CONNECT_TIMEOUT_MAX_MS,
 };
 
 use exec::env_cstrings;
@@ -51,6 +53,7 @@ const TOKEN_LISTENER: u64 = 0;
 const TOKEN_SIGNAL: u64 = 1;
 const TAG_CONN: u64 = 1 << 62;
 const TAG_PIPE: u64 = 2 << 62;
+const TAG_RELAY: u64 = 3 << 62;
 const TAG_MASK: u64 = 3 << 62;
 
 /// Input buffer of a connection: two whole frames and some.
@@ -107,6 +110,9 @@ struct Conn {
     downloads: VecDeque<Download>,
     /// Execs whose pipes were paused for this connection's output.
     paused_execs: Vec<u64>,
+    /// Set by `TcpConnect`: the connection relays bytes to a guest TCP
+    /// connection instead of carrying frames.
+    relay: Option<relay::Relay>,
 }
 
 impl Conn {
@@ -276,6 +282,7 @@ impl Server {
                 self.dispatch(token, mask);
             }
             self.check_timers();
+            self.relay_timers();
             self.flush();
             if let Some(action) = self.shutdown {
                 guest::power(self.mode, action);
@@ -293,6 +300,11 @@ impl Server {
             .flat_map(|e| [e.deadline, e.linger])
             .flatten()
             .chain(self.doomed.iter().map(|(at, _)| *at))
+            .chain(
+                self.conns
+                    .values()
+                    .filter_map(|c| c.relay.as_ref()?.deadline()),
+            )
             .min();
         let Some(next) = next else {
             return -1;
@@ -330,6 +342,7 @@ impl Server {
                     _ => self.stdin_writable(exec),
                 }
             }
+            TAG_RELAY => self.relay_tcp_event((token & 0xffff_ffff) as u32, mask),
             _ if token == TOKEN_LISTENER => self.accept(),
             _ => self.on_sigchld(),
         }
@@ -523,6 +536,10 @@ impl Server {
                 let req = msg!(ChmodRequest);
                 let r = files::chmod(&req.path, req.mode);
                 self.reply_result(cid, id, "chmod", r);
+            }
+            Kind::TcpConnect => {
+                let req = msg!(TcpConnect);
+                self.tcp_connect(cid, id, &req);
             }
             Kind::Hello => {
                 let msg = "Hello is only valid as the first frame".to_string();

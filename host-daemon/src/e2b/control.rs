@@ -185,6 +185,12 @@ fn to_create(d: &Daemon, n: w::NewSandbox) -> Result<CreateSandbox, E> {
 
 async fn create(d: Arc<Daemon>, b: Body) -> R {
     let n: w::NewSandbox = w::json(b, d.cfg.http.max_json_body).await?;
+    if super::interp::is_template(&n.template_id) {
+        // The code interpreter's template is the daemon's, made on first use.
+        super::interp::ensure_template(&d)
+            .await
+            .map_err(|e| E::of(api_error(e)))?;
+    }
     let req = to_create(&d, n)?;
     let v = lifecycle::create(&d, req)
         .await

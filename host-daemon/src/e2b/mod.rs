@@ -25,6 +25,7 @@ pub mod control;
 mod control_ops;
 mod control_wire;
 pub mod envd;
+pub mod interp;
 pub mod proxy;
 
 use crate::auth::Tokens;
