@@ -120,16 +120,16 @@ pub(crate) fn status_fields(s: ExitStatus) -> (Option<i32>, Option<i32>) {
     }
 }
 
-/// Output of one stream of a one-shot exec, kept up to a limit; the rest
-/// is read (the command goes on to its exit) and dropped.
-struct Capped {
-    bytes: Vec<u8>,
+/// Output of one stream (a one-shot exec's, a FnCall's), kept up to a
+/// limit; the rest is read (the command goes on to its exit) and dropped.
+pub(crate) struct Capped {
+    pub(crate) bytes: Vec<u8>,
     limit: usize,
-    truncated: bool,
+    pub(crate) truncated: bool,
 }
 
 impl Capped {
-    fn new(limit: usize) -> Capped {
+    pub(crate) fn new(limit: usize) -> Capped {
         Capped {
             bytes: Vec::new(),
             limit,
@@ -137,13 +137,18 @@ impl Capped {
         }
     }
 
-    fn push(&mut self, x: &[u8]) {
+    pub(crate) fn push(&mut self, x: &[u8]) {
         let room = self.limit.saturating_sub(self.bytes.len());
         if x.len() > room {
             self.truncated = true;
         }
         self.bytes
             .extend_from_slice(x.get(..room.min(x.len())).unwrap_or_default());
+    }
+
+    /// What was kept, as (lossy) UTF-8.
+    pub(crate) fn text(&self) -> String {
+        String::from_utf8_lossy(&self.bytes).into_owned()
     }
 }
 

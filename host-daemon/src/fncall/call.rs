@@ -9,7 +9,7 @@
 use super::registry::{Spec, WORKDIR};
 use super::template::{self, Ready};
 use super::validate::{Call, MAX_FETCH_BYTES};
-use crate::exec::write_all;
+use crate::exec::{write_all, Capped};
 use crate::{lifecycle, ops, within, ApiError, ApiResult, Daemon};
 use agent_client::{
     AsyncClient, AsyncExecHandle, ExecEvent, ExecRequest, ExitStatus, UploadOptions,
@@ -32,36 +32,6 @@ const STEP: Duration = Duration::from_secs(60);
 const MEMORY_WRAPPER: &str = "m=$1; shift; read -r c </proc/self/cgroup; \
     c=/sys/fs/cgroup${c#0::}; echo +memory >\"${c%/*}/cgroup.subtree_control\" 2>/dev/null; \
     echo \"$m\" >\"$c/memory.max\" || exit 125; exec \"$@\"";
-
-/// A stream's output, kept up to a limit; the rest is dropped.
-struct Capped {
-    bytes: Vec<u8>,
-    limit: usize,
-    truncated: bool,
-}
-
-impl Capped {
-    fn new(limit: usize) -> Capped {
-        Capped {
-            bytes: Vec::new(),
-            limit,
-            truncated: false,
-        }
-    }
-
-    fn push(&mut self, x: &[u8]) {
-        let room = self.limit.saturating_sub(self.bytes.len());
-        if x.len() > room {
-            self.truncated = true;
-        }
-        self.bytes
-            .extend_from_slice(x.get(..room.min(x.len())).unwrap_or_default());
-    }
-
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.bytes).into_owned()
-    }
-}
 
 /// A warm runner's stream: its output up to the end marker the runner
 /// writes once the program is done (`MARK`, then on stdout `:STATUS`, then
