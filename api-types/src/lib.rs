@@ -20,6 +20,7 @@
 //!   waited for, signalled, written to).
 //! - [`files`]: upload, download, stat, list, remove, mkdir, rename.
 //! - [`templates`]: templates and warm pools.
+//! - [`images`]: OCI images in the host's image store.
 //! - [`stats`]: usage, limits, host, events.
 //! - [`error`]: the error body and its codes.
 
@@ -29,6 +30,7 @@ pub mod exec;
 pub mod files;
 pub mod fncall;
 pub mod fork;
+pub mod images;
 pub mod sandbox;
 pub mod stats;
 pub mod templates;
