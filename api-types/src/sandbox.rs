@@ -132,6 +132,10 @@ pub struct CreateSandbox {
     /// then costs CPU while idle).
     #[serde(default)]
     pub keep_running: bool,
+    /// At its TTL, pause it (to disk) instead of killing it; the TTL is
+    /// then cleared: a resume gives it none until one is set (`PATCH`).
+    #[serde(default)]
+    pub pause_at_ttl: bool,
 }
 
 impl CreateSandbox {
@@ -200,6 +204,8 @@ pub struct Sandbox {
     pub error: Option<String>,
     /// Never frozen while idle.
     pub keep_running: bool,
+    /// Paused, not killed, at its TTL.
+    pub pause_at_ttl: bool,
     /// Served from a warm pool (only in the reply to a create).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub from_pool: Option<bool>,
@@ -315,6 +321,7 @@ mod tests {
             env: BTreeMap::new(),
             error: None,
             keep_running: false,
+            pause_at_ttl: false,
             from_pool: None,
         };
         let v = serde_json::to_value(&s).unwrap();

@@ -257,6 +257,9 @@ pub struct CreateArgs {
     /// Never freeze it while idle (background work keeps running).
     #[arg(long)]
     pub keep_running: bool,
+    /// At its TTL, pause it (to disk) instead of killing it.
+    #[arg(long, requires = "ttl")]
+    pub pause_at_ttl: bool,
 }
 
 /// `shoal create`.
@@ -267,6 +270,7 @@ pub fn create(g: &Global, a: &CreateArgs) -> Result<i32> {
         metadata: pairs(&a.meta, "--meta")?,
         env: pairs(&a.env, "--env")?,
         keep_running: a.keep_running,
+        pause_at_ttl: a.pause_at_ttl,
         ..Default::default()
     };
     let root = a.root.request()?;

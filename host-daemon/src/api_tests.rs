@@ -580,6 +580,7 @@ fn every_field_is_documented() {
         metadata: meta.clone(),
         env: meta.clone(),
         keep_running: true,
+        pause_at_ttl: true,
     };
     let template = t::CreateTemplate {
         vcpus: Some(1),
@@ -612,6 +613,7 @@ fn every_field_is_documented() {
         env: meta,
         error: Some("e".into()),
         keep_running: false,
+        pause_at_ttl: false,
         from_pool: Some(true),
     };
     let tpl = t::Template {

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 /// Current schema version (stored in `PRAGMA user_version`).
-pub const SCHEMA_VERSION: i64 = 4;
+pub const SCHEMA_VERSION: i64 = 5;
 
 /// Errors of the state database.
 #[derive(Debug, thiserror::Error)]
@@ -69,6 +69,8 @@ pub struct SandboxRow {
     pub needs_post_restore: bool,
     /// Never frozen while idle (background work keeps running).
     pub keep_running: bool,
+    /// Paused, not killed, when its TTL is reached (its TTL then cleared).
+    pub pause_at_ttl: bool,
     /// Why it failed.
     pub error: Option<String>,
 }
@@ -123,7 +125,7 @@ pub struct Db {
 
 const SANDBOX_COLS: &str = "id, template, state, vcpus, memory_mib, pid, backend_state, dir, \
      created_at, last_active, ttl_s, idle_timeout_s, metadata, env, needs_post_restore, error, \
-     keep_running, kind";
+     keep_running, kind, pause_at_ttl";
 
 const TEMPLATE_COLS: &str = "name, source, vcpus, memory_mib, dir, state, error, created_at, \
      owned, layers, upper_size_mib, upper_disk_mib, kind, owner";
@@ -172,6 +174,7 @@ fn sandbox_row(r: &Row<'_>) -> rusqlite::Result<SandboxRow> {
         error: r.get(15)?,
         keep_running: r.get(16)?,
         kind: kind(r, 17)?,
+        pause_at_ttl: r.get(18)?,
     })
 }
 
@@ -206,7 +209,7 @@ fn template_row(r: &Row<'_>) -> rusqlite::Result<TemplateRow> {
 fn put(conn: &Connection, s: &SandboxRow) -> Result<()> {
     conn.prepare_cached(&format!(
         "INSERT OR REPLACE INTO sandboxes ({SANDBOX_COLS}) \
-         VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,?18)"
+         VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,?18,?19)"
     ))?
     .execute(params![
         s.id,
@@ -227,6 +230,7 @@ fn put(conn: &Connection, s: &SandboxRow) -> Result<()> {
         s.error,
         s.keep_running,
         s.kind.as_str(),
+        s.pause_at_ttl,
     ])?;
     Ok(())
 }

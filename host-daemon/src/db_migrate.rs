@@ -20,6 +20,9 @@ pub(super) fn run(tx: &Transaction<'_>, from: i64) -> Result<()> {
     if from < 4 {
         v4(tx)?;
     }
+    if from < 5 {
+        v5(tx)?;
+    }
     Ok(())
 }
 
@@ -114,5 +117,11 @@ fn v4(tx: &Transaction<'_>) -> Result<()> {
                     = substr(source, 7) || '-' || vcpus || 'c-' || memory_mib || 'm'
                 AND substr(name, length(name) - 12, 1) = '-'));",
     )?;
+    Ok(())
+}
+
+/// Sandboxes paused, not killed, at their TTL (E2B's `autoPause`).
+fn v5(tx: &Transaction<'_>) -> Result<()> {
+    tx.execute_batch("ALTER TABLE sandboxes ADD COLUMN pause_at_ttl INTEGER NOT NULL DEFAULT 0;")?;
     Ok(())
 }

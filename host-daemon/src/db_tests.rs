@@ -22,6 +22,7 @@ fn row(id: &str, state: State) -> SandboxRow {
         env: BTreeMap::new(),
         needs_post_restore: true,
         keep_running: false,
+        pause_at_ttl: false,
         error: None,
     }
 }

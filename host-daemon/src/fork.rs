@@ -85,6 +85,7 @@ fn clone_row(d: &Daemon, src: &SandboxRow, req: &ForkRequest, now: f64) -> Sandb
         env: src.env.clone(),
         needs_post_restore: true,
         keep_running: src.keep_running,
+        pause_at_ttl: src.pause_at_ttl,
         error: None,
     }
 }

@@ -71,6 +71,7 @@ pub async fn create(d: &Arc<Daemon>, req: CreateSandbox) -> ApiResult<SandboxVie
         env: req.env,
         needs_post_restore: true,
         keep_running: req.keep_running,
+        pause_at_ttl: req.pause_at_ttl,
         error: None,
     };
     if let Some(r) = d.db(|db| db.take_pooled(&tpl.name, &row))? {

@@ -39,6 +39,7 @@ impl From<SandboxRow> for SandboxView {
             env: r.env,
             error: r.error,
             keep_running: r.keep_running,
+            pause_at_ttl: r.pause_at_ttl,
             from_pool: None,
         }
     }

@@ -102,6 +102,7 @@ async fn fill_one(d: &Arc<Daemon>, tpl: &str) -> bool {
         env: Default::default(),
         needs_post_restore: true,
         keep_running: false,
+        pause_at_ttl: false,
         error: None,
     };
     match ops::admit_and_insert(d, &row, false) {

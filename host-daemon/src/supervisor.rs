@@ -27,7 +27,13 @@ pub async fn sweep_loop(d: Arc<Daemon>) {
         let now = db::now();
         for r in rows {
             let d = d.clone();
-            if r.ttl_s > 0 && now > r.created_at + r.ttl_s as f64 && r.state != State::Failed {
+            let ttl_reached =
+                r.ttl_s > 0 && now > r.created_at + r.ttl_s as f64 && r.state != State::Failed;
+            if ttl_reached && r.pause_at_ttl {
+                if r.state == State::Running {
+                    tokio::spawn(async move { pause_at_ttl(&d, &r).await });
+                }
+            } else if ttl_reached {
                 tokio::spawn(async move {
                     let why = format!("TTL of {} s reached", r.ttl_s);
                     if let Err(e) = ops::kill(&d, &r.id, &why).await {
@@ -52,6 +58,30 @@ pub async fn sweep_loop(d: Arc<Daemon>) {
                 });
             } else if r.state == State::Failed && now > r.last_active + FAILED_KEPT_S {
                 let _ = d.db(|db| db.delete_sandbox(&r.id));
+            }
+        }
+    }
+}
+
+/// A `pause_at_ttl` sandbox's TTL is reached: it is paused (to disk) and
+/// its TTL cleared, so that a resume is not paused again at once. If it
+/// cannot be paused it is killed, as any sandbox at its TTL.
+async fn pause_at_ttl(d: &Arc<Daemon>, r: &db::SandboxRow) {
+    d.event(
+        &r.id,
+        "ttl",
+        &format!("TTL of {} s reached: pausing (pause_at_ttl)", r.ttl_s),
+    );
+    match lifecycle::pause(d, &r.id).await {
+        Ok(_) => {
+            if let Err(e) = d.db(|db| db.set_limits(&r.id, Some(0), None)) {
+                tracing::warn!(sandbox = %r.id, "TTL pause: clearing the TTL: {e}");
+            }
+        }
+        Err(e) => {
+            let why = format!("TTL of {} s reached and the pause failed ({e})", r.ttl_s);
+            if let Err(e) = ops::kill(d, &r.id, &why).await {
+                tracing::warn!(sandbox = %r.id, "TTL kill: {e}");
             }
         }
     }

@@ -58,6 +58,7 @@ fn sandbox(id: &str, template: &str) -> SandboxRow {
         env: Default::default(),
         needs_post_restore: false,
         keep_running: false,
+        pause_at_ttl: false,
         error: None,
     }
 }

@@ -117,6 +117,7 @@ fn api_contract_end_to_end() {
             "last_active",
             "memory_mib",
             "metadata",
+            "pause_at_ttl",
             "pid",
             "state",
             "template",

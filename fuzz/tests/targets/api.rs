@@ -31,6 +31,7 @@ const FIELDS: &[&str] = &[
     "memory_mib",
     "metadata",
     "name",
+    "pause_at_ttl",
     "shell",
     "signal",
     "stdin",

@@ -128,13 +128,6 @@ fn to_create(d: &Daemon, n: w::NewSandbox) -> Result<CreateSandbox, E> {
     if n.template_id.is_empty() {
         return Err(bad("templateID is required".into()));
     }
-    if n.auto_pause == Some(true) {
-        return Err(bad(
-            "autoPause is not supported by shoald: a sandbox is killed at its timeout \
-             (pause it explicitly with Sandbox.pause())"
-                .into(),
-        ));
-    }
     w::check_network(n.network.as_ref()).map_err(bad)?;
     if n.mcp.as_ref().is_some_and(|v| !v.is_null()) {
         return Err(bad("mcp is not supported by shoald".into()));
@@ -179,6 +172,7 @@ fn to_create(d: &Daemon, n: w::NewSandbox) -> Result<CreateSandbox, E> {
         metadata,
         env,
         keep_running: true,
+        pause_at_ttl: n.auto_pause == Some(true),
         ..Default::default()
     })
 }
@@ -191,11 +185,15 @@ async fn create(d: Arc<Daemon>, b: Body) -> R {
             .await
             .map_err(|e| E::of(api_error(e)))?;
     }
+    let no_auto_resume = n.auto_resume.as_ref().and_then(|a| a.enabled) == Some(false);
     let req = to_create(&d, n)?;
     let v = lifecycle::create(&d, req)
         .await
         .map_err(|e| E::of(api_error(e)))?;
     let r = visible(&d, &v.id)?;
+    if no_auto_resume {
+        super::control_ops::no_auto_resume(&d, &r)?;
+    }
     Ok((StatusCode::CREATED, Json(w::sandbox(&d, &r))).into_response())
 }
 

@@ -83,6 +83,31 @@ pub async fn pause(AxState(d): D, Path(id): Path<String>) -> R {
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
+/// In the directory of a sandbox created with `autoResume.enabled: false`:
+/// once paused, the data plane answers for it as for a sandbox not found
+/// (E2B's proxy does the same), and only a connect resumes it.
+const NO_AUTO_RESUME_FILE: &str = "e2b-no-auto-resume";
+
+/// Marks `r` as not resumed by traffic ([`NO_AUTO_RESUME_FILE`]); a
+/// sandbox that cannot be marked is removed and the create fails.
+pub(crate) fn no_auto_resume(d: &Arc<Daemon>, r: &SandboxRow) -> Result<(), E> {
+    if let Err(e) = std::fs::write(r.dir.join(NO_AUTO_RESUME_FILE), b"") {
+        let d = d.clone();
+        let id = r.id.clone();
+        tokio::spawn(async move { crate::ops::kill(&d, &id, "create failed").await });
+        return Err(E::of(error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("marking the sandbox not auto-resumed: {e}"),
+        )));
+    }
+    Ok(())
+}
+
+/// Whether traffic may resume paused `r`.
+pub(crate) fn auto_resumes(r: &SandboxRow) -> bool {
+    !r.dir.join(NO_AUTO_RESUME_FILE).exists()
+}
+
 /// In the directory of a sandbox paused through E2B (whose TTL was then
 /// cleared), until it is connected to or resumed by the data plane.
 const AUTO_RESUME_FILE: &str = "e2b-paused";
@@ -91,7 +116,10 @@ const AUTO_RESUME_FILE: &str = "e2b-paused";
 /// sandbox E2B paused gets E2B's default timeout from now, as a connect
 /// without one would give (shoald's own pauses keep their TTL).
 pub(crate) fn auto_resumed(d: &Daemon, r: &SandboxRow) {
-    if std::fs::remove_file(r.dir.join(AUTO_RESUME_FILE)).is_ok() {
+    let e2b_paused = std::fs::remove_file(r.dir.join(AUTO_RESUME_FILE)).is_ok();
+    // Paused at its timeout (`autoPause`): its TTL was cleared.
+    let timed_out = r.pause_at_ttl && r.ttl_s == 0;
+    if e2b_paused || timed_out {
         if let Err(e) = set_ttl(d, &r.id, w::DEFAULT_TIMEOUT_S) {
             tracing::warn!(sandbox = %r.id, "e2b: timeout on auto-resume: {:?}", e.0.status());
         }

@@ -108,7 +108,6 @@ async fn unknown_sandboxes_are_404_and_bad_requests_400() {
         assert_eq!(v["code"], 404, "{v}");
     }
     for (body, want) in [
-        (r#"{"templateID":"base","autoPause":true}"#, "autoPause"),
         (
             r#"{"templateID":"base","network":{"denyOut":["0.0.0.0/0"]}}"#,
             "network.denyOut",

@@ -53,6 +53,9 @@ pub struct NewSandbox {
     pub timeout: Option<u64>,
     /// Pause instead of kill at the timeout.
     pub auto_pause: Option<bool>,
+    /// `{"enabled": bool}`: whether a data-plane request resumes it once
+    /// paused (default: yes).
+    pub auto_resume: Option<AutoResume>,
     /// Egress rules.
     pub network: Option<Value>,
     // `allow_internet_access` (sent as `true` by SDKs before 2.51 unless
@@ -68,6 +71,14 @@ pub struct NewSandbox {
     pub iam: Option<Value>,
     /// Volumes.
     pub volume_mounts: Option<Vec<Value>>,
+}
+
+/// `autoResume` of a create.
+#[derive(Debug, Default, Deserialize)]
+pub struct AutoResume {
+    /// Resumed by traffic.
+    #[serde(default)]
+    pub enabled: Option<bool>,
 }
 
 /// `POST /sandboxes/{id}/timeout`.
@@ -177,7 +188,10 @@ pub fn listed(_d: &Daemon, r: &SandboxRow) -> Value {
         "envdVersion": ENVD_VERSION,
         "metadata": r.metadata,
         "allowInternetAccess": false,
-        "lifecycle": {"autoResume": true, "onTimeout": "kill"},
+        "lifecycle": {
+            "autoResume": super::control_ops::auto_resumes(r),
+            "onTimeout": if r.pause_at_ttl { "pause" } else { "kill" },
+        },
     })
 }
 

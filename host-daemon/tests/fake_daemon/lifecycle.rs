@@ -161,6 +161,31 @@ fn idle_sandboxes_are_frozen_and_thawed_by_the_next_request() {
 }
 
 #[test]
+fn a_pause_at_ttl_sandbox_is_paused_at_its_ttl_and_resumable() {
+    let d = TestDaemon::start();
+    let sb = d.create_with(|r| {
+        r.ttl_s = 1;
+        r.pause_at_ttl = true;
+    });
+    assert!(sb.pause_at_ttl);
+    let killed = d.create_with(|r| r.ttl_s = 1);
+    d.wait_for("the TTL pause", T, || {
+        d.get(&sb.id).state == SandboxState::Paused
+    });
+    d.wait_for("the TTL kill", T, || {
+        d.c.sandbox(&killed.id).is_err_and(|e| e.is_not_found())
+    });
+    // Its TTL is cleared: resumed, it stays up.
+    let p = d.get(&sb.id);
+    assert_eq!(p.ttl_s, 0, "{p:?}");
+    assert!(d.event_kinds(&sb.id).iter().any(|k| k == "ttl"));
+    d.c.resume(&sb.id).unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(d.get(&sb.id).state, SandboxState::Running);
+    assert_eq!(d.sh(&sb.id, "echo back").unwrap().1, "back\n");
+}
+
+#[test]
 fn backend_failures_are_reported_and_cleaned_up() {
     let d = TestDaemon::start();
     // A restore that fails: 502, and nothing of the sandbox is left.

@@ -104,6 +104,38 @@ def test_pause_and_connect(daemon) -> None:
         sbx.kill()
 
 
+def _wait_paused(sandbox_id: str, within_s: float = 90.0) -> None:
+    import time
+
+    end = time.monotonic() + within_s
+    while Sandbox.get_info(sandbox_id).state != SandboxState.PAUSED:
+        assert time.monotonic() < end, "not paused at its timeout"
+        time.sleep(0.5)
+
+
+def test_auto_pause_at_timeout_then_connect(daemon) -> None:
+    # autoPause with autoResume off: paused (not killed) at the timeout;
+    # traffic does not wake it, a connect does.
+    sbx = Sandbox.create(
+        timeout=4, lifecycle={"on_timeout": "pause", "auto_resume": False}
+    )
+    try:
+        sbx.files.write("/tmp/kept", "state")
+        _wait_paused(sbx.sandbox_id)
+        with pytest.raises(SandboxException):
+            sbx.commands.run("true", request_timeout=20)
+        assert Sandbox.get_info(sbx.sandbox_id).state == SandboxState.PAUSED
+        # The instance's connect: e2b 2.20's class-level one sends no
+        # E2b-Sandbox-Id header, which a custom E2B_SANDBOX_URL needs.
+        back = sbx.connect(timeout=120)
+        info = back.get_info()
+        assert info.state == SandboxState.RUNNING
+        assert 60 < (info.end_at - _now()).total_seconds() <= 121
+        assert back.files.read("/tmp/kept") == "state"
+    finally:
+        sbx.kill()
+
+
 def test_fork(daemon) -> None:
     if e2b_version() < (2, 50, 0):
         # Sandbox.fork arrived in e2b 2.50: nothing to drive here.

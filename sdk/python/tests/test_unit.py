@@ -124,6 +124,18 @@ def test_bodies_are_checked_before_sending():
             idle_timeout_s=None, metadata=None, env=None, layers=None,
             upper_size_mib=None, upper_disk_mib=None, keep_running=False,
         )
+    shape = dict(
+        image="base", template=None, vcpus=None, memory_mib=None, idle_timeout_s=None,
+        metadata=None, env=None, layers=None, upper_size_mib=None, upper_disk_mib=None,
+        keep_running=False,
+    )
+    assert _core.create_body(ttl_s=30, pause_at_ttl=True, **shape) == {
+        "image": "base",
+        "ttl_s": 30,
+        "pause_at_ttl": True,
+    }
+    with pytest.raises(shoal.BadRequest, match="ttl_s"):
+        _core.create_body(ttl_s=None, pause_at_ttl=True, **shape)
     assert _core.signal_number("term") == 15 and _core.signal_number("SIGKILL") == 9
     with pytest.raises(shoal.BadRequest):
         _core.signal_number("NOPE")

@@ -216,6 +216,7 @@ class AsyncShoal:
         upper_size_mib: int | None = None,
         upper_disk_mib: int | None = None,
         keep_running: bool = False,
+        pause_at_ttl: bool = False,
     ) -> AsyncSandbox:
         """Creates a sandbox from an ``image`` (``tiny``, ``base``; its
         template is booted once and cached) or a ``template`` (from its
@@ -227,7 +228,9 @@ class AsyncShoal:
         them), ``env`` the environment of every command. ``layers``,
         ``upper_size_mib`` and ``upper_disk_mib`` choose further read-only
         layers and the writable upper layer (with ``image``).
-        ``keep_running`` never freezes it while idle.
+        ``keep_running`` never freezes it while idle. ``pause_at_ttl``
+        pauses it (to disk) at its TTL instead of killing it, and clears
+        the TTL (a resume gives it none until one is set).
 
         Raises :class:`HostFull` when the host has no room (retried when
         the client was made with ``retries``), :class:`BadRequest` for a
@@ -246,6 +249,7 @@ class AsyncShoal:
             upper_size_mib=upper_size_mib,
             upper_disk_mib=upper_disk_mib,
             keep_running=keep_running,
+            pause_at_ttl=pause_at_ttl,
         )
         v = await self._json("POST", "/v1/sandboxes", json=body, not_found=TemplateNotFound)
         return AsyncSandbox(self, SandboxInfo.from_json(v))
@@ -298,6 +302,7 @@ class AsyncShoal:
             upper_size_mib=args.upper_size_mib,
             upper_disk_mib=args.upper_disk_mib,
             keep_running=args.keep_running,
+            pause_at_ttl=args.pause_at_ttl,
         )
         if args.command is not None:
             try:

@@ -166,6 +166,7 @@ def create_body(
     upper_size_mib: int | None,
     upper_disk_mib: int | None,
     keep_running: bool,
+    pause_at_ttl: bool = False,
 ) -> dict[str, Any]:
     if (image is None) == (template is None):
         raise BadRequest("give exactly one of image= and template=")
@@ -193,6 +194,10 @@ def create_body(
         body["layers"] = list(layers)
     if keep_running:
         body["keep_running"] = True
+    if pause_at_ttl:
+        if not ttl_s:
+            raise BadRequest("pause_at_ttl= needs a ttl_s=")
+        body["pause_at_ttl"] = True
     return body
 
 

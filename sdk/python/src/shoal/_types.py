@@ -45,6 +45,7 @@ class SandboxInfo:
     env: dict[str, str] = field(default_factory=dict)
     error: str | None = None
     keep_running: bool = False
+    pause_at_ttl: bool = False
     from_pool: bool | None = None
 
     @classmethod
@@ -64,6 +65,7 @@ class SandboxInfo:
             env=dict(v.get("env") or {}),
             error=v.get("error"),
             keep_running=bool(v.get("keep_running", False)),
+            pause_at_ttl=bool(v.get("pause_at_ttl", False)),
             from_pool=v.get("from_pool"),
         )
 
@@ -294,6 +296,7 @@ class MicroVMArgs:
     upper_size_mib: int | None = None
     upper_disk_mib: int | None = None
     keep_running: bool = False
+    pause_at_ttl: bool = False
     command: list[str] | str | None = None
 
 
