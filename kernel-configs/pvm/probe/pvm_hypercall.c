@@ -3,7 +3,8 @@
  * then a standard KVM hypercall (vmmcall, nr 1 = KVM_HC_VAPIC_POLL_IRQ), then nr 0x1009
  * (the host's PVM_HC_HALT) by vmmcall and by vmcall; each result is stored to an unbacked
  * GPA (one MMIO exit each). KVM_RUN is interrupted after 2 s (SIGALRM) and the regs and
- * the bytes at the first hypercall site are printed. */
+ * the bytes at the first hypercall site are printed. "/tmp/hc 0 syscall" makes the first
+ * hypercall "eax=0x1009; syscall" instead (upstream PVM's hypercall instruction). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,6 +41,8 @@ int main(int argc,char**argv){
     0xc7,0x04,0x25,0x10,0x00,0x20,0x00,0x44,0x4f,0x4e,0x45, /* 'DONE' */
     0xeb,0xfe};
   memcpy(m+0x10000,code,sizeof code);
+  if(argc>2 && !strcmp(argv[2],"syscall")){ /* first hypercall: eax=0x1009; syscall; nop */
+    unsigned char sc[]={0xb8,0x09,0x10,0x00,0x00,0x0f,0x05,0x90}; memcpy(m+0x10000+0x0e,sc,sizeof sc);}
   int v=ioctl(vm,KVM_CREATE_VCPU,0); int rs=ioctl(kvm,KVM_GET_VCPU_MMAP_SIZE,0);
   struct kvm_run*run=mmap(0,rs,PROT_READ|PROT_WRITE,MAP_SHARED,v,0);
   struct kvm_cpuid2*c=calloc(1,sizeof(*c)+256*sizeof(struct kvm_cpuid_entry2)); c->nent=256;
