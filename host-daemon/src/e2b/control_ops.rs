@@ -83,15 +83,10 @@ pub async fn pause(AxState(d): D, Path(id): Path<String>) -> R {
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
-/// In the directory of a sandbox created with `autoResume.enabled: false`:
-/// once paused, the data plane answers for it as for a sandbox not found
-/// (E2B's proxy does the same), and only a connect resumes it.
-const NO_AUTO_RESUME_FILE: &str = "e2b-no-auto-resume";
-
-/// Marks `r` as not resumed by traffic ([`NO_AUTO_RESUME_FILE`]); a
+/// Marks `r` as not resumed by traffic ([`w::NO_AUTO_RESUME_FILE`]); a
 /// sandbox that cannot be marked is removed and the create fails.
 pub(crate) fn no_auto_resume(d: &Arc<Daemon>, r: &SandboxRow) -> Result<(), E> {
-    if let Err(e) = std::fs::write(r.dir.join(NO_AUTO_RESUME_FILE), b"") {
+    if let Err(e) = std::fs::write(r.dir.join(w::NO_AUTO_RESUME_FILE), b"") {
         let d = d.clone();
         let id = r.id.clone();
         tokio::spawn(async move { crate::ops::kill(&d, &id, "create failed").await });
@@ -101,11 +96,6 @@ pub(crate) fn no_auto_resume(d: &Arc<Daemon>, r: &SandboxRow) -> Result<(), E> {
         )));
     }
     Ok(())
-}
-
-/// Whether traffic may resume paused `r`.
-pub(crate) fn auto_resumes(r: &SandboxRow) -> bool {
-    !r.dir.join(NO_AUTO_RESUME_FILE).exists()
 }
 
 /// In the directory of a sandbox paused through E2B (whose TTL was then

@@ -73,6 +73,16 @@ pub struct NewSandbox {
     pub volume_mounts: Option<Vec<Value>>,
 }
 
+/// In the directory of a sandbox created with `autoResume.enabled: false`:
+/// once paused, the data plane answers for it as for a sandbox not found
+/// (E2B's proxy does the same), and only a connect resumes it.
+pub(crate) const NO_AUTO_RESUME_FILE: &str = "e2b-no-auto-resume";
+
+/// Whether traffic may resume paused `r`.
+pub(crate) fn auto_resumes(r: &SandboxRow) -> bool {
+    !r.dir.join(NO_AUTO_RESUME_FILE).exists()
+}
+
 /// `autoResume` of a create.
 #[derive(Debug, Default, Deserialize)]
 pub struct AutoResume {
@@ -189,7 +199,7 @@ pub fn listed(_d: &Daemon, r: &SandboxRow) -> Value {
         "metadata": r.metadata,
         "allowInternetAccess": false,
         "lifecycle": {
-            "autoResume": super::control_ops::auto_resumes(r),
+            "autoResume": auto_resumes(r),
             "onTimeout": if r.pause_at_ttl { "pause" } else { "kill" },
         },
     })

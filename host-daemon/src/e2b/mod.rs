@@ -256,7 +256,7 @@ pub async fn data_plane(d: Arc<Daemon>, req: Request) -> Response {
     }
     match crate::ops::row(&d, &id) {
         Ok(r) if matches!(r.state, State::Paused | State::Pausing) => {
-            if !control_ops::auto_resumes(&r) {
+            if !control_wire::auto_resumes(&r) {
                 return sandbox_not_found(&id);
             }
             control_ops::auto_resumed(&d, &r)
