@@ -252,22 +252,32 @@ def document(r: dict, s: dict) -> dict:
     for conc, by in r["levels"].items():
         for who in ("e2b", "shoal"):
             label = f"{'E2B SDK' if who == 'e2b' else 'Shoal SDK'} c={conc}"
-            series.append({"label": label, "samples": by[who]["cycle_ms"]})
+            if by[who]["cycle_ms"]:
+                # A level with no successful cycle has no CDF (its failures
+                # are in the subtitle and the JSON).
+                series.append({"label": label, "samples": by[who]["cycle_ms"]})
             lv = s["levels"][conc][who]
             for q in ("p50", "p99"):
                 v = lv[f"cycle_{q}_ms"]
                 bars.append({"label": f"{who} c{conc} {q}", "value": fin(v)})
-    sub = "; ".join(
-        f"c={c}: e2b/shoal p50 {v['ratio_cycle_p50']:.2f}, e2b create p99 {v['e2b']['create_p99_ms']:.0f} ms"
-        for c, v in s["levels"].items()
-    )
+    def level_note(c: str, v: dict) -> str:
+        note = f"c={c}: e2b/shoal p50 {v['ratio_cycle_p50']:.2f}, e2b create p99 {v['e2b']['create_p99_ms']:.0f} ms"
+        failed = [f"{who} {v[who]['errors']} failed" for who in ("e2b", "shoal") if v[who]["errors"]]
+        return note + (f" ({', '.join(failed)})" if failed else "")
+
+    sub = "; ".join(level_note(c, v) for c, v in s["levels"].items())
     xy = [
         {
             "label": f"{'E2B SDK' if who == 'e2b' else 'Shoal SDK'} create p99",
-            "points": [[int(c), fin(s["levels"][c][who]["create_p99_ms"])] for c in r["levels"]],
+            "points": [
+                [int(c), s["levels"][c][who]["create_p99_ms"]]
+                for c in r["levels"]
+                if s["levels"][c][who]["create_p99_ms"] == s["levels"][c][who]["create_p99_ms"]
+            ],
         }
         for who in ("e2b", "shoal")
     ]
+    xy = [x for x in xy if x["points"]]
     return {
         "title": "E2B layer: stock e2b SDK vs Shoal SDK, create -> run 'echo hi' -> kill",
         "subtitle": sub,
