@@ -13,6 +13,11 @@
 //! Records are written to a temporary name and renamed into place, so a
 //! reader sees a whole record or none.
 
+pub mod extract;
+pub mod layer;
+#[cfg(test)]
+mod layer_tests;
+
 use shoal_api::images::{Image, ImageConfig};
 use std::fs;
 use std::io;
@@ -55,7 +60,7 @@ pub enum StoreError {
     },
 }
 
-fn io_err(path: &Path) -> impl FnOnce(io::Error) -> StoreError + '_ {
+pub(crate) fn io_err(path: &Path) -> impl FnOnce(io::Error) -> StoreError + '_ {
     move |source| StoreError::Io {
         path: path.to_path_buf(),
         source,
