@@ -17,6 +17,8 @@ pub mod extract;
 pub mod layer;
 #[cfg(test)]
 mod layer_tests;
+pub mod reference;
+pub mod registry;
 
 use shoal_api::images::{Image, ImageConfig};
 use std::fs;
@@ -199,6 +201,30 @@ impl Store {
         }
         Ok(StoredImage { image, layer_files })
     }
+}
+
+/// Now, as RFC 3339 UTC (`2026-12-01T23:00:00Z`).
+pub(crate) fn now_rfc3339() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Civil from days (Howard Hinnant's algorithm), for days since 1970.
+    let z = days + 719_468;
+    let era = z / 146_097;
+    let doe = z % 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + u64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60
+    )
 }
 
 fn write_atomic(path: &Path, body: &[u8]) -> Result<(), StoreError> {
