@@ -29,6 +29,7 @@ mod daemon_cmds;
 mod daemon_ctl;
 mod fncall_cmd;
 mod image_cmd;
+mod oci_image_cmd;
 mod progress;
 mod sandbox_cmds;
 
@@ -373,6 +374,8 @@ enum ImageCmd {
     },
     /// The built-in layers (name, packages, cached file).
     Layers,
+    #[command(flatten)]
+    Oci(oci_image_cmd::OciCmd),
 }
 
 #[derive(Subcommand)]
@@ -582,6 +585,9 @@ fn main() {
         Cmd::Image {
             op: ImageCmd::Layers,
         } => image_cmd::layers(),
+        Cmd::Image {
+            op: ImageCmd::Oci(c),
+        } => oci_image_cmd::run(c, g.json),
         Cmd::Bench(a) => bench_cmd::run(g, a),
     };
     match res {

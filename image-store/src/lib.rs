@@ -13,6 +13,13 @@
 //! Records are written to a temporary name and renamed into place, so a
 //! reader sees a whole record or none.
 
+pub mod extract;
+pub mod layer;
+#[cfg(test)]
+mod layer_tests;
+pub mod reference;
+pub mod registry;
+
 use shoal_api::images::{Image, ImageConfig};
 use std::fs;
 use std::io;
@@ -45,6 +52,14 @@ pub enum StoreError {
         /// Where it should be.
         path: PathBuf,
     },
+    /// The image is used by sandboxes or templates.
+    #[error("image {image}: in use by {users} sandboxes or templates; remove those first")]
+    InUse {
+        /// The image.
+        image: String,
+        /// How many.
+        users: u32,
+    },
     /// I/O on the store's files.
     #[error("image store {path}: {source}")]
     Io {
@@ -55,7 +70,7 @@ pub enum StoreError {
     },
 }
 
-fn io_err(path: &Path) -> impl FnOnce(io::Error) -> StoreError + '_ {
+pub(crate) fn io_err(path: &Path) -> impl FnOnce(io::Error) -> StoreError + '_ {
     move |source| StoreError::Io {
         path: path.to_path_buf(),
         source,
@@ -179,6 +194,93 @@ impl Store {
         self.stored(image)
     }
 
+    /// Every image in the store, by id.
+    pub fn list(&self) -> Result<Vec<Image>, StoreError> {
+        let dir = self.dir.join("images");
+        let entries = match fs::read_dir(&dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(io_err(&dir)(e)),
+        };
+        let mut out = Vec::new();
+        for e in entries {
+            let path = e.map_err(io_err(&dir))?.path();
+            if path.extension().and_then(|x| x.to_str()) != Some("json") {
+                continue;
+            }
+            let body = fs::read(&path).map_err(io_err(&path))?;
+            let image: Image = serde_json::from_slice(&body)
+                .map_err(|source| StoreError::Record { path, source })?;
+            out.push(image);
+        }
+        out.sort_by(|a, b| a.id.cmp(&b.id));
+        Ok(out)
+    }
+
+    /// Removes a reference; when no reference is left to its image (or
+    /// `reference` is the image id), the image and the layers no other
+    /// image uses. Refuses an image in use. Returns the image.
+    pub fn remove(&self, reference: &str) -> Result<Image, StoreError> {
+        let image = self.resolve(reference)?.image;
+        if image.in_use > 0 {
+            return Err(StoreError::InUse {
+                image: image.id,
+                users: image.in_use,
+            });
+        }
+        let named = reference.to_string();
+        let refs: Vec<&String> = if digest_hex(reference).is_ok() {
+            image.refs.iter().collect()
+        } else {
+            vec![&named]
+        };
+        for r in &refs {
+            let p = self.ref_path(r);
+            match fs::remove_file(&p) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(io_err(&p)(e)),
+            }
+        }
+        let left: Vec<String> = image
+            .refs
+            .iter()
+            .filter(|r| !refs.contains(r))
+            .filter(|r| self.ref_path(r).is_file())
+            .cloned()
+            .collect();
+        if !left.is_empty() {
+            let kept = Image {
+                refs: left,
+                ..image.clone()
+            };
+            let path = self.image_path(&image.id)?;
+            write_atomic(
+                &path,
+                &serde_json::to_vec_pretty(&kept).expect("an Image serializes"),
+            )?;
+            return Ok(image);
+        }
+        let path = self.image_path(&image.id)?;
+        fs::remove_file(&path).map_err(io_err(&path))?;
+        let others = self.list()?;
+        for l in &image.layers {
+            if others
+                .iter()
+                .any(|o| o.layers.iter().any(|x| x.diff_id == l.diff_id))
+            {
+                continue;
+            }
+            let p = self.layer_path(&l.diff_id)?;
+            match fs::remove_file(&p) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(io_err(&p)(e)),
+            }
+        }
+        Ok(image)
+    }
+
     fn stored(&self, image: Image) -> Result<StoredImage, StoreError> {
         let mut layer_files = Vec::with_capacity(image.layers.len());
         for l in &image.layers {
@@ -194,6 +296,30 @@ impl Store {
         }
         Ok(StoredImage { image, layer_files })
     }
+}
+
+/// Now, as RFC 3339 UTC (`2026-12-01T23:00:00Z`).
+pub(crate) fn now_rfc3339() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Civil from days (Howard Hinnant's algorithm), for days since 1970.
+    let z = days + 719_468;
+    let era = z / 146_097;
+    let doe = z % 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + u64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60
+    )
 }
 
 fn write_atomic(path: &Path, body: &[u8]) -> Result<(), StoreError> {
@@ -247,6 +373,17 @@ mod tests {
         assert_eq!(store.resolve(ID).unwrap(), put);
         assert!(matches!(
             store.resolve("nope:v1"),
+            Err(StoreError::NotFound(_))
+        ));
+        assert_eq!(store.list().unwrap(), vec![put.image.clone()]);
+        store.remove("localhost:5000/test/app:v1").unwrap();
+        assert!(store.list().unwrap().is_empty());
+        assert!(
+            !store.layer_path(D1).unwrap().exists(),
+            "its only layer went too"
+        );
+        assert!(matches!(
+            store.resolve("localhost:5000/test/app:v1"),
             Err(StoreError::NotFound(_))
         ));
         assert!(matches!(

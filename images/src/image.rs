@@ -204,13 +204,27 @@ pub fn build_image_with(
     };
     prepare_root(&root, agent.as_deref())?;
     let raw = stage.dir.join("image.erofs");
+    let info = pack_erofs(&root, &raw, out)?;
+    drop(stage);
+    Ok(ImageInfo {
+        agent_installed: agent.is_some(),
+        ..info
+    })
+}
+
+/// Packs the tree `root` as it is (nothing added) into a DAX-ready erofs
+/// image at `out`, the way every Shoal image and `--no-agent` layer is
+/// packed: `mkfs.erofs -E noinline_data --preserve-mtime` into `raw` (a
+/// scratch file the caller removes), padded to 2 MiB into `out`
+/// atomically, then checked. Xattrs (overlayfs whiteout metadata included)
+/// and owners are kept.
+pub fn pack_erofs(root: &Path, raw: &Path, out: &Path) -> Result<ImageInfo, ImageError> {
     run(Command::new("mkfs.erofs")
         .args(["--quiet", "-E", "noinline_data", "--preserve-mtime"])
-        .arg(&raw)
-        .arg(&root))?;
-    pmem::pad_image_to(&raw, out, pmem::IMAGE_ALIGN)?;
-    drop(stage);
-    verify(out, agent.is_some())
+        .arg(raw)
+        .arg(root))?;
+    pmem::pad_image_to(raw, out, pmem::IMAGE_ALIGN)?;
+    verify(out, false)
 }
 
 /// Checks a built image or layer the way the VMM will, and that it is
