@@ -134,8 +134,13 @@ pub struct CreateSandbox {
     pub keep_running: bool,
     /// At its TTL, pause it (to disk) instead of killing it; the TTL is
     /// then cleared: a resume gives it none until one is set (`PATCH`).
-    #[serde(default)]
+    /// Sent only when true (a daemon before it refuses the field).
+    #[serde(default, skip_serializing_if = "is_false")]
     pub pause_at_ttl: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 impl CreateSandbox {
