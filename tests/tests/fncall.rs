@@ -385,8 +385,17 @@ fn hundred_in_parallel(d: &Daemon) {
 #[test]
 fn fncall_on_real_guests() {
     install_base();
-    // A crowded test host: keep less disk free than a production daemon.
-    let d = Daemon::start(&["--no-pools", "--min-free-disk-mib", "256"]);
+    // A crowded test host: keep less disk free than a production daemon,
+    // and allow more than its minute to reach an agent (a hundred clones
+    // restored at once on two cores with emulated guest kernels can take
+    // longer than that).
+    let d = Daemon::start(&[
+        "--no-pools",
+        "--min-free-disk-mib",
+        "256",
+        "--agent-timeout",
+        "180",
+    ]);
     let langs: Vec<Language> = d.must(
         "languages",
         d.c.call("GET", "/v1/fncall/languages", None::<&()>),
