@@ -72,3 +72,17 @@ pub struct Image {
     /// When it was pulled or imported (RFC 3339).
     pub created_at: String,
 }
+
+/// The longest reference (or image id) the API takes: Docker's limit on
+/// a repository name (255) plus a tag (128) or a digest, and the host.
+pub const MAX_REF_LEN: usize = 512;
+
+/// `GET /v1/images`: every stored image and the store's disk use.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ImageList {
+    /// The images, by id.
+    pub images: Vec<Image>,
+    /// Host bytes of the layers the images name, each shared layer
+    /// counted once (what removing every image would free).
+    pub disk_bytes: u64,
+}

@@ -91,9 +91,51 @@ pub enum LayerError {
         /// Why.
         source: shoal_images::image::ImageError,
     },
+    /// The blob or its tar is larger than the store's cap.
+    #[error(
+        "layer {blob}: its {what} is over the cap of {cap} bytes (raise it with \
+         --max-layer-bytes)"
+    )]
+    TooLarge {
+        /// The blob.
+        blob: String,
+        /// `compressed blob` or `uncompressed tar`.
+        what: &'static str,
+        /// The cap.
+        cap: u64,
+    },
     /// A store error (bad digest, I/O).
     #[error(transparent)]
     Store(#[from] StoreError),
+}
+
+/// The default cap on a layer's blob and on its uncompressed tar: 8 GiB.
+pub const DEFAULT_MAX_LAYER_BYTES: u64 = 8 << 30;
+
+/// Caps on one layer, checked while it streams: a blob or tar over one
+/// fails the conversion (and leaves nothing behind).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LayerLimits {
+    /// The most bytes of the blob as stored (compressed).
+    pub max_blob_bytes: u64,
+    /// The most bytes of its tar (uncompressed).
+    pub max_tar_bytes: u64,
+}
+
+impl LayerLimits {
+    /// The same cap on both.
+    pub fn both(cap: u64) -> LayerLimits {
+        LayerLimits {
+            max_blob_bytes: cap,
+            max_tar_bytes: cap,
+        }
+    }
+}
+
+impl Default for LayerLimits {
+    fn default() -> Self {
+        LayerLimits::both(DEFAULT_MAX_LAYER_BYTES)
+    }
 }
 
 /// A layer now in the store.
@@ -109,15 +151,25 @@ pub struct ConvertedLayer {
     pub erofs_bytes: u64,
 }
 
-/// A reader that hashes what passes through it.
+/// A reader that hashes what passes through it, and fails once more than
+/// `cap` bytes have.
 struct Hashing<R> {
     inner: R,
     hash: Sha256,
+    read: u64,
+    cap: u64,
 }
 
 impl<R: Read> Read for Hashing<R> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         let n = self.inner.read(buf)?;
+        self.read = self.read.saturating_add(n as u64);
+        if self.read > self.cap {
+            return Err(io::Error::other(format!(
+                "over the cap of {} bytes",
+                self.cap
+            )));
+        }
         self.hash.update(&buf[..n]);
         Ok(n)
     }
@@ -125,10 +177,18 @@ impl<R: Read> Read for Hashing<R> {
 
 impl<R> Hashing<R> {
     fn new(inner: R) -> Self {
+        Self::capped(inner, u64::MAX)
+    }
+    fn capped(inner: R, cap: u64) -> Self {
         Hashing {
             inner,
             hash: Sha256::new(),
+            read: 0,
+            cap,
         }
+    }
+    fn over(&self) -> bool {
+        self.read > self.cap
     }
     fn digest(self) -> String {
         let d = self.hash.finalize();
@@ -144,13 +204,14 @@ impl<R> Hashing<R> {
 /// Converts the layer blob `blob` (compressed as `compression`) whose
 /// digest must be `digest` and, when the image config names it, whose
 /// tar's digest must be `diff_id`, into the store's erofs layer for that
-/// `diff_id`.
+/// `diff_id`. A blob or tar over `limits` fails.
 pub fn convert_layer(
     store: &Store,
     blob: impl Read,
     compression: Compression,
     digest: &str,
     diff_id: Option<&str>,
+    limits: LayerLimits,
 ) -> Result<ConvertedLayer, LayerError> {
     digest_hex(digest)?;
     if let Some(d) = diff_id {
@@ -169,8 +230,17 @@ pub fn convert_layer(
         source,
     };
 
-    let mut outer = Hashing::new(blob);
-    let actual_diff_id = {
+    let mut outer = Hashing::capped(blob, limits.max_blob_bytes);
+    let too_large = |what| LayerError::TooLarge {
+        blob: digest.to_string(),
+        what,
+        cap: if what == "compressed blob" {
+            limits.max_blob_bytes
+        } else {
+            limits.max_tar_bytes
+        },
+    };
+    let inner = (|| {
         let dec: Box<dyn Read + '_> = match compression {
             Compression::None => Box::new(&mut outer),
             Compression::Gzip => Box::new(flate2::read::MultiGzDecoder::new(&mut outer)),
@@ -178,11 +248,14 @@ pub fn convert_layer(
                 Box::new(zstd::stream::read::Decoder::new(&mut outer).map_err(read_err)?)
             }
         };
-        let mut tar = Hashing::new(dec);
+        let mut tar = Hashing::capped(dec, limits.max_tar_bytes);
         let extracted = extract(&mut tar, &root);
         // Whatever the tar parser left (its end blocks, padding) is part
         // of both digests.
         let drained = io::copy(&mut tar, &mut io::sink());
+        if tar.over() {
+            return Err(too_large("uncompressed tar"));
+        }
         match extracted {
             Ok(()) => {}
             // A short or corrupt stream shows up as a tar error: say
@@ -195,9 +268,16 @@ pub fn convert_layer(
             }
         }
         drained.map_err(read_err)?;
-        tar.digest()
-    };
-    io::copy(&mut outer, &mut io::sink()).map_err(read_err)?;
+        Ok(tar.digest())
+    })();
+    let drained = inner.and_then(|d| {
+        io::copy(&mut outer, &mut io::sink()).map_err(read_err)?;
+        Ok(d)
+    });
+    if outer.over() {
+        return Err(too_large("compressed blob"));
+    }
+    let actual_diff_id = drained?;
     let actual = outer.digest();
     if actual != digest {
         return Err(LayerError::BlobDigest {

@@ -1,7 +1,7 @@
 //! Layer conversion with tars built here: refusals leave nothing behind,
 //! whiteouts become overlayfs ones, digests are checked.
 
-use crate::layer::{convert_layer, sha256_digest, Compression, LayerError};
+use crate::layer::{convert_layer, sha256_digest, Compression, LayerError, LayerLimits};
 use crate::Store;
 use std::io::Write;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
@@ -83,7 +83,14 @@ fn assert_empty(store: &Store) {
 
 fn convert(store: &Store, tar: &[u8]) -> Result<crate::layer::ConvertedLayer, LayerError> {
     let d = sha256_digest(tar);
-    convert_layer(store, tar, Compression::None, &d, Some(&d))
+    convert_layer(
+        store,
+        tar,
+        Compression::None,
+        &d,
+        Some(&d),
+        LayerLimits::default(),
+    )
 }
 
 fn refused(entries: &[E<'_>], want: &str) {
@@ -129,13 +136,68 @@ fn device_nodes_are_refused() {
 }
 
 #[test]
+fn layers_over_the_size_caps_are_refused_and_leave_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::new(dir.path());
+    // 64 KiB of zeros: a small gzip blob, a large tar.
+    let tar = tar_of(&[file("big", &[0u8; 64 << 10])]);
+    let gz = gzip(&tar);
+    let (d, diff) = (sha256_digest(&gz), sha256_digest(&tar));
+    let run = |limits| convert_layer(&store, &gz[..], Compression::Gzip, &d, Some(&diff), limits);
+    let tar_cap = LayerLimits {
+        max_blob_bytes: 1 << 20,
+        max_tar_bytes: 32 << 10,
+    };
+    let err = run(tar_cap).unwrap_err();
+    assert!(
+        matches!(err, LayerError::TooLarge { what: "uncompressed tar", cap, .. } if cap == 32 << 10),
+        "{err}"
+    );
+    assert!(
+        err.to_string().contains("over the cap of 32768 bytes"),
+        "{err}"
+    );
+    assert_empty(&store);
+    let blob_cap = LayerLimits {
+        max_blob_bytes: gz.len() as u64 - 1,
+        max_tar_bytes: 1 << 20,
+    };
+    let err = run(blob_cap).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            LayerError::TooLarge {
+                what: "compressed blob",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert_empty(&store);
+    // At the caps exactly, it goes in.
+    let exact = LayerLimits {
+        max_blob_bytes: gz.len() as u64,
+        max_tar_bytes: tar.len() as u64,
+    };
+    run(exact).unwrap();
+}
+
+#[test]
 fn digest_mismatches_are_refused_and_leave_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::new(dir.path());
     let tar = tar_of(&[file("a", b"hello")]);
     let d = sha256_digest(&tar);
     let other = sha256_digest(b"other");
-    let err = convert_layer(&store, &tar[..], Compression::None, &other, None).unwrap_err();
+    let err = convert_layer(
+        &store,
+        &tar[..],
+        Compression::None,
+        &other,
+        None,
+        LayerLimits::default(),
+    )
+    .unwrap_err();
     assert!(matches!(err, LayerError::BlobDigest { .. }), "{err}");
     assert_empty(&store);
     let gz = gzip(&tar);
@@ -145,12 +207,21 @@ fn digest_mismatches_are_refused_and_leave_nothing() {
         Compression::Gzip,
         &sha256_digest(&gz),
         Some(&other),
+        LayerLimits::default(),
     )
     .unwrap_err();
     assert!(matches!(err, LayerError::DiffId { .. }), "{err}");
     assert_empty(&store);
     // A truncated blob.
-    let err = convert_layer(&store, &gz[..gz.len() / 2], Compression::Gzip, &d, None).unwrap_err();
+    let err = convert_layer(
+        &store,
+        &gz[..gz.len() / 2],
+        Compression::Gzip,
+        &d,
+        None,
+        LayerLimits::default(),
+    )
+    .unwrap_err();
     assert!(!err.to_string().is_empty());
     assert_empty(&store);
     assert!(matches!(
@@ -222,7 +293,15 @@ fn whiteouts_opaque_dirs_modes_owners_and_each_compression() {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::new(dir.path());
         let digest = sha256_digest(&blob);
-        let got = convert_layer(&store, &blob[..], comp, &digest, Some(&diff_id)).unwrap();
+        let got = convert_layer(
+            &store,
+            &blob[..],
+            comp,
+            &digest,
+            Some(&diff_id),
+            LayerLimits::default(),
+        )
+        .unwrap();
         assert_eq!(got.diff_id, diff_id);
         assert_eq!(got.path, store.layer_path(&diff_id).unwrap());
         assert_eq!(got.erofs_bytes % (2 << 20), 0, "padded for DAX");

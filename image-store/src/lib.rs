@@ -8,18 +8,28 @@
 //! - `layers/<diff_id hex>.erofs`: one converted layer, shared by every
 //!   image that has it (named by the uncompressed tar's digest);
 //! - `images/<id hex>.json`: one [`Image`] (its `id` is the config digest);
-//! - `refs/<ref, '/' and ':' escaped>`: a reference's image id.
+//! - `refs/<ref, '/' and ':' escaped>`: a reference's image id;
+//! - `used/<id hex>`: its mtime is when the image was last used (the LRU
+//!   cap's clock, [`Store::evict`]).
 //!
 //! Records are written to a temporary name and renamed into place, so a
 //! reader sees a whole record or none.
 
+mod archive;
+pub mod auth;
 pub mod extract;
+pub mod import;
 pub mod layer;
 #[cfg(test)]
 mod layer_tests;
+mod lru;
+#[cfg(test)]
+mod lru_tests;
 pub mod reference;
 pub mod registry;
+mod source;
 
+pub use lru::{Eviction, Usage};
 use shoal_api::images::{Image, ImageConfig};
 use std::fs;
 use std::io;
@@ -155,8 +165,20 @@ impl Store {
     }
 
     /// Records `image` (whose layers are already at [`Store::layer_path`])
-    /// and points each of its `refs` at it.
+    /// and points each of its `refs` at it; the references an earlier
+    /// record of the same image had (and that still point at it) are kept.
     pub fn put(&self, image: &Image) -> Result<StoredImage, StoreError> {
+        let mut image = image.clone();
+        if let Ok(old) = self.resolve(&image.id) {
+            for r in old.image.refs {
+                let still =
+                    fs::read_to_string(self.ref_path(&r)).is_ok_and(|id| id.trim() == image.id);
+                if still && !image.refs.contains(&r) {
+                    image.refs.push(r);
+                }
+            }
+        }
+        let image = &image;
         let stored = self.stored(image.clone())?;
         let path = self.image_path(&image.id)?;
         let body = serde_json::to_vec_pretty(image).expect("an Image serializes");
@@ -175,7 +197,11 @@ impl Store {
             let p = self.ref_path(reference);
             match fs::read_to_string(&p) {
                 Ok(id) => id.trim().to_string(),
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                // No such ref (a name too long for a file is none either).
+                Err(e)
+                    if e.kind() == io::ErrorKind::NotFound
+                        || e.raw_os_error() == Some(libc::ENAMETOOLONG) =>
+                {
                     return Err(StoreError::NotFound(reference.to_string()))
                 }
                 Err(e) => return Err(io_err(&p)(e)),
@@ -263,6 +289,12 @@ impl Store {
         }
         let path = self.image_path(&image.id)?;
         fs::remove_file(&path).map_err(io_err(&path))?;
+        let used = self.used_path(&image.id)?;
+        match fs::remove_file(&used) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io_err(&used)(e)),
+        }
         let others = self.list()?;
         for l in &image.layers {
             if others
@@ -302,24 +334,8 @@ impl Store {
 pub(crate) fn now_rfc3339() -> String {
     let secs = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    let (days, rem) = (secs / 86_400, secs % 86_400);
-    // Civil from days (Howard Hinnant's algorithm), for days since 1970.
-    let z = days + 719_468;
-    let era = z / 146_097;
-    let doe = z % 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + u64::from(m <= 2);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        rem / 60 % 60,
-        rem % 60
-    )
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
+    shoal_api::time::rfc3339_secs(secs)
 }
 
 fn write_atomic(path: &Path, body: &[u8]) -> Result<(), StoreError> {
@@ -376,6 +392,19 @@ mod tests {
             Err(StoreError::NotFound(_))
         ));
         assert_eq!(store.list().unwrap(), vec![put.image.clone()]);
+        // The same image under a second reference keeps the first; removing
+        // one reference leaves the image to the other.
+        let second = Image {
+            refs: vec!["localhost:5000/test/app:v2".into()],
+            ..image()
+        };
+        let both = store.put(&second).unwrap();
+        assert_eq!(
+            both.image.refs,
+            vec!["localhost:5000/test/app:v2", "localhost:5000/test/app:v1"]
+        );
+        store.remove("localhost:5000/test/app:v2").unwrap();
+        assert_eq!(store.resolve(ID).unwrap(), put, "v1 is left");
         store.remove("localhost:5000/test/app:v1").unwrap();
         assert!(store.list().unwrap().is_empty());
         assert!(
@@ -390,6 +419,8 @@ mod tests {
             store.layer_path("md5:x"),
             Err(StoreError::BadDigest(_))
         ));
+        let long = format!("localhost:5000/{}:v1", "a".repeat(300));
+        assert!(matches!(store.resolve(&long), Err(StoreError::NotFound(_))));
         fs::remove_dir_all(&dir).unwrap();
     }
 }

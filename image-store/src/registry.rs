@@ -2,27 +2,32 @@
 //! Docker v2, indexes resolved to linux/amd64), the config, and the layers,
 //! fetched in parallel and converted ([`crate::layer`]) into the store.
 //!
-//! Auth: anonymous, or the Bearer token a `WWW-Authenticate` challenge
-//! points at. https always, except for loopback registries or with
-//! `insecure`.
+//! Auth: anonymous; the Bearer token a `WWW-Authenticate: Bearer`
+//! challenge points at (fetched once per pull with the pull's scope, with
+//! Basic credentials when the credentials file has them, and reused for
+//! every request after); or Basic auth from the credentials file
+//! ([`crate::auth`]) for a `WWW-Authenticate: Basic` challenge. https
+//! always, except for loopback registries or with `insecure`.
 
-use crate::layer::{convert_layer, sha256_digest, Compression, LayerError};
+use crate::auth::Credentials;
+use crate::layer::{convert_layer, sha256_digest, Compression, LayerError, LayerLimits};
 use crate::reference::{BadReference, Reference};
 use crate::{Store, StoreError, StoredImage};
 use serde::Deserialize;
 use shoal_api::images::{Image, ImageConfig, ImageLayer};
 use std::collections::BTreeMap;
 use std::io::Read;
+use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::Duration;
 
-const MANIFEST_CAP: u64 = 4 << 20;
-const CONFIG_CAP: u64 = 8 << 20;
+pub(crate) const MANIFEST_CAP: u64 = 4 << 20;
+pub(crate) const CONFIG_CAP: u64 = 8 << 20;
 const PARALLEL: usize = 4;
-const OCI_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
-const OCI_INDEX: &str = "application/vnd.oci.image.index.v1+json";
-const DOCKER_MANIFEST: &str = "application/vnd.docker.distribution.manifest.v2+json";
-const DOCKER_LIST: &str = "application/vnd.docker.distribution.manifest.list.v2+json";
+pub(crate) const OCI_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
+pub(crate) const OCI_INDEX: &str = "application/vnd.oci.image.index.v1+json";
+pub(crate) const DOCKER_MANIFEST: &str = "application/vnd.docker.distribution.manifest.v2+json";
+pub(crate) const DOCKER_LIST: &str = "application/vnd.docker.distribution.manifest.list.v2+json";
 
 /// Why a pull failed.
 #[derive(Debug, thiserror::Error)]
@@ -86,47 +91,58 @@ pub enum PullError {
 pub struct PullOptions {
     /// Plain http even to a registry that is not on loopback.
     pub insecure: bool,
+    /// Caps on each layer's blob and tar.
+    pub limits: LayerLimits,
+    /// The Docker `config.json` credentials are read from (default:
+    /// [`crate::auth::default_auth_file`], when there).
+    pub auth_file: Option<PathBuf>,
 }
 
 struct Client {
     agent: ureq::Agent,
     base: String,
+    registry: String,
     repo: String,
-    token: Mutex<Option<String>>,
+    creds: Credentials,
+    /// The `Authorization` header every request sends once a challenge
+    /// was answered (`Bearer TOKEN` or `Basic ...`).
+    auth: Mutex<Option<String>>,
 }
 
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct Descriptor {
+pub(crate) struct Descriptor {
     #[serde(default)]
-    media_type: String,
-    digest: String,
+    pub(crate) media_type: String,
+    pub(crate) digest: String,
     #[serde(default)]
-    platform: Option<Platform>,
+    pub(crate) size: Option<u64>,
+    #[serde(default)]
+    pub(crate) platform: Option<Platform>,
 }
 
 #[derive(Deserialize)]
-struct Platform {
-    architecture: String,
-    os: String,
+pub(crate) struct Platform {
+    pub(crate) architecture: String,
+    pub(crate) os: String,
 }
 
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct Manifest {
+pub(crate) struct Manifest {
     #[serde(default)]
-    media_type: Option<String>,
+    pub(crate) media_type: Option<String>,
     #[serde(default)]
-    config: Option<Descriptor>,
+    pub(crate) config: Option<Descriptor>,
     #[serde(default)]
-    layers: Vec<Descriptor>,
+    pub(crate) layers: Vec<Descriptor>,
     #[serde(default)]
-    manifests: Vec<Descriptor>,
+    pub(crate) manifests: Vec<Descriptor>,
 }
 
 #[derive(Deserialize, Default)]
 #[serde(rename_all = "PascalCase")]
-struct OciRunConfig {
+pub(crate) struct OciRunConfig {
     #[serde(default)]
     env: Option<Vec<String>>,
     #[serde(default)]
@@ -142,16 +158,30 @@ struct OciRunConfig {
 }
 
 #[derive(Deserialize)]
-struct RootFs {
+pub(crate) struct RootFs {
     #[serde(default)]
-    diff_ids: Vec<String>,
+    pub(crate) diff_ids: Vec<String>,
 }
 
 #[derive(Deserialize)]
-struct OciConfig {
+pub(crate) struct OciConfig {
     #[serde(default)]
-    config: Option<OciRunConfig>,
-    rootfs: RootFs,
+    pub(crate) config: Option<OciRunConfig>,
+    pub(crate) rootfs: RootFs,
+}
+
+impl OciConfig {
+    /// One diff_id per layer of the manifest (`layers` of them), or why not.
+    pub(crate) fn check_layers(&self, layers: usize, what: &str) -> Result<(), PullError> {
+        let ids = self.rootfs.diff_ids.len();
+        if ids != layers {
+            return Err(malformed(
+                what,
+                format!("{ids} diff_ids for {layers} layers"),
+            ));
+        }
+        Ok(())
+    }
 }
 
 impl Client {
@@ -160,23 +190,34 @@ impl Client {
         let mut retried = false;
         loop {
             let mut req = self.agent.get(&url).set("Accept", accept);
-            if let Some(t) = self.token.lock().expect("token lock").as_deref() {
-                req = req.set("Authorization", &format!("Bearer {t}"));
+            let sent = self.auth.lock().expect("auth lock").clone();
+            if let Some(a) = sent.as_deref() {
+                req = req.set("Authorization", a);
             }
             match req.call() {
                 Ok(r) => return Ok(r),
                 Err(ureq::Error::Status(401, r)) if !retried => {
                     retried = true;
                     let challenge = r.header("www-authenticate").unwrap_or("").to_string();
-                    let token = self.fetch_token(&challenge, what)?;
-                    *self.token.lock().expect("token lock") = Some(token);
+                    let mut auth = self.auth.lock().expect("auth lock");
+                    // Another layer's thread answered the challenge since.
+                    if *auth != sent && auth.is_some() {
+                        continue;
+                    }
+                    *auth = Some(self.answer(&challenge, what)?);
                 }
                 Err(ureq::Error::Status(code, r)) => {
                     let body = r.into_string().unwrap_or_default();
-                    let detail = format!(
+                    let mut detail = format!(
                         "HTTP {code}: {}",
                         body.chars().take(300).collect::<String>()
                     );
+                    if code == 401 {
+                        detail = format!(
+                            "unauthorized ({detail}); {}",
+                            self.creds.hint(&self.registry)
+                        );
+                    }
                     return Err(
                         if code == 404
                             || body.contains("NAME_UNKNOWN")
@@ -205,18 +246,45 @@ impl Client {
         }
     }
 
-    /// A Bearer token from the challenge's realm (anonymous).
-    fn fetch_token(&self, challenge: &str, what: &str) -> Result<String, PullError> {
+    /// The `Authorization` header that answers a 401's challenge: a
+    /// Bearer token from its realm, or Basic credentials.
+    fn answer(&self, challenge: &str, what: &str) -> Result<String, PullError> {
         let http = |detail: String| PullError::Http {
             what: what.to_string(),
             detail,
         };
-        let rest = challenge.strip_prefix("Bearer ").ok_or_else(|| {
-            http(format!(
-                "unauthorized, and no Bearer challenge ({challenge:?})"
-            ))
-        })?;
-        let params = parse_challenge(rest);
+        let (scheme, rest) = challenge.split_once(' ').unwrap_or((challenge, ""));
+        let basic = self.creds.for_host(&self.registry);
+        if scheme.eq_ignore_ascii_case("basic") {
+            return match basic {
+                Some(b) => Ok(format!("Basic {b}")),
+                None => Err(http(format!(
+                    "unauthorized: the registry asks for Basic auth, and {}",
+                    self.creds.hint(&self.registry)
+                ))),
+            };
+        }
+        if !scheme.eq_ignore_ascii_case("bearer") {
+            return Err(http(format!(
+                "unauthorized, and no Basic or Bearer challenge ({challenge:?})"
+            )));
+        }
+        Ok(format!("Bearer {}", self.fetch_token(rest, basic, what)?))
+    }
+
+    /// A Bearer token from the challenge's realm (with Basic credentials
+    /// when there are some for this registry, else anonymous).
+    fn fetch_token(
+        &self,
+        challenge: &str,
+        basic: Option<&str>,
+        what: &str,
+    ) -> Result<String, PullError> {
+        let http = |detail: String| PullError::Http {
+            what: what.to_string(),
+            detail,
+        };
+        let params = parse_challenge(challenge);
         let realm = params
             .get("realm")
             .ok_or_else(|| http("Bearer challenge without a realm".into()))?;
@@ -229,9 +297,18 @@ impl Client {
             .cloned()
             .unwrap_or_else(|| format!("repository:{}:pull", self.repo));
         req = req.query("scope", &scope);
-        let resp = req
-            .call()
-            .map_err(|e| http(format!("token from {realm}: {e}")))?;
+        if let Some(b) = basic {
+            req = req.set("Authorization", &format!("Basic {b}"));
+        }
+        let resp = req.call().map_err(|e| {
+            let hint = match &e {
+                ureq::Error::Status(401 | 403, _) => {
+                    format!("; {}", self.creds.hint(&self.registry))
+                }
+                _ => String::new(),
+            };
+            http(format!("token from {realm}: {e}{hint}"))
+        })?;
         #[derive(Deserialize)]
         struct Token {
             token: Option<String>,
@@ -309,7 +386,7 @@ fn parse_challenge(s: &str) -> BTreeMap<String, String> {
     out
 }
 
-fn malformed(what: &str, why: impl std::fmt::Display) -> PullError {
+pub(crate) fn malformed(what: &str, why: impl std::fmt::Display) -> PullError {
     PullError::Malformed {
         what: what.to_string(),
         why: why.to_string(),
@@ -330,8 +407,13 @@ pub fn pull(store: &Store, reference: &str, opts: &PullOptions) -> Result<Stored
             .timeout_read(Duration::from_secs(60))
             .build(),
         base: format!("{scheme}://{}", r.api_host()),
+        registry: r.registry.clone(),
         repo: r.repository.clone(),
-        token: Mutex::new(None),
+        creds: Credentials::load(opts.auth_file.as_deref()).map_err(|e| PullError::Malformed {
+            what: e.what,
+            why: e.why,
+        })?,
+        auth: Mutex::new(None),
     };
     let accept = [OCI_MANIFEST, DOCKER_MANIFEST, OCI_INDEX, DOCKER_LIST].join(", ");
     let what = format!("manifest {}", r.canonical());
@@ -392,23 +474,44 @@ pub fn pull(store: &Store, reference: &str, opts: &PullOptions) -> Result<Stored
         CONFIG_CAP,
     )?;
     let oci: OciConfig = serde_json::from_slice(&cbody).map_err(|e| malformed(&cwhat, e))?;
-    if oci.rootfs.diff_ids.len() != manifest.layers.len() {
-        return Err(malformed(
-            &cwhat,
-            format!(
-                "{} diff_ids for {} layers",
-                oci.rootfs.diff_ids.len(),
-                manifest.layers.len()
-            ),
-        ));
-    }
+    oci.check_layers(manifest.layers.len(), &cwhat)?;
     let mut jobs = Vec::new();
     for (l, diff_id) in manifest.layers.iter().zip(&oci.rootfs.diff_ids) {
         crate::digest_hex(&l.digest)?;
         let comp = Compression::from_media_type(&l.media_type)?;
+        // Refused before a byte is fetched when the manifest says so (and
+        // while it streams when it lies).
+        if l.size.is_some_and(|n| n > opts.limits.max_blob_bytes) {
+            return Err(LayerError::TooLarge {
+                blob: l.digest.clone(),
+                what: "compressed blob",
+                cap: opts.limits.max_blob_bytes,
+            }
+            .into());
+        }
         jobs.push((l.digest.clone(), diff_id.clone(), comp));
     }
-    let layers = fetch_layers(&client, store, &jobs)?;
+    let layers = fetch_layers(&client, store, &jobs, opts.limits)?;
+    finish(
+        store,
+        oci,
+        config_desc.digest.clone(),
+        digest,
+        layers,
+        vec![r.canonical()],
+    )
+}
+
+/// Records the image of config `oci` (digest `id`) and its converted
+/// `layers` under `refs`.
+pub(crate) fn finish(
+    store: &Store,
+    oci: OciConfig,
+    id: String,
+    manifest_digest: String,
+    layers: Vec<ImageLayer>,
+    refs: Vec<String>,
+) -> Result<StoredImage, PullError> {
     let rc = oci.config.unwrap_or_default();
     let config = ImageConfig {
         env: rc.env.unwrap_or_default(),
@@ -419,9 +522,9 @@ pub fn pull(store: &Store, reference: &str, opts: &PullOptions) -> Result<Stored
         labels: rc.labels.unwrap_or_default(),
     };
     let image = Image {
-        id: config_desc.digest.clone(),
-        refs: vec![r.canonical()],
-        manifest_digest: digest,
+        id,
+        refs,
+        manifest_digest,
         disk_bytes: layers.iter().map(|l| l.erofs_bytes).sum(),
         layers,
         config,
@@ -437,6 +540,7 @@ fn fetch_layers(
     client: &Client,
     store: &Store,
     jobs: &[(String, String, Compression)],
+    limits: LayerLimits,
 ) -> Result<Vec<ImageLayer>, PullError> {
     let one =
         |(digest, diff_id, comp): &(String, String, Compression)| -> Result<ImageLayer, PullError> {
@@ -444,7 +548,7 @@ fn fetch_layers(
             if !path.is_file() {
                 let what = format!("layer {digest}");
                 let r = client.request(&format!("blobs/{digest}"), "*/*", &what)?;
-                convert_layer(store, r.into_reader(), *comp, digest, Some(diff_id))?;
+                convert_layer(store, r.into_reader(), *comp, digest, Some(diff_id), limits)?;
             }
             let erofs_bytes = std::fs::metadata(&path)
                 .map_err(crate::io_err(&path))?

@@ -4,18 +4,21 @@
 //! template, the agent binary for host-mode tests without KVM
 //! ([`host_agent`], the fake sandbox backend's), restored sandboxes driven
 //! through the agent, and read-only layers and ext4 images inspected on the
-//! host.
+//! host; this workspace's binaries built in the test's profile.
 //!
 //! It must not depend on `vmm` (the VMM's integration tests use it);
 //! helpers that need the VMM's types live in `vmm/tests/common`.
 
 mod artifacts;
+mod bins;
 mod console;
 mod layers;
 mod prereq;
+pub mod registry;
 mod sandbox;
 
 pub use artifacts::{artifacts, cmdline, host_agent, image, kernel, tiny_template};
+pub use bins::{build_bins, shoal_cli};
 pub use console::Console;
 pub use layers::{debugfs, layer};
 pub use prereq::{kvm, kvm_serial, require_kvm, require_root};
