@@ -23,6 +23,7 @@
 //! - [`images`]: OCI images in the host's image store.
 //! - [`stats`]: usage, limits, host, events.
 //! - [`error`]: the error body and its codes.
+//! - [`time`]: the calendar arithmetic behind RFC 3339 times.
 
 pub mod commands;
 pub mod error;
@@ -34,6 +35,7 @@ pub mod images;
 pub mod sandbox;
 pub mod stats;
 pub mod templates;
+pub mod time;
 
 pub use commands::{Command, CommandState, SignalCommand, StdinQuery, WaitQuery};
 pub use error::{ErrorBody, ErrorCode, ErrorDetail};
@@ -46,6 +48,7 @@ pub use fncall::{
     BatchItem, BatchRequest, CompileResult, FnCallRequest, FnCallResult, FnCallStatus, Language,
 };
 pub use fork::{ForkRequest, Forked, MAX_FORK_COUNT};
+pub use images::{Image, ImageList, PullImage};
 pub use sandbox::{
     CreateSandbox, ListFilter, Sandbox, SandboxState, SnapshotRequest, UpdateSandbox,
 };

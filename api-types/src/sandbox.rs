@@ -83,8 +83,11 @@ pub struct CreateSandbox {
     /// A registered template's name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub template: Option<String>,
-    /// Or an image (`tiny` or `base`): its template (booted once, cached)
-    /// is used.
+    /// Or an image: `tiny`, `base`, or an OCI image pulled into the
+    /// host's image store (`shoal image pull REF`), by reference or id
+    /// (`sha256:...`): a container sandbox whose root is the image's
+    /// layers, with the image's Env, WorkingDir and User as exec defaults.
+    /// Its template (booted once, cached) is used.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(example = "tiny")]
     pub image: Option<String>,

@@ -182,6 +182,12 @@ pub struct Template {
     /// Size of each sandbox's scratch disk (MiB), when the upper layer is
     /// one.
     pub upper_disk_mib: Option<u32>,
+    /// The OCI image (`sha256:...`, its manifest's digest) whose layers are
+    /// its root, for a container sandbox's template or a snapshot of one
+    /// (its sandboxes keep that image's user, working directory and
+    /// environment); null for the templates of built-in images.
+    #[serde(default)]
+    pub image: Option<String>,
 }
 
 /// A warm pool: sandboxes of a template restored ahead of time.
@@ -232,8 +238,10 @@ mod tests {
             layers: vec![],
             upper_size_mib: Some(64),
             upper_disk_mib: None,
+            image: Some("sha256:ab".into()),
         };
         let v = serde_json::to_value(&t).unwrap();
+        assert_eq!(v["image"], "sha256:ab");
         assert_eq!(v["dir"], "/d");
         assert_eq!(v["layers"], serde_json::json!([]));
         assert!(v["error"].is_null() && v["upper_disk_mib"].is_null(), "{v}");

@@ -26,7 +26,9 @@
 //! With `shoal.overlay=1` on the kernel command line (a read-only pmem
 //! root), PID 1 first moves itself into a writable overlay of the root
 //! (tmpfs upper layer; see overlay.rs), so commands and file operations
-//! never write to the image.
+//! never write to the image. With `shoal.container=1` as well (a container
+//! sandbox: the root is only the agent's layer), the overlay is the image's
+//! layers alone, and a failure to build it ends the guest.
 //!
 //! Protocol on the console (the VMM and tests parse these lines):
 //! - `SHOAL-INIT-READY` once the mounts are done (and, in server mode, the
@@ -166,6 +168,13 @@ unsafe extern "C" fn main(
     if overlay.enabled {
         if let Err(e) = overlay::setup(&overlay) {
             write_all(2, format!("shoal-agent: {e}\n").as_bytes());
+            if overlay.container {
+                // A container left on the agent's own root would run
+                // nothing of its image: end the guest, so that its boot
+                // fails with the reason above on the console.
+                // SAFETY: reboot has no memory-safety preconditions.
+                unsafe { libc::reboot(libc::RB_AUTOBOOT) };
+            }
         }
     }
     // SAFETY: the pointer and length describe a valid static byte string.

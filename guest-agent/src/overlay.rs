@@ -23,6 +23,15 @@
 //! lowers) stay alive inside the overlay, which holds private references to
 //! them, but are no longer reachable by path.
 //!
+//! With `shoal.container=1` as well (a container sandbox: the root on
+//! pmem0 is only Shoal's agent layer, the image is pmem1..N), the lower
+//! layers are only the extra ones (`lN:...:l1`, the image's layers, lowest
+//! first): the agent's own root is not part of the new root at all, and is
+//! not bound at `/run/shoal/image` either, so after the pivot nothing of it
+//! is reachable by path (the agent's code stays mapped). The mount points
+//! the agent moves in (`/dev`, `/proc`, `/sys`, `/tmp`, `/run`) are made in
+//! the upper layer where the image has none.
+//!
 //! Every step is a direct syscall (about 20 in all, no fork). Any failure is
 //! reported on the console and leaves the read-only root as it was, so a
 //! broken option never makes the guest unusable. The scratch-disk upper
@@ -44,6 +53,9 @@ pub struct Options {
     /// `shoal.upper=/dev/NAME`: a pre-formatted ext4 disk for the upper
     /// layer instead of tmpfs.
     pub upper_dev: Option<String>,
+    /// `shoal.container=1`: the root is only the agent's layer; the new
+    /// root is the extra layers alone.
+    pub container: bool,
 }
 
 /// A failed step.
@@ -73,6 +85,7 @@ pub fn parse(cmdline: &[u8]) -> Options {
         };
         match key {
             b"shoal.overlay" => o.enabled = value == b"1",
+            b"shoal.container" => o.container = value == b"1",
             b"shoal.upper_size" => match std::str::from_utf8(value) {
                 Ok(v) if valid_size(v) => o.upper_size = Some(v.to_string()),
                 _ => report_bad("shoal.upper_size", value),
@@ -196,20 +209,53 @@ pub fn setup(o: &Options) -> Result<(), OverlayError> {
     mkdir(UPPER, 0o755, true)?;
     mkdir(WORK, 0o700, true)?;
     let lowers = mount_extra_lowers();
-    let mut lowerdir = String::new();
-    for l in lowers.iter().rev() {
-        lowerdir.push_str(&l.to_string_lossy());
-        lowerdir.push(':');
+    if o.container && lowers.is_empty() {
+        return Err(OverlayError {
+            step: "shoal.container=1 without image layers (/dev/pmem1..)".into(),
+            errno: libc::ENODEV,
+        });
     }
-    lowerdir.push('/');
     let data = cstr(format!(
-        "lowerdir={lowerdir},upperdir={},workdir={}",
+        "lowerdir={},upperdir={},workdir={}",
+        lowerdir(&lowers, o.container),
         UPPER.to_string_lossy(),
         WORK.to_string_lossy()
     ))?;
     mkdir(ROOT, 0o755, true)?;
     mount(c"overlay", ROOT, Some(c"overlay"), 0, Some(&data))?;
-    switch_root(upper, budget)
+    if o.container {
+        make_mount_points()?;
+    }
+    switch_root(upper, budget, !o.container)
+}
+
+/// The overlay's `lowerdir=`: the extra layers, highest first, over the
+/// agent's root `/` unless this is a container (`container`).
+fn lowerdir(lowers: &[CString], container: bool) -> String {
+    let mut dirs: Vec<String> = lowers
+        .iter()
+        .rev()
+        .map(|l| l.to_string_lossy().into_owned())
+        .collect();
+    if !container {
+        dirs.push("/".into());
+    }
+    dirs.join(":")
+}
+
+/// The mount points the agent needs in a container's root, made (in the
+/// upper layer) where the image has none.
+fn make_mount_points() -> Result<(), OverlayError> {
+    for (dir, mode) in [
+        (c"/run/.shoal/root/dev", 0o755),
+        (c"/run/.shoal/root/proc", 0o555),
+        (c"/run/.shoal/root/sys", 0o555),
+        (c"/run/.shoal/root/tmp", 0o1777),
+        (c"/run/.shoal/root/run", 0o755),
+    ] {
+        mkdir(dir, mode, true)?;
+    }
+    Ok(())
 }
 
 /// What the upper layer ended up on.
@@ -298,10 +344,11 @@ fn mount_extra_lowers() -> Vec<CString> {
 }
 
 /// Moves the kernel file systems into the overlay, mounts a fresh `/run`
-/// there and pivots PID 1 into it. With a tmpfs upper, the boot's /tmp is
+/// there (with the image's root bound at `/run/shoal/image` when
+/// `show_root`) and pivots PID 1 into it. With a tmpfs upper, the boot's /tmp is
 /// left behind (it goes with the old root) and /tmp is the overlay's
 /// directory; with a disk upper it is moved and capped at `budget`.
-fn switch_root(upper: UpperKind, budget: u64) -> Result<(), OverlayError> {
+fn switch_root(upper: UpperKind, budget: u64, show_root: bool) -> Result<(), OverlayError> {
     let mut moved = 0;
     let mut result = Ok(());
     let keep = if upper == UpperKind::Tmpfs {
@@ -345,7 +392,11 @@ fn switch_root(upper: UpperKind, budget: u64) -> Result<(), OverlayError> {
             libc::MS_NOSUID | libc::MS_NODEV,
             Some(RUN_SIZE),
         )
-        .map(|()| show_image())
+        .map(|()| {
+            if show_root {
+                show_image();
+            }
+        })
         .and_then(|()| pivot());
     }
     if result.is_err() {
@@ -443,5 +494,15 @@ mod tests {
             parse(b"shoal.upper_size=1048576").upper_size.as_deref(),
             Some("1048576")
         );
+        assert!(parse(b"shoal.overlay=1 shoal.container=1").container);
+        assert!(!parse(b"shoal.overlay=1 shoal.container=0").container);
+    }
+
+    #[test]
+    fn a_containers_lower_layers_leave_the_agent_root_out() {
+        let l = [c"/run/.shoal/l1".to_owned(), c"/run/.shoal/l2".to_owned()];
+        assert_eq!(lowerdir(&l, false), "/run/.shoal/l2:/run/.shoal/l1:/");
+        assert_eq!(lowerdir(&l, true), "/run/.shoal/l2:/run/.shoal/l1");
+        assert_eq!(lowerdir(&[], false), "/");
     }
 }

@@ -158,7 +158,7 @@ pub struct Item {
 }
 
 /// Every file a complete layout has.
-pub const ITEMS: [Item; 5] = [
+pub const ITEMS: [Item; 6] = [
     Item {
         key: "vmlinux",
         rel: "vmlinux",
@@ -184,7 +184,25 @@ pub const ITEMS: [Item; 5] = [
         rel: "images/base.erofs",
         what: "the 'base' image",
     },
+    Item {
+        key: CONTAINER_ROOT,
+        rel: "images/agent.erofs",
+        what: "the agent layer of container sandboxes (built with 'tiny')",
+    },
 ];
+
+/// The key of the agent layer: the root (`/dev/pmem0`) of a container
+/// sandbox, holding only the static `/sbin/shoal-agent` (the kernel's
+/// init) and empty mount points; the image's layers go over it as
+/// `/dev/pmem1..` and the guest's `shoal.container=1` leaves this root out
+/// of the overlay. Built with the `tiny` image, from the same agent.
+pub const CONTAINER_ROOT: &str = "tiny_agent_erofs";
+
+/// The image name a container sandbox's template boots
+/// (`TemplateSpec::image`): its root is [`CONTAINER_ROOT`], its layers are
+/// the OCI image's, and its kernel command line gets `shoal.container=1`.
+/// Not one of [`IMAGES`]: no request names it.
+pub const CONTAINER_IMAGE: &str = "container";
 
 /// The item of a key.
 pub fn item(key: &str) -> Option<&'static Item> {

@@ -508,11 +508,11 @@ pub fn strip_overlay_marks(root: &Path, lower: &Path) -> Result<UpperStats, Imag
 
 /// Mounts made for a build, unmounted (last first) when dropped.
 #[derive(Default)]
-struct Mounts(Vec<PathBuf>);
+pub(crate) struct Mounts(Vec<PathBuf>);
 
 impl Mounts {
     /// Runs a `mount` command that mounts on `at`.
-    fn mount(&mut self, cmd: &mut Command, at: &Path) -> Result<(), ImageError> {
+    pub(crate) fn mount(&mut self, cmd: &mut Command, at: &Path) -> Result<(), ImageError> {
         image::run(cmd)?;
         self.0.push(at.to_path_buf());
         Ok(())
@@ -520,7 +520,7 @@ impl Mounts {
 
     /// Unmounts everything, last first; the first failure is returned
     /// (after a lazy detach, so nothing stays reachable below the stage).
-    fn unmount_all(&mut self) -> Result<(), ImageError> {
+    pub(crate) fn unmount_all(&mut self) -> Result<(), ImageError> {
         let mut first = None;
         while let Some(at) = self.0.pop() {
             if let Err(e) = umount(&at, 0) {

@@ -10,5 +10,6 @@ pub mod image;
 pub mod lang_layers;
 pub mod layer_cache;
 pub mod layer_files;
+pub mod layer_merge;
 pub mod layers;
 pub mod paths;

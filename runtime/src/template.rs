@@ -209,7 +209,12 @@ fn warm_agent(uds: &Path) -> Result<(), TemplateError> {
     let c = Client::connect_vsock_retry(uds, agent_proto::VSOCK_PORT, Duration::from_secs(120))?;
     c.set_timeout(Some(Duration::from_secs(120)));
     c.post_restore(crate::fresh::entropy(), crate::fresh::unix_nanos())?;
-    c.exec_simple(&ExecRequest::argv(["true"]))?;
+    // A container image may have no `true` (or nothing at all in PATH):
+    // the spawn up to its execve is warmed either way.
+    match c.exec_simple(&ExecRequest::argv(["true"])) {
+        Err(e) if e.errno() == Some(libc::ENOENT) => {}
+        r => drop(r?),
+    }
     let path = "/tmp/.shoal-template-warmup";
     c.write_file(path, b"warm", 0o600)?;
     c.read_file(path)?;

@@ -216,7 +216,8 @@ impl Checkout {
 
     /// One image file by key (`tiny_erofs`, `tiny_cpio`, `base_erofs`).
     pub fn image(&self, key: &str, report: &mut dyn Report) -> Result<PathBuf, ArtifactError> {
-        let which = key.rsplit_once('_').map_or(key, |(w, _)| w);
+        // `tiny_agent_erofs` comes with `tiny` (layer names have no '_').
+        let which = key.split_once('_').map_or(key, |(w, _)| w);
         self.images(which, report)?
             .into_iter()
             .find(|(k, _)| k == key)

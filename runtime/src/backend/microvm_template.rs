@@ -1,10 +1,12 @@
 //! Image templates of the microVM kind: the image and the image-name
 //! layers are pinned into the template's directory (so that reinstalling
 //! the artifacts does not change a template under its snapshot), then the
-//! guest is booted from the installed kernel and snapshotted there.
+//! guest is booted from the installed kernel and snapshotted there. A
+//! container's template ([`artifacts::CONTAINER_IMAGE`]) boots the agent
+//! layer as its root with the OCI image's layers over it.
 
 use crate::sandbox::{self, GuestFiles, SandboxError, TemplateSpec};
-use shoal_images::artifacts::{ArtifactError, Layout};
+use shoal_images::artifacts::{self, ArtifactError, Layout};
 use shoal_images::layer_files::{Layer, LayerFile};
 use shoal_images::layers;
 use std::fs::File;
@@ -87,8 +89,15 @@ pub fn build_from_layout(
 ) -> Result<(), BuildError> {
     // Everything is checked before anything is written.
     let kernel = artifacts.kernel()?;
-    let cmdline = artifacts.cmdline()?;
-    let image = artifacts.image(&spec.image)?;
+    let mut cmdline = artifacts.cmdline()?;
+    // A container: the agent layer as the root, left out of the overlay of
+    // the image's layers (guest-agent/src/overlay.rs).
+    let image = if spec.image == artifacts::CONTAINER_IMAGE {
+        cmdline.push_str(" shoal.container=1");
+        artifacts.file(artifacts::CONTAINER_ROOT)?
+    } else {
+        artifacts.image(&spec.image)?
+    };
     let layer_src: Vec<Source> = layers
         .iter()
         .map(|l| match l {
