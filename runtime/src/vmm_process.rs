@@ -108,7 +108,11 @@ pub enum Start {
         disks: Vec<PathBuf>,
     },
     /// An empty VM waiting on its control socket for a `restore` request.
-    Prewarm,
+    Prewarm {
+        /// The VMM ends when the first restored guest stops (`--once`)
+        /// instead of waiting for another `restore`.
+        once: bool,
+    },
 }
 
 /// The serial console.
@@ -273,9 +277,17 @@ impl VmmProcess {
         )
     }
 
-    /// A pre-warmed empty VM (needs [`Self::api_sock`]).
+    /// A pre-warmed empty VM (needs [`Self::api_sock`]), kept for further
+    /// restores when a guest stops.
     pub fn prewarm(program: &Path) -> VmmProcess {
-        Self::new(program, Start::Prewarm)
+        Self::new(program, Start::Prewarm { once: false })
+    }
+
+    /// A pre-warmed empty VM for one guest (`--prewarm --once`: it ends
+    /// when the guest it is given stops, as a restored VMM does): a
+    /// sandbox's VMM made ahead of its sandbox.
+    pub fn prewarm_once(program: &Path) -> VmmProcess {
+        Self::new(program, Start::Prewarm { once: true })
     }
 
     /// What it starts from.
@@ -310,7 +322,7 @@ impl VmmProcess {
         match &mut self.start {
             Start::Boot { disks, .. } => disks.push(d),
             Start::Restore { disks, .. } => disks.push(d.path),
-            Start::Prewarm => {}
+            Start::Prewarm { .. } => {}
         }
         self
     }
@@ -467,7 +479,7 @@ impl VmmProcess {
 
     /// Checks the combinations `shoal-vmm` refuses (its `clap` rules).
     fn check(&self) -> Result<(), VmmProcessError> {
-        if self.start == Start::Prewarm && self.api_sock.is_none() {
+        if matches!(self.start, Start::Prewarm { .. }) && self.api_sock.is_none() {
             return Err(VmmProcessError::Invalid(
                 "a pre-warmed VM needs a control socket",
             ));
@@ -518,7 +530,7 @@ impl VmmProcess {
                     flag("--restore-disk", d.as_os_str());
                 }
             }
-            Start::Prewarm => {}
+            Start::Prewarm { .. } => {}
         }
         if let Some(m) = self.memory_mib {
             flag("--memory", m.to_string().as_ref());
@@ -548,8 +560,11 @@ impl VmmProcess {
         if self.ready_pipe {
             flag("--ready-fd", READY_FD.to_string().as_ref());
         }
-        if self.start == Start::Prewarm {
+        if let Start::Prewarm { once } = self.start {
             a.push("--prewarm".into());
+            if once {
+                a.push("--once".into());
+            }
         }
         if self.timings {
             a.push("--timings".into());

@@ -42,6 +42,7 @@ fn assert_accepted(args: &[String]) {
     let known = vmm_flags();
     let switches = [
         "--prewarm",
+        "--once",
         "--timings",
         "--check-host",
         "--json",
@@ -174,6 +175,29 @@ fn restore_args() {
             "null",
             "--timeout",
             "1.5",
+        ]
+    );
+    assert_accepted(&a);
+}
+
+#[test]
+fn a_prewarmed_vmm_for_one_guest_says_once() {
+    let p = VmmProcess::prewarm_once(Path::new("/vmm"))
+        .memory_mib(256)
+        .vcpus(2)
+        .api_sock("/s/api.sock");
+    let a = strs(&p);
+    assert_eq!(
+        a,
+        [
+            "--memory",
+            "256",
+            "--vcpus",
+            "2",
+            "--api-sock",
+            "/s/api.sock",
+            "--prewarm",
+            "--once"
         ]
     );
     assert_accepted(&a);

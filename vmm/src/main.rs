@@ -54,6 +54,11 @@ struct Args {
     /// `restore` request; keep the VM for further restores when the guest stops.
     #[arg(long, requires = "api_sock", conflicts_with_all = ["kernel", "config", "restore", "pmem"])]
     prewarm: bool,
+    /// With --prewarm: end when the first restored guest stops, as a VMM
+    /// restored with --restore does (a sandbox's VMM made ahead), instead of
+    /// waiting for another `restore`.
+    #[arg(long, requires = "prewarm")]
+    once: bool,
     /// Uncompressed ELF kernel (vmlinux).
     #[arg(long)]
     kernel: Option<PathBuf>,
@@ -274,7 +279,7 @@ fn run(a: &Args, start_ns: u128) -> Result<i32> {
     let outcome = vm.run_with(RunOptions {
         timeout,
         api_sock: a.api_sock.clone(),
-        keep_alive: a.prewarm,
+        keep_alive: a.prewarm && !a.once,
         ready,
         seccomp,
     })?;

@@ -16,7 +16,7 @@
 
 use super::{
     end, BackendError, BackendState, Kind, Proc, Reattached, SandboxBackend, SandboxVm, Source,
-    Transport, VmStats,
+    StockedVm, Transport, VmStats,
 };
 use crate::sandbox::TemplateSpec;
 use crate::vm;
@@ -281,6 +281,25 @@ impl SandboxBackend for Fake {
         Ok(Arc::new(self.start(dir)?))
     }
 
+    /// The agent process is started ahead (the "VM process" of the fake
+    /// kind), as a microVM's pre-warmed VMM is.
+    fn stock(
+        &self,
+        dir: &Path,
+        template: &Path,
+        _vcpus: u8,
+        _memory_mib: u32,
+    ) -> Result<Option<Box<dyn StockedVm>>, BackendError> {
+        if !template.join(TEMPLATE_MARKER).is_file() {
+            return Err(BackendError::NoSource(template.into()));
+        }
+        Ok(Some(Box::new(FakeStocked {
+            sb: self.start(dir)?,
+            template: template.into(),
+            faults: self.faults.clone(),
+        })))
+    }
+
     fn reattach(&self, dir: &Path, state: &BackendState) -> Result<Reattached, BackendError> {
         let Saved::Running { pid, start, socket } = state.decode::<Saved>()? else {
             return Err(BackendError::NoSource(dir.into()));
@@ -333,6 +352,44 @@ fn write_marker(dir: &Path, v: &serde_json::Value) -> Result<(), BackendError> {
     std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
     let p = dir.join(TEMPLATE_MARKER);
     std::fs::write(&p, v.to_string()).map_err(|e| io(&p, e))
+}
+
+/// An agent process started ahead for one sandbox.
+#[derive(Debug)]
+struct FakeStocked {
+    sb: FakeSandbox,
+    template: PathBuf,
+    faults: Arc<Faults>,
+}
+
+impl StockedVm for FakeStocked {
+    fn pid(&self) -> i32 {
+        self.sb.proc.pid
+    }
+
+    fn alive(&self) -> bool {
+        self.sb.proc.alive()
+    }
+
+    fn restore(self: Box<Self>, template: &Path) -> Result<Arc<dyn SandboxVm>, BackendError> {
+        let ok = self
+            .faults
+            .check(Op::Restore)
+            .and_then(|()| match template == self.template {
+                true => Ok(()),
+                false => Err(BackendError::NoSource(template.into())),
+            });
+        if let Err(e) = ok {
+            end(&self.sb.proc, Duration::from_secs(2));
+            return Err(e);
+        }
+        Ok(Arc::new(self.sb))
+    }
+
+    fn discard(self: Box<Self>) {
+        end(&self.sb.proc, Duration::from_secs(2));
+        self.sb.proc.reap();
+    }
 }
 
 /// One fake sandbox VM: an agent process.

@@ -59,6 +59,9 @@ enum Saved {
     },
 }
 
+#[path = "microvm_stock.rs"]
+mod stock;
+
 /// `shoal-vmm` microVMs.
 #[derive(Debug, Clone)]
 pub struct MicroVm {
@@ -309,6 +312,16 @@ impl SandboxBackend for MicroVm {
             files: keep,
             jailed: self.jailed(),
         }))
+    }
+
+    fn stock(
+        &self,
+        dir: &Path,
+        template: &Path,
+        vcpus: u8,
+        memory_mib: u32,
+    ) -> Result<Option<Box<dyn super::StockedVm>>, BackendError> {
+        stock::stock(self, dir, template, vcpus, memory_mib).map(Some)
     }
 
     fn reattach(&self, dir: &Path, state: &BackendState) -> Result<Reattached, BackendError> {

@@ -245,6 +245,26 @@ pub trait SandboxVm: Send + Sync + std::fmt::Debug {
     fn last_words(&self) -> String;
 }
 
+/// A VM process started ahead for one sandbox of one template, before
+/// that sandbox is asked for ([`SandboxBackend::stock`]): for a microVM, a
+/// jailed `shoal-vmm --prewarm` (uid, namespaces, root, cgroup, KVM VM,
+/// memory slots and vCPUs made) waiting on its control socket, so that a
+/// create pays only the restore itself. Its sandbox directory was chosen
+/// when it was started. Dropping one without [`Self::discard`] leaves its
+/// process running.
+pub trait StockedVm: Send + Sync + std::fmt::Debug {
+    /// Its process (a jailed VMM's: its jailer).
+    fn pid(&self) -> i32;
+    /// Whether its process still runs (one that died is never handed out).
+    fn alive(&self) -> bool;
+    /// Loads `template` (the directory it was made for) into it and waits
+    /// until the guest runs; on failure the process is ended.
+    fn restore(self: Box<Self>, template: &Path) -> Result<Arc<dyn SandboxVm>, BackendError>;
+    /// Ends its process (its jail's cgroup and uid go with it); the
+    /// caller removes its directory.
+    fn discard(self: Box<Self>);
+}
+
 /// A VM found again after a daemon restart.
 #[derive(Debug)]
 pub struct Reattached {
@@ -270,6 +290,19 @@ pub trait SandboxBackend: Send + Sync {
     /// Starts the VM of the sandbox whose directory is `dir` from `from`,
     /// and waits until it runs.
     fn restore(&self, dir: &Path, from: &Source) -> Result<Arc<dyn SandboxVm>, BackendError>;
+    /// Starts, ahead of its sandbox, the VM process of a sandbox in `dir`
+    /// that will be restored from `template` (of `vcpus` and `memory_mib`),
+    /// and waits until it is ready for that; `Ok(None)` where this kind
+    /// makes nothing ahead.
+    fn stock(
+        &self,
+        _dir: &Path,
+        _template: &Path,
+        _vcpus: u8,
+        _memory_mib: u32,
+    ) -> Result<Option<Box<dyn StockedVm>>, BackendError> {
+        Ok(None)
+    }
     /// The VM `state` names, if its process is still there and answers
     /// (one that runs but does not answer is ended).
     fn reattach(&self, dir: &Path, state: &BackendState) -> Result<Reattached, BackendError>;
