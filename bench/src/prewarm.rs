@@ -6,7 +6,10 @@
 
 use crate::stats::{summarize, Summary};
 use serde::Serialize;
+use shoal_runtime::launch::monotonic_ns;
+use shoal_runtime::template::{self, TemplateError};
 use shoal_runtime::vmm_process::{Io, Serial, VmmProcess};
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::Child;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -130,4 +133,64 @@ pub fn run(
         workers,
         errors: errors + errs.load(Ordering::Relaxed),
     })
+}
+
+/// How long a pre-warmed VMM is left alone between its start and the
+/// restore timed into it (a stocked VMM waits seconds; one restored at
+/// once still competes with its own start-up: its threads' first runs,
+/// seccomp filters, the jailer's supervisor).
+pub const SETTLE: Duration = Duration::from_millis(SETTLE_MS);
+const SETTLE_MS: u64 = 50;
+
+/// One restore into a VMM pre-warmed for it (`--prewarm --once`, jailed in
+/// `jail`'s sandbox directory, `sock`'s, when given: a stocked VMM as the
+/// daemon keeps them), timed from the `restore` request: (to vCPUs
+/// running, to the request's reply, to the guest's first output), ms. The
+/// VMM's start (and its jail's set-up) is not in the time: it happened
+/// before the sandbox was asked for.
+pub fn one_prewarmed_latency(
+    vmm: &Path,
+    tpl: &Path,
+    sock: &Path,
+    memory_mib: u32,
+    jail: Option<shoal_runtime::jail::Jail>,
+) -> Result<(f64, f64, f64), TemplateError> {
+    let mut p = VmmProcess::prewarm_once(vmm)
+        .memory_mib(memory_mib)
+        .api_sock(sock)
+        .stdout(Io::Piped)
+        .timings(true);
+    if let Some(j) = jail {
+        p = p.jail(j);
+    }
+    let mut r = template::spawn_restore(p)?;
+    // Pre-warmed, ready means the control socket serves.
+    if let Err(e) = r.wait_ready(Duration::from_secs(30)) {
+        r.shutdown();
+        return Err(e);
+    }
+    // A stocked VMM waits a while before a create takes it.
+    std::thread::sleep(SETTLE);
+    let t0 = monotonic_ns();
+    let reply = Client::new(sock, Duration::from_secs(30)).restore(tpl, &[]);
+    let t_reply = monotonic_ns();
+    let mut out = r.child.stdout.take();
+    let mut b = [0u8; 1];
+    let got = match &reply {
+        Ok(_) => out.as_mut().map(|o| o.read(&mut b)).transpose(),
+        Err(_) => Ok(None),
+    };
+    let t_out = monotonic_ns();
+    drop(out);
+    let err = r.shutdown();
+    if let Err(e) = reply {
+        return Err(TemplateError::NotReady(format!("restore request: {e}")));
+    }
+    if !matches!(got, Ok(Some(1))) {
+        return Err(TemplateError::NotReady("no output after restore".into()));
+    }
+    let run = template::first_run_ns(&err)
+        .ok_or_else(|| TemplateError::NotReady("timing line".into()))?;
+    let ms = |t: u128| t.saturating_sub(t0) as f64 / 1e6;
+    Ok((ms(run), ms(t_reply), ms(t_out)))
 }

@@ -93,7 +93,7 @@ fn timing_ns(stderr: &str, key: &str) -> Option<u128> {
 
 /// The jail of a bench VMM whose sockets are in `sock`'s directory,
 /// restoring template `tpl`.
-fn jail_of(j: &JailConfig, sock: &Path, tpl: &Path) -> Result<Jail, TemplateError> {
+pub fn jail_of(j: &JailConfig, sock: &Path, tpl: &Path) -> Result<Jail, TemplateError> {
     let dir = sock.parent().unwrap_or(Path::new("/"));
     let mem = std::fs::metadata(tpl.join("memory")).map_or(0, |m| m.len());
     j.jail_for(dir, &shoal_runtime::jail::template_files(tpl), mem)

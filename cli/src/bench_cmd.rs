@@ -61,6 +61,11 @@ pub enum BenchCmd {
     /// restore+exec python3+remove and a host python3: passes, calls/s,
     /// p50/p99, host CPU per call.
     Fncall(crate::bench_fncall::FnCallArgs),
+    /// An OCI image from a loopback registry: pull + convert vs skopeo +
+    /// tar + mkfs.erofs, the first and next sandboxes, idle density, host
+    /// memory of N sandboxes reading the same files (pmem layers vs
+    /// per-sandbox copies).
+    Image(crate::bench_image::ImageArgs),
     /// VMM start to first instruction, console, init and exit; vs QEMU microvm.
     Boot {
         /// Boots per system (>= 20 on hardware KVM; each takes seconds on PVM hosts).
@@ -224,6 +229,9 @@ pub fn run(g: &crate::daemon_cmds::Global, a: BenchArgs) -> Result<i32> {
         BenchCmd::Fork(f) => bench::fork(g, &f, &bench::Output::new(&f.out, plot)).map(|_| 0),
         BenchCmd::Fncall(f) => {
             crate::bench_fncall::run(g, &f, &bench::Output::new(&f.out, plot)).map(|_| 0)
+        }
+        BenchCmd::Image(i) => {
+            crate::bench_image::run(g, &i, &bench::Output::new(&i.out, plot)).map(|_| 0)
         }
         BenchCmd::Boot {
             runs,

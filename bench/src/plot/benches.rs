@@ -199,6 +199,18 @@ fn restore_figs<'a>(r: &RestoreReport, out: &'a Out) -> Figs<'a> {
         .unit(r.unit)
         .subtitle(format!("{sub}; jailed and unjailed interleaved"));
     f.cdf("cdf-vmm-start", fig, jailed("restore_to_vmm_start"));
+    if r.jail_ab
+        .as_ref()
+        .is_some_and(|ab| !ab.stock_rows.is_empty())
+    {
+        let fig = out
+            .figure("The restore a daemon's create waits for")
+            .unit(r.unit)
+            .subtitle(format!(
+                "{sub}; microVM backend: new VMM (plain, jailed) vs a stocked pre-warmed VMM"
+            ));
+        f.cdf("cdf-create-restore", fig, jailed("create_restore"));
+    }
 
     let pts = |v: Vec<(usize, f64)>| v.into_iter().map(|(k, y)| (k as f64, y)).collect();
     let mut rates = vec![XySeries::new(

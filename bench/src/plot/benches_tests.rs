@@ -131,6 +131,8 @@ fn restore_figures() {
                 errors: (0, 0),
             }],
             errors: (0, 0),
+            stock_rows: vec![],
+            stock_errors: [0; 4],
             samples: vec![
                 Samples::new("shoal jailed", "restore_to_vcpu_run", ramp(10, 9.0)),
                 Samples::new("shoal unjailed", "restore_to_vmm_start", ramp(10, 0.5)),
