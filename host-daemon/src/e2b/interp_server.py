@@ -45,6 +45,8 @@ MAX_BODY = 16 << 20
 READ_CHUNK = 64 << 10
 # After an interrupt, how long a context has to stop before it is killed.
 INTERRUPT_GRACE = 3.0
+# How often the interrupt is repeated until the execution ends.
+INTERRUPT_REPEAT = 0.25
 # Silence after which an execution sends a keepalive line.
 KEEPALIVE = 1.0
 # Where the sandbox's environment variables may be (JSON object).
@@ -214,7 +216,7 @@ class Context:
         sel.register(self.ctl_r, selectors.EVENT_READ)
         ctl_buf = b""
         done = False
-        interrupted_at = None
+        interrupted_at = last_sigint = None
         decoders = {fd: codecs.getincrementaldecoder("utf-8")("replace") for fd in outs}
         quiet_since = time.monotonic()
         try:
@@ -225,7 +227,13 @@ class Context:
                     quiet_since = time.monotonic()
                 if interrupted_at is None and client_gone():
                     self.interrupt()
-                    interrupted_at = time.monotonic()
+                    interrupted_at = last_sigint = time.monotonic()
+                elif interrupted_at is not None and time.monotonic() - last_sigint >= INTERRUPT_REPEAT:
+                    # Again until the cell ends: a SIGINT that reached the
+                    # context before its cell began (ignored there, so
+                    # that it cannot hit the next cell) stopped nothing.
+                    self.interrupt()
+                    last_sigint = time.monotonic()
                 if interrupted_at is not None and time.monotonic() - interrupted_at > INTERRUPT_GRACE:
                     emit(error_event("TimeoutError", "execution interrupted and the context restarted", ""))
                     self.restart()
@@ -674,11 +682,15 @@ def worker_main():
             continue
         signal.signal(signal.SIGINT, signal.default_int_handler)
         try:
-            run(req.get("code", ""), req.get("env") or {})
+            try:
+                run(req.get("code", ""), req.get("env") or {})
+            finally:
+                # Ignored again before anything else (the host repeats an
+                # interrupt until the cell's end reaches it).
+                signal.signal(signal.SIGINT, signal.SIG_IGN)
         except BaseException as e:  # an interrupt outside the cell's code
-            send(error_event(type(e).__name__, str(e), ""))
-        finally:
             signal.signal(signal.SIGINT, signal.SIG_IGN)
+            send(error_event(type(e).__name__, str(e), ""))
         sys.stdout.flush()
         sys.stderr.flush()
         send({"type": "done"})

@@ -23,6 +23,7 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -80,6 +81,7 @@ class Daemon:
         self.tmp = tempfile.mkdtemp(prefix="shoal-e2b-")
         self.dir = Path(self.tmp)
         self.token = "e2b_" + secrets.token_hex(16)
+        self.interp_warmup: InterpWarmup | None = None
         tok = self.dir / "token"
         tok.write_text(self.token + "\n")
         tok.chmod(0o600)
@@ -191,6 +193,39 @@ class Daemon:
         shutil.rmtree(self.tmp, ignore_errors=True)
 
 
+_SESSION: dict[str, Any] = {"interp": False}
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Notes whether the selected tests include code-interpreter ones."""
+    _SESSION["interp"] = any(i.get_closest_marker("code_interpreter") for i in session.items)
+
+
+class InterpWarmup:
+    """The first ``code-interpreter-v1`` create builds its template: the
+    scientific stack's imports take minutes in a PVM guest. It starts with
+    the session, in a thread, so the build overlaps the other files' tests
+    instead of coming after them; ``wait`` gives its error, if any (the
+    tests' own create then builds again and fails clearly)."""
+
+    def __init__(self) -> None:
+        self.error: str | None = None
+        self.thread = threading.Thread(target=self._run, name="interp-warmup", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            from e2b_code_interpreter import Sandbox
+
+            Sandbox.create(timeout=600, request_timeout=2400).kill()
+        except Exception as e:  # noqa: BLE001 - reported by wait()
+            self.error = repr(e)
+
+    def wait(self) -> str | None:
+        self.thread.join(2400)
+        return self.error
+
+
 @pytest.fixture(scope="session")
 def daemon() -> Iterator[Daemon]:
     """The session's daemon with the template ``base`` and a warm pool;
@@ -203,6 +238,7 @@ def daemon() -> Iterator[Daemon]:
         os.environ["E2B_API_KEY"] = d.token
         os.environ.pop("E2B_DEBUG", None)
         os.environ.pop("E2B_DOMAIN", None)
+        d.interp_warmup = InterpWarmup() if _SESSION["interp"] else None
         yield d
     finally:
         d.stop()

@@ -116,11 +116,14 @@ def _wait_paused(sandbox_id: str, within_s: float = 90.0) -> None:
 def test_auto_pause_at_timeout_then_connect(daemon) -> None:
     # autoPause with autoResume off: paused (not killed) at the timeout;
     # traffic does not wake it, a connect does.
+    # The write comes first, the short timeout after it: on a loaded host
+    # a create and a write can take longer than 4 s.
     sbx = Sandbox.create(
-        timeout=4, lifecycle={"on_timeout": "pause", "auto_resume": False}
+        timeout=300, lifecycle={"on_timeout": "pause", "auto_resume": False}
     )
     try:
         sbx.files.write("/tmp/kept", "state")
+        sbx.set_timeout(4)
         _wait_paused(sbx.sandbox_id)
         with pytest.raises(SandboxException):
             sbx.commands.run("true", request_timeout=20)

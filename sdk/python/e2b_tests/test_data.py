@@ -20,6 +20,10 @@ from e2b.exceptions import NotFoundException, SandboxException
 
 from conftest import e2b_version
 
+# Every command's stream deadline (the SDK's default is 60 s): on a PVM host
+# loaded by the other suites, a guest can wait that long for its vCPU.
+T = 300
+
 
 def _long(sandbox: Sandbox) -> Sandbox:
     """The fixture's sandbox, given time for many guest execs on a busy
@@ -30,20 +34,20 @@ def _long(sandbox: Sandbox) -> Sandbox:
 
 def test_commands(sandbox: Sandbox) -> None:
     sandbox = _long(sandbox)
-    r = sandbox.commands.run("echo hi; echo oops >&2; whoami; pwd; echo $HOME")
+    r = sandbox.commands.run("echo hi; echo oops >&2; whoami; pwd; echo $HOME", timeout=T)
     assert r.exit_code == 0
     assert r.stdout == "hi\nuser\n/home/user\n/home/user\n"
     assert r.stderr == "oops\n"
 
     # bash -l -c: a login shell, with cwd and envs as asked.
     r = sandbox.commands.run("echo $FOO; pwd; shopt -q login_shell && echo login",
-                             envs={"FOO": "b a r"}, cwd="/tmp")
+                             envs={"FOO": "b a r"}, cwd="/tmp", timeout=T)
     assert r.stdout == "b a r\n/tmp\nlogin\n"
-    r = sandbox.commands.run("whoami; echo $HOME; id -u", user="root")
+    r = sandbox.commands.run("whoami; echo $HOME; id -u", user="root", timeout=T)
     assert r.stdout == "root\n/root\n0\n"
 
     with pytest.raises(CommandExitException) as ei:
-        sandbox.commands.run("echo before; exit 3")
+        sandbox.commands.run("echo before; exit 3", timeout=T)
     assert ei.value.exit_code == 3 and ei.value.stdout == "before\n"
 
     t0 = time.monotonic()
@@ -59,12 +63,14 @@ def test_commands(sandbox: Sandbox) -> None:
 
     # Background, its output through on_stdout as it comes.
     seen: list[str] = []
-    h = sandbox.commands.run("for i in 1 2 3; do echo l$i; sleep 0.2; done", background=True)
+    h = sandbox.commands.run(
+        "for i in 1 2 3; do echo l$i; sleep 0.2; done", background=True, timeout=T
+    )
     res = h.wait(on_stdout=seen.append)
     assert res.exit_code == 0 and "".join(seen) == "l1\nl2\nl3\n"
 
     # stdin, list by tag-less pid, connect, kill.
-    cat = sandbox.commands.run("cat", background=True, stdin=True)
+    cat = sandbox.commands.run("cat", background=True, stdin=True, timeout=T)
     sandbox.commands.send_stdin(cat.pid, "to stdin\n")
     listed = {p.pid: p for p in sandbox.commands.list()}
     assert cat.pid in listed and listed[cat.pid].cmd == "/bin/bash"
@@ -76,16 +82,16 @@ def test_commands(sandbox: Sandbox) -> None:
         assert sandbox.commands.kill(cat.pid) is True
 
     if e2b_version() >= (2, 63, 0):  # stream_input is new in 2.63 of the pins
-        cat2 = sandbox.commands.run("cat", background=True, stdin=True)
+        cat2 = sandbox.commands.run("cat", background=True, stdin=True, timeout=T)
         sandbox.commands.stream_input(cat2.pid, iter(["a", b"b", "c\n"]))
         sandbox.commands.close_stdin(cat2.pid)
         assert cat2.wait().stdout == "abc\n"
 
-    slow = sandbox.commands.run("sleep 1.5; echo late", background=True)
+    slow = sandbox.commands.run("sleep 1.5; echo late", background=True, timeout=T)
     again = sandbox.commands.connect(slow.pid)
     assert again.wait().stdout == "late\n"
 
-    sleeper = sandbox.commands.run("sleep 100", background=True)
+    sleeper = sandbox.commands.run("sleep 100", background=True, timeout=T)
     assert sandbox.commands.kill(sleeper.pid) is True
     assert sandbox.commands.kill(sleeper.pid) is False
     assert sleeper.pid not in {p.pid for p in sandbox.commands.list()}
@@ -97,7 +103,7 @@ def test_commands(sandbox: Sandbox) -> None:
 
 def test_pty(sandbox: Sandbox) -> None:
     sandbox = _long(sandbox)
-    term = sandbox.pty.create(PtySize(rows=24, cols=80), timeout=60)
+    term = sandbox.pty.create(PtySize(rows=24, cols=80), timeout=T)
     sandbox.pty.resize(term.pid, PtySize(rows=30, cols=100))
     sandbox.pty.send_stdin(term.pid, b"stty size; tty; echo $TERM; exit 7\n")
     out: list[bytes] = []
@@ -171,26 +177,26 @@ def test_async_commands_and_files(daemon) -> None:
     async def main() -> None:
         sbx = await AsyncSandbox.create(timeout=900)
         try:
-            r = await sbx.commands.run("echo hi; whoami")
+            r = await sbx.commands.run("echo hi; whoami", timeout=T)
             assert r.stdout == "hi\nuser\n"
             with pytest.raises(CommandExitException):
-                await sbx.commands.run("exit 4")
+                await sbx.commands.run("exit 4", timeout=T)
             with pytest.raises(TimeoutException):
                 await sbx.commands.run("sleep 30", timeout=2)
 
             seen: list[str] = []
             h = await sbx.commands.run(
-                "echo a; sleep 0.3; echo b", background=True, on_stdout=seen.append
+                "echo a; sleep 0.3; echo b", background=True, on_stdout=seen.append, timeout=T
             )
             assert (await h.wait()).exit_code == 0
             assert "".join(seen) == "a\nb\n"
 
-            cat = await sbx.commands.run("cat", background=True, stdin=True)
+            cat = await sbx.commands.run("cat", background=True, stdin=True, timeout=T)
             await sbx.commands.send_stdin(cat.pid, "x\n")
             assert cat.pid in {p.pid for p in await sbx.commands.list()}
             assert await sbx.commands.kill(cat.pid) is True
 
-            slow = await sbx.commands.run("sleep 1; echo late", background=True)
+            slow = await sbx.commands.run("sleep 1; echo late", background=True, timeout=T)
             again = await sbx.commands.connect(slow.pid)
             assert (await again.wait()).stdout == "late\n"
 
@@ -235,7 +241,7 @@ def test_a_paused_sandbox_resumes_on_use_and_a_killed_one_is_gone(daemon) -> Non
     daemon.api("POST", f"/v1/sandboxes/{sbx.sandbox_id}/pause", {})
     assert sbx.is_running() is False
     # Any other data-plane call resumes it.
-    assert sbx.commands.run("cat /tmp/kept.txt").stdout == "kept"
+    assert sbx.commands.run("cat /tmp/kept.txt", timeout=T).stdout == "kept"
     assert sbx.is_running() is True
     h = sbx.commands.run("sleep 60", background=True)
     assert sbx.kill() is True

@@ -24,6 +24,9 @@ pytestmark = pytest.mark.code_interpreter
 def sbx(daemon):
     from e2b_code_interpreter import Sandbox
 
+    if daemon.interp_warmup is not None and (err := daemon.interp_warmup.wait()):
+        print(f"the session's warm-up create of code-interpreter-v1 failed: {err}")
+
     # The first create of code-interpreter-v1 builds the template.
     s = Sandbox.create(timeout=3600, request_timeout=2400, envs={"FROM_CREATE": "created"})
     try:

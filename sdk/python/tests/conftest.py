@@ -131,7 +131,7 @@ def daemon() -> Iterator[Daemon]:
     image, 1 vCPU, 128 MiB) built and a warm pool of 10."""
     # A generous agent deadline: the host may be busy (PVM, shared CPUs),
     # and these tests assert behaviour, not speed.
-    d = Daemon("--agent-timeout", "300")
+    d = Daemon("--agent-timeout", "300", "--agent-call-timeout", "300")
     try:
         with shoal.Shoal(d.sock, autostart=False) as c:
             c.create_template(TEMPLATE, "tiny", timeout=300)
@@ -225,7 +225,7 @@ def fncall_daemon() -> Iterator[TcpDaemon]:
     base = _artifacts() / "images" / "base.erofs"
     if not base.is_file():
         raise RuntimeError(f"{base} is missing: target/release/shoal artifacts build base")
-    d = TcpDaemon("--agent-timeout", "300")
+    d = TcpDaemon("--agent-timeout", "300", "--agent-call-timeout", "300")
     try:
         yield d
     finally:

@@ -67,12 +67,12 @@ async def test_the_async_client(endpoint):
 
 def test_cpp_compile_and_run(endpoint):
     ok = '#include <iostream>\nint main(){int a,b;std::cin>>a>>b;std::cout<<a+b<<"\\n";return 0;}'
-    r = run_code(RunCodeRequest(code=ok, language="cpp", stdin="2 40", compile_timeout=120, run_timeout=60), endpoint=endpoint)
+    r = run_code(RunCodeRequest(code=ok, language="cpp", stdin="2 40", compile_timeout=280, run_timeout=60), endpoint=endpoint)
     assert r.status == RunStatus.Success, r
     assert r.compile_result.status == CommandRunStatus.Finished
     assert r.compile_result.return_code == 0
     assert r.run_result.stdout == "42\n"
-    r = run_code(RunCodeRequest(code="int main( {", language="cpp", compile_timeout=120), endpoint=endpoint)
+    r = run_code(RunCodeRequest(code="int main( {", language="cpp", compile_timeout=280), endpoint=endpoint)
     assert r.status == RunStatus.Failed
     assert r.compile_result.return_code not in (None, 0) and r.run_result is None
     assert "error" in r.compile_result.stderr

@@ -146,3 +146,49 @@ def test_backoff_honours_retry_after():
     assert b.delay(0, 2.0) == 2.0
     assert 0.05 <= b.delay(0, None) <= 0.1
     assert b.delay(10, None) <= 5 and b.delay(3, 100.0) == 5
+
+
+def test_image_calls_reach_the_image_routes():
+    import httpx
+
+    img = {
+        "id": "sha256:" + "ab" * 32,
+        "refs": ["127.0.0.1:5000/team/app:1"],
+        "manifest_digest": "sha256:" + "cd" * 32,
+        "layers": [{"digest": "sha256:" + "ef" * 32, "diff_id": "sha256:" + "01" * 32,
+                    "erofs_bytes": 4096}],
+        "config": {"env": ["A=1"], "working_dir": "/w"},
+        "disk_bytes": 4096,
+        "in_use": 1,
+        "created_at": "2026-12-02T00:00:00Z",
+    }
+    seen = []
+
+    def handler(req: httpx.Request) -> httpx.Response:
+        seen.append((req.method, req.url.raw_path.decode(), req.content))
+        if req.method == "GET" and req.url.raw_path == b"/v1/images":
+            return httpx.Response(200, json={"images": [img], "disk_bytes": 4096})
+        if req.method == "DELETE":
+            return httpx.Response(
+                409, json={"error": {"code": "conflict", "message": "in use by sandbox x"}})
+        if req.url.raw_path.endswith(b"none%3A1"):
+            return httpx.Response(404, json={"error": {"code": "not_found", "message": "no"}})
+        return httpx.Response(201 if req.method == "POST" else 200, json=img)
+
+    c = shoal.Shoal("http://127.0.0.1:9", token="t")
+    c._http = httpx.Client(base_url="http://127.0.0.1:9", transport=httpx.MockTransport(handler))
+    lst = c.list_images()
+    assert lst.disk_bytes == 4096 and lst.images[0].id == img["id"]
+    got = c.get_image("127.0.0.1:5000/team/app:1")
+    assert got.in_use == 1 and got.config["working_dir"] == "/w"
+    assert seen[-1][1] == "/v1/images/127.0.0.1%3A5000%2Fteam%2Fapp%3A1", seen[-1]
+    pulled = c.pull_image("127.0.0.1:5000/team/app:1")
+    assert pulled.refs == img["refs"]
+    assert seen[-1][0] == "POST" and seen[-1][1] == "/v1/images"
+    assert b'"insecure": false' in seen[-1][2] or b'"insecure":false' in seen[-1][2]
+    with pytest.raises(shoal.Conflict, match="in use"):
+        c.remove_image(img["id"])
+    with pytest.raises(shoal.ImageNotFound):
+        c.get_image("x/none:1")
+    with pytest.raises(shoal.BadRequest):
+        c.get_image("a" * 600)

@@ -264,16 +264,7 @@ pub(crate) fn rfc3339(ns: i64) -> String {
     let frac = ns.rem_euclid(1_000_000_000);
     let days = secs.div_euclid(86_400);
     let tod = secs.rem_euclid(86_400);
-    // Civil from days (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
+    let (y, m, d) = shoal_api::time::civil_from_days(days);
     let (h, mi, s) = (tod / 3600, tod % 3600 / 60, tod % 60);
     if frac == 0 {
         format!("{y:04}-{m:02}-{d:02}T{h:02}:{mi:02}:{s:02}Z")

@@ -92,6 +92,11 @@ class TemplateNotFound(NotFound):
     """404 for a template name that does not exist."""
 
 
+class ImageNotFound(NotFound):
+    """404 for an OCI image not in the host's store (or, on a pull, not in
+    the registry)."""
+
+
 class FileNotFound(NotFound, FileNotFoundError):
     """404 for a guest path that does not exist."""
 

@@ -16,6 +16,7 @@ from ._core import Backoff, Target, create_body, ensure_daemon, resolve_target
 from ._fncall import MAX_BATCH_CALLS, FnCallArgs, FnCallResult, fncall_args
 from ._errors import (
     ConnectionFailed,
+    ImageNotFound,
     KindNotAvailable,
     NotFound,
     Retryable,
@@ -27,6 +28,8 @@ from ._errors import (
 )
 from ._types import (
     ContainerArgs,
+    ImageInfo,
+    ImageList,
     MicroVMArgs,
     PoolInfo,
     SandboxInfo,
@@ -218,9 +221,12 @@ class Shoal:
         keep_running: bool = False,
         pause_at_ttl: bool = False,
     ) -> Sandbox:
-        """Creates a sandbox from an ``image`` (``tiny``, ``base``; its
-        template is booted once and cached) or a ``template`` (from its
-        warm pool when it has one) and returns it, running.
+        """Creates a sandbox from an ``image`` (``tiny``, ``base``, or an
+        OCI image pulled with ``shoal image pull REF``, by reference or id:
+        a container sandbox with the image's env, cwd and user as exec
+        defaults; its template is booted once and cached) or a
+        ``template`` (from its warm pool when it has one) and returns it,
+        running.
 
         ``ttl_s`` kills it that many seconds after creation,
         ``idle_timeout_s`` pauses it after that long without requests
@@ -456,6 +462,37 @@ class Shoal:
                 raise Timeout(f"pool {template} not at {ready} ready after {timeout:.0f} s")
             _io.sleep(0.2)
 
+    # -- OCI images ---------------------------------------------------
+
+    def pull_image(
+        self, ref: str, *, insecure: bool = False, timeout: float | None = None
+    ) -> ImageInfo:
+        """Pulls the OCI image ``ref`` into the host's store and returns
+        it once stored (plain http only to a loopback registry, or with
+        ``insecure``). ``timeout`` (default: the client's) bounds the
+        whole pull."""
+        body = {"ref": ref, "insecure": bool(insecure)}
+        kw: dict[str, Any] = {} if timeout is None else {"timeout": timeout}
+        v = self._json("POST", "/v1/images", json=body, not_found=ImageNotFound, **kw)
+        return ImageInfo.from_json(v)
+
+    def list_images(self) -> ImageList:
+        """Every stored image, and the bytes of their layers."""
+        return ImageList.from_json(self._json("GET", "/v1/images"))
+
+    def get_image(self, ref: str) -> ImageInfo:
+        """The image ``ref`` (a reference or ``sha256:`` id) names
+        (:class:`ImageNotFound` if none)."""
+        v = self._json("GET", f"/v1/images/{_ref_seg(ref)}", not_found=ImageNotFound)
+        return ImageInfo.from_json(v)
+
+    def remove_image(self, ref: str) -> ImageInfo:
+        """Removes a reference (by id, the image) and layers no other
+        image has; :class:`Conflict` while a template or sandbox of the
+        image exists. Returns the image as it was."""
+        v = self._json("DELETE", f"/v1/images/{_ref_seg(ref)}", not_found=ImageNotFound)
+        return ImageInfo.from_json(v)
+
     # -- the daemon ---------------------------------------------------
 
     def health(self) -> bool:
@@ -501,6 +538,17 @@ def _seg(s: str) -> str:
     if not s or "/" in s or s in (".", ".."):
         raise BadRequest(f"invalid id or name {s!r}")
     return httpx.URL(f"http://x/{s}").raw_path.decode("ascii")[1:]
+
+
+def _ref_seg(ref: str) -> str:
+    """An image reference as one path segment (its ``/`` as ``%2F``)."""
+    from urllib.parse import quote
+
+    from ._errors import BadRequest
+
+    if not ref or len(ref) > 512:
+        raise BadRequest(f"invalid image reference {ref[:64]!r}")
+    return quote(ref, safe="")
 
 
 def _now() -> float:

@@ -243,6 +243,9 @@ class TemplateInfo:
     layers: list[str] = field(default_factory=list)
     upper_size_mib: int | None = None
     upper_disk_mib: int | None = None
+    image: str | None = None
+    """The OCI image (``sha256:...``) of a container template or of a
+    snapshot of one."""
 
     @classmethod
     def from_json(cls, v: Mapping[str, Any]) -> TemplateInfo:
@@ -258,6 +261,50 @@ class TemplateInfo:
             layers=list(v.get("layers") or []),
             upper_size_mib=v.get("upper_size_mib"),
             upper_disk_mib=v.get("upper_disk_mib"),
+            image=v.get("image"),
+        )
+
+
+@dataclass
+class ImageInfo:
+    """An OCI image in the host's image store (``shoal image pull``)."""
+
+    id: str
+    refs: list[str]
+    manifest_digest: str
+    layers: list[dict[str, Any]]
+    config: dict[str, Any]
+    disk_bytes: int
+    in_use: int
+    created_at: str
+
+    @classmethod
+    def from_json(cls, v: Mapping[str, Any]) -> ImageInfo:
+        return cls(
+            id=str(v["id"]),
+            refs=[str(r) for r in v.get("refs") or []],
+            manifest_digest=str(v.get("manifest_digest", "")),
+            layers=[dict(x) for x in v.get("layers") or []],
+            config=dict(v.get("config") or {}),
+            disk_bytes=int(v.get("disk_bytes") or 0),
+            in_use=int(v.get("in_use") or 0),
+            created_at=str(v.get("created_at", "")),
+        )
+
+
+@dataclass
+class ImageList:
+    """The host's OCI images and the bytes of their layers (each shared
+    layer once)."""
+
+    images: list[ImageInfo]
+    disk_bytes: int
+
+    @classmethod
+    def from_json(cls, v: Mapping[str, Any]) -> ImageList:
+        return cls(
+            images=[ImageInfo.from_json(i) for i in v.get("images") or []],
+            disk_bytes=int(v.get("disk_bytes") or 0),
         )
 
 
