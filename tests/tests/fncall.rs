@@ -41,11 +41,13 @@ fn install_base() {
     .unwrap_or_else(|e| panic!("installing the base image: {e}"));
 }
 
-/// A call (a minute to run unless it says otherwise: this host may be
-/// loaded, and its guests are emulated).
+/// A call (three minutes to run unless it says otherwise: CI runs the
+/// Python suites beside this test on a 2-core host whose guests are
+/// emulated, and a node program that printed its line took over 60 s to
+/// exit there).
 fn call(d: &Daemon, mut req: Value) -> FnCallResult {
     if req.get("timeout_s").is_none() {
-        req["timeout_s"] = json!(60);
+        req["timeout_s"] = json!(180);
     }
     let r: FnCallRequest = serde_json::from_value(req.clone()).unwrap();
     d.must(
@@ -281,7 +283,8 @@ fn compiled_and_node(d: &Daemon, langs: &[Language]) {
         // (g++ is slow on emulated guest kernels: a long compile timeout.)
         let r = call(
             d,
-            json!({"language": lang, "code": code, "stdin": "you\n", "compile_timeout_s": 280}),
+            json!({"language": lang, "code": code, "stdin": "you\n",
+                   "compile_timeout_s": 280, "timeout_s": 300}),
         );
         match &l.error {
             None => {
@@ -302,17 +305,10 @@ fn compiled_and_node(d: &Daemon, langs: &[Language]) {
             }
         }
     }
-    if langs.iter().any(|l| l.name == "cpp" && l.error.is_none()) {
-        let r = call(
-            d,
-            json!({"language": "cpp", "code": "int main() { return x; }",
-                "compile_timeout_s": 280}),
-        );
-        assert_eq!(r.status, FnCallStatus::CompileError, "{r:#?}");
-        let c = r.compile.unwrap();
-        assert_ne!(c.exit_code, Some(0));
-        assert!(c.stderr.contains("'x' was not declared"), "{}", c.stderr);
-    }
+    // (A compile error's `compile_error` status and compiler output are
+    // checked through the stock SandboxFusion client, cpp, in
+    // sdk/python/tests/test_sandbox_fusion.py: one g++ run less here,
+    // ~1 min of emulated guest kernel on PVM hosts.)
 }
 
 /// A guest that dies mid-call (its VMM killed, as a guest kernel crash
@@ -387,6 +383,14 @@ fn hundred_in_parallel(d: &Daemon) {
     eprintln!("100 python calls in parallel: {:?}", t.elapsed());
 }
 
+/// Runs one part of the test and says how long it took (on stderr: shown
+/// when the test fails, and with `--nocapture`).
+fn timed(what: &str, f: impl FnOnce()) {
+    let t = Instant::now();
+    f();
+    eprintln!("fncall test: {what}: {:.1} s", t.elapsed().as_secs_f64());
+}
+
 #[test]
 fn fncall_on_real_guests() {
     install_base();
@@ -409,11 +413,11 @@ fn fncall_on_real_guests() {
     assert_eq!(names, ["python", "bash", "cpp", "nodejs"]);
     assert!(langs[0].warm && !langs[0].ready);
     malformed_requests_are_400s(&d);
-    python(&d);
-    bash(&d);
-    compiled_and_node(&d, &langs);
-    crashed_guest(&d);
-    hundred_in_parallel(&d);
+    timed("python", || python(&d));
+    timed("bash", || bash(&d));
+    timed("cpp and nodejs", || compiled_and_node(&d, &langs));
+    timed("a crashed guest", || crashed_guest(&d));
+    timed("100 calls", || hundred_in_parallel(&d));
     let langs: Vec<Language> = d.must(
         "languages",
         d.c.call("GET", "/v1/fncall/languages", None::<&()>),
