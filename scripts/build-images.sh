@@ -5,6 +5,8 @@
 #
 #   tiny: busybox-static + /sbin/shoal-agent (also /init), as tiny.erofs
 #         (read-only root) and tiny.cpio (uncompressed newc initramfs).
+#         Also agent.erofs: only /sbin/shoal-agent and empty mount points,
+#         the root of container sandboxes (the image's layers go over it).
 #   base: minimal Debian bookworm (minbase + python3, bash, ca-certificates),
 #         stripped, with /sbin/shoal-agent and the account `user` (uid 1000,
 #         home /home/user: the E2B SDK's default user), as base.erofs.
@@ -15,7 +17,8 @@
 #   only flat files with DAX), zero-padded to a multiple of 2 MiB (a guest
 #   maps pmem in 2 MiB sub-sections).
 #
-# stdout: exactly `tiny_erofs=PATH`, `tiny_cpio=PATH`, `base_erofs=PATH` (those
+# stdout: exactly `tiny_erofs=PATH`, `tiny_cpio=PATH`, `tiny_agent_erofs=PATH`,
+# `base_erofs=PATH` (those
 # built for the argument); everything else goes to stderr.
 #
 # Cache: ${SHOAL_CACHE:-$HOME/.cache/shoal}/images/<key>/, key = sha256 over
@@ -178,7 +181,7 @@ build_tiny() {
 	bb_ver=$(dpkg-query -W -f='${Version}' busybox-static)
 	key=$(printf 'tiny\n%s\n%s\n' "$common_key" "$bb_ver" | sha256sum | cut -c1-32)
 	dir="$IMAGES/tiny-$key"
-	if [[ -f $dir/tiny.erofs && -f $dir/tiny.cpio ]]; then
+	if [[ -f $dir/tiny.erofs && -f $dir/tiny.cpio && -f $dir/agent.erofs ]]; then
 		log "tiny: cached in $dir"
 	else
 		log "tiny: building (busybox $bb_ver)"
@@ -210,10 +213,21 @@ build_tiny() {
 			cpio -o -H newc -R 0:0 --reproducible --quiet) >"$tmp/tiny.cpio" ||
 			die "cpio failed for tiny"
 		rm -rf "$r"
+		# The agent layer of container sandboxes: the agent and the mount
+		# points it needs before it moves into the image's overlay.
+		r="$tmp/agent"
+		mkdir -p "$r"/{sbin,dev,proc,sys,tmp,run}
+		chmod 1777 "$r/tmp"
+		install_agent "$r"
+		if [[ $(id -u) == 0 ]]; then
+			mknod -m 0600 "$r/dev/console" c 5 1
+		fi
+		make_erofs "$tmp/agent.erofs" "$r" --all-root -T0 || die "mkfs.erofs failed for the agent layer"
+		rm -rf "$r"
 		publish "$tmp" "$dir"
 		log "tiny: done"
 	fi
-	out_lines+=("tiny_erofs=$dir/tiny.erofs" "tiny_cpio=$dir/tiny.cpio")
+	out_lines+=("tiny_erofs=$dir/tiny.erofs" "tiny_cpio=$dir/tiny.cpio" "tiny_agent_erofs=$dir/agent.erofs")
 }
 
 # ---------------------------------------------------------------- base

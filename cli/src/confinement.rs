@@ -140,6 +140,18 @@ pub fn report(vmm: &Path) -> Vec<Item> {
                 .to_string()
         },
     ));
+    v.push(item(
+        "stock",
+        jailed,
+        if jailed {
+            "shoald --vmm-stock N (default 1): per template, N VMMs started ahead in \
+             their jails (uid, namespaces, root, cgroup) and pre-warmed; a create \
+             then only restores, under the same confinement"
+                .to_string()
+        } else {
+            "stocked VMMs (shoald --vmm-stock) run as unconfined as the others".to_string()
+        },
+    ));
     v
 }
 
@@ -174,7 +186,8 @@ mod tests {
                 "uid",
                 "rlimits",
                 "cgroup",
-                "seccomp"
+                "seccomp",
+                "stock"
             ]
         );
         let seccomp = items.iter().find(|i| i.name == "seccomp").unwrap();

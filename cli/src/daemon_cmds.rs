@@ -193,9 +193,56 @@ pub fn image_template(
     ensure_template(g, c, &req, false)
 }
 
+/// When `shoal run` and `shoal create` pull an OCI image first.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pull {
+    /// When the daemon's store lacks it (`docker run`'s default).
+    Missing,
+    /// Every time (a moved tag is followed).
+    Always,
+    /// Never: a missing image is an error.
+    Never,
+}
+
+/// Pulls OCI image `reference` through the daemon as `policy` says.
+fn pull_first(c: &DaemonClient, reference: &str, policy: Pull) -> Result<()> {
+    let pull = match policy {
+        Pull::Never => false,
+        Pull::Always => true,
+        Pull::Missing => match c.image(reference) {
+            Ok(_) => false,
+            Err(e) if e.status() == Some(404) => true,
+            Err(e) => return Err(e.into()),
+        },
+    };
+    if pull {
+        eprintln!("shoal: pulling {reference}...");
+        let t = std::time::Instant::now();
+        let img = c
+            .pull_image(&api::PullImage {
+                reference: reference.to_string(),
+                insecure: None,
+            })
+            .with_context(|| format!("pulling {reference}"))?;
+        eprintln!(
+            "shoal: {} is {} ({} layers, {:.1} s)",
+            reference,
+            img.id,
+            img.layers.len(),
+            t.elapsed().as_secs_f64()
+        );
+    }
+    Ok(())
+}
+
 fn create_sandbox(g: &Global, c: &DaemonClient, req: &api::CreateSandbox) -> Result<api::Sandbox> {
-    // The first use of an image at a shape makes its template first.
-    if let Some(img) = req.image.as_deref() {
+    // The first use of an image at a shape makes its template first (an
+    // OCI image's, the daemon makes within the create).
+    if let Some(img) = req
+        .image
+        .as_deref()
+        .filter(|i| shoald::containers::is_builtin(i))
+    {
         image_template(
             g,
             c,
@@ -209,8 +256,22 @@ fn create_sandbox(g: &Global, c: &DaemonClient, req: &api::CreateSandbox) -> Res
 }
 
 /// `shoal run`: a fresh sandbox through the daemon, the command, removal.
-pub fn run(g: &Global, a: &SandboxArgs, e: &ExecArgs, stdin: bool) -> Result<i32> {
+pub fn run(g: &Global, a: &SandboxArgs, e: &ExecArgs, stdin: bool, pull: Pull) -> Result<i32> {
+    let oci = !shoald::containers::is_builtin(&a.image);
+    if e.command.is_empty() && !oci {
+        bail!("give the command after `--` (only an OCI image has a default command)");
+    }
     let c = connect(g.daemon.as_deref())?;
+    if oci {
+        pull_first(&c, &a.image, pull)?;
+    }
+    if oci && std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+        eprintln!(
+            "shoal: a sandbox of {} (its first one boots and snapshots the image's template: \
+             ~20-60 s on PVM hosts)...",
+            a.image
+        );
+    }
     let req = api::CreateSandbox {
         vcpus: Some(u32::from(a.cpus)),
         memory_mib: Some(a.memory),
@@ -260,6 +321,9 @@ pub struct CreateArgs {
     /// At its TTL, pause it (to disk) instead of killing it.
     #[arg(long, requires = "ttl")]
     pub pause_at_ttl: bool,
+    /// When to pull an OCI `--image` first, as `docker run --pull`.
+    #[arg(long, value_enum, default_value_t = Pull::Missing)]
+    pub pull: Pull,
 }
 
 /// `shoal create`.
@@ -289,6 +353,13 @@ pub fn create(g: &Global, a: &CreateArgs) -> Result<i32> {
         }
     }
     let c = connect(g.daemon.as_deref())?;
+    if let Some(img) = req
+        .image
+        .as_deref()
+        .filter(|i| !shoald::containers::is_builtin(i))
+    {
+        pull_first(&c, img, a.pull)?;
+    }
     let sb = create_sandbox(g, &c, &req)?;
     print(g, &sb, |s| s.id.clone())
 }
@@ -340,6 +411,9 @@ pub fn ls(g: &Global, state: Option<&str>, template: Option<&str>, meta: &[Strin
 
 /// `shoal exec`.
 pub fn exec(g: &Global, id: &str, e: &ExecArgs, stdin: bool, background: bool) -> Result<i32> {
+    if e.command.is_empty() {
+        bail!("give the command after `--`");
+    }
     let c = connect(g.daemon.as_deref())?;
     let body = exec_body(e, read_stdin(stdin)?)?;
     if background {

@@ -23,6 +23,7 @@ mod artifacts_cmd;
 mod bench;
 mod bench_cmd;
 mod bench_fncall;
+mod bench_image;
 mod confinement;
 mod daemon_client;
 mod daemon_cmds;
@@ -54,7 +55,9 @@ struct Cli {
 /// What a sandbox is made of.
 #[derive(clap::Args, Clone)]
 pub struct SandboxArgs {
-    /// Root image: base (Debian bookworm with bash, python3) or tiny (busybox).
+    /// Root image: base (Debian bookworm with bash, python3), tiny
+    /// (busybox), or an OCI image pulled with `shoal image pull` (a
+    /// reference or its id; through the daemon only).
     #[arg(long, default_value = "base")]
     pub image: String,
     /// vCPUs.
@@ -128,8 +131,9 @@ pub struct ExecArgs {
     /// Kill the command (and everything it started) after this many seconds.
     #[arg(long)]
     pub timeout: Option<f64>,
-    /// The command and its arguments.
-    #[arg(last = true, required = true)]
+    /// The command and its arguments (after `--`; `shoal run --image REF`
+    /// of an OCI image with none runs the image's Entrypoint and Cmd).
+    #[arg(last = true)]
     pub command: Vec<String>,
 }
 
@@ -148,6 +152,9 @@ enum Cmd {
         /// Without the daemon: restore a VMM here, run, stop it.
         #[arg(long)]
         direct: bool,
+        /// When to pull an OCI `--image` first, as `docker run --pull`.
+        #[arg(long, value_enum, default_value_t = daemon_cmds::Pull::Missing)]
+        pull: daemon_cmds::Pull,
     },
     /// Create a sandbox; prints its id.
     Create {
@@ -518,8 +525,9 @@ fn main() {
             sandbox,
             exec,
             stdin,
+            pull,
             ..
-        } => dc::run(g, &sandbox, &exec, stdin),
+        } => dc::run(g, &sandbox, &exec, stdin, pull),
         Cmd::Create { args } => dc::create(g, &args),
         Cmd::Ls {
             state,
@@ -587,7 +595,7 @@ fn main() {
         } => image_cmd::layers(),
         Cmd::Image {
             op: ImageCmd::Oci(c),
-        } => oci_image_cmd::run(c, g.json),
+        } => oci_image_cmd::run(c, g),
         Cmd::Bench(a) => bench_cmd::run(g, a),
     };
     match res {

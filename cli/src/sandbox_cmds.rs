@@ -34,6 +34,9 @@ fn template(a: &SandboxArgs) -> Result<std::path::PathBuf> {
 }
 
 fn request(e: &ExecArgs) -> Result<ExecRequest> {
+    if e.command.is_empty() {
+        bail!("give the command after `--`");
+    }
     let mut r = ExecRequest::argv(e.command.iter().map(|s| s.as_bytes().to_vec()));
     for kv in &e.env {
         let Some((k, v)) = kv.split_once('=') else {

@@ -183,6 +183,30 @@ impl DaemonClient {
         self.no_content("DELETE", &format!("/v1/templates/{}", seg(name)))
     }
 
+    /// `GET /v1/images`: the host's OCI images and their disk use.
+    pub fn images(&self) -> Result<api::ImageList> {
+        self.get("/v1/images")
+    }
+
+    /// `GET /v1/images/{ref-or-id}`.
+    pub fn image(&self, reference: &str) -> Result<api::Image> {
+        self.get(&format!("/v1/images/{}", seg(reference)))
+    }
+
+    /// `POST /v1/images`: pull an image (answers once it is stored).
+    pub fn pull_image(&self, req: &api::PullImage) -> Result<api::Image> {
+        self.call("POST", "/v1/images", Some(req))
+    }
+
+    /// `DELETE /v1/images/{ref-or-id}`: the image as it was.
+    pub fn remove_image(&self, reference: &str) -> Result<api::Image> {
+        self.call(
+            "DELETE",
+            &format!("/v1/images/{}", seg(reference)),
+            None::<&()>,
+        )
+    }
+
     /// `GET /v1/pools`.
     pub fn pools(&self) -> Result<Vec<api::Pool>> {
         self.get("/v1/pools")

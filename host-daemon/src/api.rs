@@ -13,6 +13,7 @@
 mod fncall_route;
 mod fork_route;
 mod handlers;
+mod images_route;
 pub(crate) mod wire;
 
 use crate::auth::{Principal, Tokens};
@@ -26,6 +27,7 @@ use axum::{Json, Router};
 use fncall_route::*;
 use fork_route::*;
 use handlers::*;
+use images_route::*;
 use std::sync::{Arc, OnceLock};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::OpenApi;
@@ -69,6 +71,8 @@ pub fn routes() -> OpenApiRouter<Arc<Daemon>> {
         .routes(routes!(fncall_once))
         .routes(routes!(fncall_batch))
         .routes(routes!(fncall_languages))
+        .routes(routes!(img_pull, img_list))
+        .routes(routes!(img_get, img_delete))
 }
 
 /// This document.
@@ -99,6 +103,7 @@ async fn openapi_json() -> Json<serde_json::Value> {
         (name = "files", description = "Files in a sandbox"),
         (name = "templates", description = "Snapshots sandboxes are restored from"),
         (name = "pools", description = "Warm pools of restored sandboxes"),
+        (name = "images", description = "OCI images in the host's image store"),
         (name = "fncall", description = "Stateless calls of code, each in a fresh clone"),
         (name = "meta", description = "Health, metrics, stats, events, this document"),
     )

@@ -89,6 +89,10 @@ const V1: &[(&str, &str)] = &[
     ("post", "/v1/fncall"),
     ("post", "/v1/fncall/batch"),
     ("get", "/v1/fncall/languages"),
+    ("post", "/v1/images"),
+    ("get", "/v1/images"),
+    ("get", "/v1/images/{image}"),
+    ("delete", "/v1/images/{image}"),
 ];
 
 #[tokio::test]
@@ -107,7 +111,8 @@ async fn the_document_lists_exactly_the_routes_the_router_serves() {
             .replace("{id}", "0123456789ab")
             .replace("{cid}", "1")
             .replace("{name}", "nope")
-            .replace("{template}", "nope");
+            .replace("{template}", "nope")
+            .replace("{image}", "nope");
         for m in ["get", "put", "post", "delete", "patch"] {
             let (status, msg) = send(&r, m, &concrete).await;
             let served = !unrouted(status, &msg);
@@ -173,6 +178,11 @@ fn shared_schemas() -> BTreeMap<String, Value> {
         schema::<t::BatchRequest>(),
         schema::<t::BatchItem>(),
         schema::<t::Language>(),
+        schema::<t::PullImage>(),
+        schema::<t::Image>(),
+        schema::<t::ImageList>(),
+        schema::<t::images::ImageLayer>(),
+        schema::<t::images::ImageConfig>(),
     ]
     .into_iter()
     .collect()
@@ -241,6 +251,9 @@ type BodyRow = (
 
 const SB: &str = "application/json Sandbox";
 const CMD: &str = "application/json Command";
+const IMG: &str = "application/json Image";
+const IMGS: &str = "application/json ImageList";
+const POOLS: &str = "application/json [Pool]";
 const CMDS: &str = "application/json [Command]";
 const ND: &str = "application/x-ndjson ExecEvent";
 const RES: &str = "application/json ExecResult";
@@ -387,13 +400,7 @@ fn every_body_is_the_shared_type() {
             Some("application/json Template"),
         ),
         ("delete", "/v1/templates/{name}", None, 204, None),
-        (
-            "get",
-            "/v1/pools",
-            None,
-            200,
-            Some("application/json [Pool]"),
-        ),
+        ("get", "/v1/pools", None, 200, Some(POOLS)),
         (
             "put",
             "/v1/pools/{template}",
@@ -481,6 +488,10 @@ fn every_body_is_the_shared_type() {
             200,
             Some("application/json [Language]"),
         ),
+        ("post", "/v1/images", Some("PullImage"), 201, Some(IMG)),
+        ("get", "/v1/images", None, 200, Some(IMGS)),
+        ("get", "/v1/images/{image}", None, 200, Some(IMG)),
+        ("delete", "/v1/images/{image}", None, 200, Some(IMG)),
     ];
     assert_eq!(want.len(), V1.len());
     let doc = document_json();
@@ -630,6 +641,7 @@ fn every_field_is_documented() {
         layers: vec!["base".into()],
         upper_size_mib: Some(8),
         upper_disk_mib: Some(64),
+        image: Some("sha256:ab".into()),
     };
     let command = t::Command {
         id: "1".into(),

@@ -320,9 +320,10 @@ pub(crate) async fn start_with(
     make: impl FnOnce(&db::SandboxRow) -> ApiResult<Prepared>,
 ) -> ApiResult<Arc<Cmd>> {
     let (row, live, busy) = ensure_running(d, id).await?;
-    let p = make(&row)?;
+    let mut p = make(&row)?;
     let slot = live.commands.reserve(d.cfg.agent.max_commands)?;
     let c = agent(d, &live).await?;
+    crate::exec_defaults::apply_for(d, &row, &mut p.req, &c).await?;
     let limits = d.cfg.agent;
     let t0 = Instant::now();
     let deadline = tokio::time::Instant::now() + p.timeout + limits.exec_slack;

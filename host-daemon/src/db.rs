@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 /// Current schema version (stored in `PRAGMA user_version`).
-pub const SCHEMA_VERSION: i64 = 5;
+pub const SCHEMA_VERSION: i64 = 6;
 
 /// Errors of the state database.
 #[derive(Debug, thiserror::Error)]
@@ -104,6 +104,11 @@ pub struct TemplateRow {
     /// owners were recorded, changed by admins only).
     #[serde(default)]
     pub owner: Option<String>,
+    /// The OCI image (`sha256:...`) whose layers its root is, for a
+    /// container sandbox's template and every snapshot of one (their
+    /// sandboxes' exec defaults come from its config).
+    #[serde(default)]
+    pub image: Option<String>,
     /// Its layers and upper layer (`upper_size_mib` holds the tmpfs size
     /// actually used, `upper_disk_mib` the scratch disk's).
     #[serde(flatten)]
@@ -128,7 +133,7 @@ const SANDBOX_COLS: &str = "id, template, state, vcpus, memory_mib, pid, backend
      keep_running, kind, pause_at_ttl";
 
 const TEMPLATE_COLS: &str = "name, source, vcpus, memory_mib, dir, state, error, created_at, \
-     owned, layers, upper_size_mib, upper_disk_mib, kind, owner";
+     owned, layers, upper_size_mib, upper_disk_mib, kind, owner, image";
 
 /// A stored count or duration (never negative; SQLite has only i64).
 fn count(v: i64) -> u64 {
@@ -203,6 +208,7 @@ fn template_row(r: &Row<'_>) -> rusqlite::Result<TemplateRow> {
         },
         kind: kind(r, 12)?,
         owner: r.get(13)?,
+        image: r.get(14)?,
     })
 }
 
@@ -471,7 +477,7 @@ impl Db {
         self.conn.execute(
             &format!(
                 "INSERT OR REPLACE INTO templates ({TEMPLATE_COLS})
-                 VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14)"
+                 VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15)"
             ),
             params![
                 t.name,
@@ -488,6 +494,7 @@ impl Db {
                 t.root.upper_disk_mib,
                 t.kind.as_str(),
                 t.owner,
+                t.image,
             ],
         )?;
         Ok(())

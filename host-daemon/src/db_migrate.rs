@@ -23,6 +23,9 @@ pub(super) fn run(tx: &Transaction<'_>, from: i64) -> Result<()> {
     if from < 5 {
         v5(tx)?;
     }
+    if from < 6 {
+        v6(tx)?;
+    }
     Ok(())
 }
 
@@ -123,5 +126,15 @@ fn v4(tx: &Transaction<'_>) -> Result<()> {
 /// Sandboxes paused, not killed, at their TTL (E2B's `autoPause`).
 fn v5(tx: &Transaction<'_>) -> Result<()> {
     tx.execute_batch("ALTER TABLE sandboxes ADD COLUMN pause_at_ttl INTEGER NOT NULL DEFAULT 0;")?;
+    Ok(())
+}
+
+/// The OCI image of a template, named by its source for a container's
+/// (a snapshot of a container sandbox made before this keeps none).
+fn v6(tx: &Transaction<'_>) -> Result<()> {
+    tx.execute_batch(
+        "ALTER TABLE templates ADD COLUMN image TEXT;
+         UPDATE templates SET image = substr(source, 5) WHERE source LIKE 'oci:sha256:%';",
+    )?;
     Ok(())
 }

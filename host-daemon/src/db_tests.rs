@@ -351,6 +351,7 @@ fn templates_pools_events() {
         created_at: 1.0,
         owned: false,
         owner: Some("token:t".into()),
+        image: Some("sha256:ab".into()),
         root: shoal_api::RootRequest {
             layers: vec!["/l/kit.img".into(), "tiny".into()],
             upper_size_mib: None,
@@ -371,6 +372,8 @@ fn templates_pools_events() {
     assert_eq!(ev[0].kind, "killed");
 }
 
+const OCI: &str = "oci:sha256:abababababababababababababababababababababababababababababababab";
+
 #[test]
 fn version_3_templates_get_owners_only_where_the_daemon_made_them() {
     let dir = tempfile::tempdir().unwrap();
@@ -388,6 +391,7 @@ fn version_3_templates_get_owners_only_where_the_daemon_made_them() {
             ("tiny-4c-128m", "image:tiny", 1, 128),
             ("tiny-1c-128m-0123", "image:tiny", 1, 128),
             ("mine", "image:tiny", 1, 128),
+            ("oci-abababababab-1c-128m", OCI, 1, 128),
         ] {
             c.execute(
                 "INSERT INTO templates VALUES (?1, ?2, ?3, ?4, '/t', 'ready', NULL, 1.0, 1,
@@ -411,6 +415,7 @@ fn version_3_templates_get_owners_only_where_the_daemon_made_them() {
         vec![
             ("base-1c-128m".into(), None),
             ("mine".into(), None),
+            ("oci-abababababab-1c-128m".into(), None),
             ("tiny-1c-128m".into(), None),
             ("tiny-1c-128m-0123".into(), None),
             ("tiny-1c-128m-0123456789ab".into(), daemon.clone()),
@@ -418,4 +423,18 @@ fn version_3_templates_get_owners_only_where_the_daemon_made_them() {
             ("tiny-4c-128m".into(), None),
         ]
     );
+    // Version 6: a container's template names its image.
+    let images: Vec<Option<String>> = db
+        .templates()
+        .unwrap()
+        .into_iter()
+        .map(|t| t.image)
+        .collect();
+    let oci = Some(OCI["oci:".len()..].to_string());
+    assert_eq!(
+        images.iter().filter(|i| i.is_some()).count(),
+        1,
+        "{images:?}"
+    );
+    assert!(images.contains(&oci), "{images:?}");
 }

@@ -6,7 +6,7 @@
 
 use super::lifecycle::ensure_running;
 use super::ops::agent;
-use super::{within, ApiError, ApiResult, Daemon};
+use super::{exec_defaults, within, ApiError, ApiResult, Daemon};
 use agent_client::{
     AsyncClient, AsyncDownload, AsyncExecHandle, ClientError, ExecEvent, ExecRequest, ExitStatus,
     FileStat, FileType, UploadOptions,
@@ -97,6 +97,24 @@ pub(crate) fn prepare(
     })
 }
 
+/// [`prepare`] for sandbox `row`, with its image's exec defaults when it
+/// is a container sandbox ([`crate::exec_defaults`]).
+pub(crate) async fn prepare_for(
+    d: &Daemon,
+    row: &crate::db::SandboxRow,
+    b: api::ExecRequest,
+    background: bool,
+    c: &AsyncClient,
+) -> ApiResult<Prepared> {
+    let Some(cfg) = exec_defaults::config(d, row).await? else {
+        return prepare(&row.env, b, background);
+    };
+    let b = exec_defaults::default_command(&cfg, b)?;
+    let mut p = prepare(&row.env, b, background)?;
+    exec_defaults::apply(d, &cfg, &mut p.req, c).await?;
+    Ok(p)
+}
+
 async fn feed(h: &AsyncExecHandle, stdin: Option<Vec<u8>>) -> Result<(), ClientError> {
     if let Some(data) = stdin {
         write_all(h, &data).await?;
@@ -158,8 +176,8 @@ impl Capped {
 pub async fn exec(d: &Arc<Daemon>, id: &str, b: api::ExecRequest) -> ApiResult<api::ExecResult> {
     let t0 = Instant::now();
     let (row, live, _busy) = ensure_running(d, id).await?;
-    let p = prepare(&row.env, b, false)?;
     let c = agent(d, &live).await?;
+    let p = prepare_for(d, &row, b, false, &c).await?;
     let limit = d.cfg.agent.exec_output_limit;
     let work = async {
         let mut h = c.exec(&p.req).await?;
@@ -289,8 +307,8 @@ async fn stream_exec(
 pub async fn exec_stream(d: &Arc<Daemon>, id: &str, b: api::ExecRequest) -> ApiResult<Body> {
     let t0 = Instant::now();
     let (row, live, busy) = ensure_running(d, id).await?;
-    let p = prepare(&row.env, b, false)?;
     let c = agent(d, &live).await?;
+    let p = prepare_for(d, &row, b, false, &c).await?;
     let deadline = tokio::time::Instant::now() + p.timeout + d.cfg.agent.exec_slack;
     let (tx, rx) = mpsc::channel::<Bytes>(64);
     let d2 = d.clone();

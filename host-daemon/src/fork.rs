@@ -133,8 +133,7 @@ fn admit_clones(
 async fn drop_clone(d: &Daemon, id: &str) {
     let _ = d.db(|db| db.delete_sandbox(id));
     d.remove_live(id);
-    let dir = d.cfg.sandboxes_dir().join(id);
-    let _ = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(dir)).await;
+    crate::remove_vm_dir(d.cfg.sandboxes_dir().join(id)).await;
 }
 
 /// Removes a fork's snapshot directory.

@@ -33,14 +33,18 @@ pub mod api;
 pub mod auth;
 pub mod command_output;
 pub mod commands;
+pub mod container_layers;
+pub mod containers;
 pub mod cpu_share;
 pub mod db;
 pub mod e2b;
 pub mod exec;
+pub mod exec_defaults;
 pub mod fncall;
 pub mod fork;
 pub mod freeze;
 pub mod fusion;
+pub mod images;
 pub mod inputs;
 pub mod layer_files;
 pub mod lifecycle;
@@ -49,6 +53,7 @@ pub mod metrics;
 pub mod ops;
 pub mod pool;
 pub mod state_perms;
+pub mod stock;
 pub mod supervisor;
 pub mod template_dirs;
 pub mod template_names;
@@ -92,6 +97,11 @@ pub struct Config {
     /// The only directory layer files may come from (`None`: `layers` in
     /// the state directory); see [`Config::layers_dir`].
     pub layers_dir: Option<PathBuf>,
+    /// VMMs started ahead per template for creates the warm pool does not
+    /// serve ([`stock`]; 0: none).
+    pub vmm_stock: usize,
+    /// How pulls go and the image store's cap.
+    pub images: images::ImageOptions,
 }
 
 #[cfg(test)]
@@ -126,6 +136,8 @@ impl Config {
             agent: Default::default(),
             http: Default::default(),
             layers_dir: None,
+            vmm_stock: 0,
+            images: Default::default(),
         }
     }
 }
@@ -436,6 +448,8 @@ pub struct Daemon {
     pub restores: tokio::sync::Semaphore,
     /// E2B compatibility's state (the access tokens' key).
     pub e2b: e2b::E2bState,
+    /// VMMs started ahead of their sandboxes.
+    pub stock: stock::Stock,
 }
 
 impl Daemon {
@@ -446,6 +460,7 @@ impl Daemon {
         let db = Db::open(&cfg.state_dir.join("state.db")).map_err(|e| e.to_string())?;
         let permits = cfg.max_restores.max(1);
         let e2b = e2b::E2bState::open(&cfg.state_dir)?;
+        let cfg_stock = cfg.vmm_stock;
         Ok(Arc::new(Daemon {
             cfg,
             backend,
@@ -456,6 +471,7 @@ impl Daemon {
             building: tokio::sync::Mutex::new(()),
             restores: tokio::sync::Semaphore::new(permits),
             e2b,
+            stock: stock::Stock::new(cfg_stock),
         }))
     }
 
@@ -514,6 +530,30 @@ pub async fn blocking<T: Send + 'static>(
         Err(_) => Err(ApiError::Timeout(format!(
             "{what} did not finish within {deadline:?}"
         ))),
+    }
+}
+
+/// Removes a sandbox's (or a discarded VM's) directory, trying again for a
+/// few seconds while that fails: a VMM killed a moment ago can still be
+/// writing its console or making its sockets there (a jailed VMM ends
+/// after its jailer), and a directory left behind would leak. Logs what
+/// it could not remove.
+pub async fn remove_vm_dir(dir: std::path::PathBuf) {
+    let mut pause = Duration::from_millis(50);
+    for attempt in 1..=8 {
+        let d = dir.clone();
+        let err = match tokio::task::spawn_blocking(move || std::fs::remove_dir_all(&d)).await {
+            Ok(Ok(())) => return,
+            Ok(Err(e)) if e.kind() == std::io::ErrorKind::NotFound => return,
+            Ok(Err(e)) => e.to_string(),
+            Err(e) => e.to_string(),
+        };
+        if attempt == 8 {
+            tracing::warn!(dir = %dir.display(), "could not remove a VM's directory: {err}");
+            return;
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_secs(1));
     }
 }
 
@@ -592,6 +632,7 @@ pub async fn serve_until(
         tokio::spawn(freeze::run(d.clone(), after));
     }
     tokio::spawn(cpu_share::run(d.clone()));
+    tokio::spawn(stock::run(d.clone()));
     let (tx, rx) = tokio::sync::watch::channel(false);
     let mut tasks = tokio::task::JoinSet::new();
     tasks.spawn(listen::serve(
@@ -621,5 +662,8 @@ pub async fn serve_until(
     })
     .await;
     let _ = std::fs::remove_file(&sock);
+    // Stocked VMMs belong to no sandbox: they end with the daemon.
+    let stocked = d.stock.remove_all();
+    let _ = tokio::task::spawn_blocking(move || stock::discard_now(stocked)).await;
     Ok(())
 }

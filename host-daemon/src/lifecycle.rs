@@ -6,7 +6,9 @@
 //! backend.
 
 use super::db::{self, SandboxRow, State, TemplateRow};
-use super::ops::{admit_and_insert, check_name, ready_template, row, start_vmm, SandboxView};
+use super::ops::{
+    admit_and_insert, check_name, ready_template, row, start_vmm, start_vmm_with, SandboxView,
+};
 use super::{blocking, ApiError, ApiResult, Daemon, Live};
 use shoal_api::{CreateSandbox, SnapshotRequest, TemplateState};
 use shoal_runtime::backend::Source;
@@ -16,7 +18,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Creates a sandbox.
-pub async fn create(d: &Arc<Daemon>, req: CreateSandbox) -> ApiResult<SandboxView> {
+pub async fn create(d: &Arc<Daemon>, mut req: CreateSandbox) -> ApiResult<SandboxView> {
     let t0 = Instant::now();
     let root = req.root();
     let tpl = match (&req.template, &req.image) {
@@ -27,7 +29,9 @@ pub async fn create(d: &Arc<Daemon>, req: CreateSandbox) -> ApiResult<SandboxVie
         }
         (None, None) => {
             return Err(ApiError::BadRequest(
-                "give 'template' (a template name) or 'image' (tiny or base)".into(),
+                "give 'template' (a template name) or 'image' (tiny, base, or an OCI image \
+                 pulled with `shoal image pull`)"
+                    .into(),
             ))
         }
         (Some(t), None) => {
@@ -38,12 +42,29 @@ pub async fn create(d: &Arc<Daemon>, req: CreateSandbox) -> ApiResult<SandboxVie
                         .into(),
                 ));
             }
-            ready_template(d, t)?
+            let t = ready_template(d, t)?;
+            // A snapshot of a container sandbox: its image's env too.
+            if t.image.is_some() {
+                if let Some(config) = super::containers::config_of(d, &t.name).await? {
+                    req.env = super::containers::merged_env(&config, std::mem::take(&mut req.env));
+                    super::inputs::check_map(&req.env, &super::inputs::ENV)?;
+                }
+            }
+            t
         }
-        (None, Some(img)) => {
+        (None, Some(img)) if super::containers::is_builtin(img) => {
             let vcpus = req.vcpus.unwrap_or(1);
             let mem = req.memory_mib.unwrap_or(128);
             super::templates::image_template(d, img, vcpus, mem, &root).await?
+        }
+        // An OCI image of the image store: its env under the request's.
+        (None, Some(img)) => {
+            let vcpus = req.vcpus.unwrap_or(1);
+            let mem = req.memory_mib.unwrap_or(128);
+            let (t, config) = super::containers::oci_template(d, img, vcpus, mem, &root).await?;
+            req.env = super::containers::merged_env(&config, std::mem::take(&mut req.env));
+            super::inputs::check_map(&req.env, &super::inputs::ENV)?;
+            t
         }
     };
     for k in req.env.keys() {
@@ -53,7 +74,7 @@ pub async fn create(d: &Arc<Daemon>, req: CreateSandbox) -> ApiResult<SandboxVie
     }
     let now = db::now();
     let id = random_id();
-    let row = SandboxRow {
+    let mut row = SandboxRow {
         dir: d.cfg.sandboxes_dir().join(&id),
         id,
         template: tpl.name.clone(),
@@ -94,16 +115,26 @@ pub async fn create(d: &Arc<Daemon>, req: CreateSandbox) -> ApiResult<SandboxVie
         return Ok(v);
     }
     d.metrics.pool_misses.fetch_add(1, Ordering::Relaxed);
-    admit_and_insert(d, &row, true)?;
+    // A VMM started ahead for this template, if the stock has one: the
+    // sandbox takes the id (and directory) it was started for.
+    let stocked = d.stock.take(&tpl);
+    if let Some(e) = &stocked {
+        row.id.clone_from(&e.id);
+        row.dir.clone_from(&e.dir);
+    }
+    if let Err(e) = admit_and_insert(d, &row, true) {
+        super::stock::discard(stocked.into_iter().collect());
+        return Err(e);
+    }
     let id = row.id.clone();
     let from = Source::Template(tpl.dir.clone());
-    let r = match start_vmm(d, row, from, State::Running, true).await {
+    let r = match start_vmm_with(d, row, from, State::Running, true, stocked.map(|e| e.vm)).await {
         Ok(r) => r,
         Err(e) => {
             let _ = d.db(|db| db.delete_sandbox(&id));
             d.remove_live(&id);
             let dir = d.cfg.sandboxes_dir().join(&id);
-            tokio::task::spawn_blocking(move || std::fs::remove_dir_all(dir));
+            tokio::spawn(crate::remove_vm_dir(dir));
             return Err(e);
         }
     };
@@ -277,6 +308,8 @@ pub async fn snapshot(
         created_at: db::now(),
         owned: true,
         owner: Some(owner.id()),
+        // A container sandbox's snapshot keeps its image (exec defaults).
+        image: from.as_ref().and_then(|f| f.image.clone()),
         root: from.map(|f| f.root).unwrap_or_default(),
     };
     super::templates::insert_template(d, &t)?;

@@ -89,6 +89,10 @@ struct Args {
     /// Seconds allowed to reach a sandbox's agent.
     #[arg(long, default_value_t = 60)]
     agent_timeout: u64,
+    /// Seconds one call into a sandbox's agent (an exec's start, a file
+    /// operation's frame) may take before it fails with 504.
+    #[arg(long, default_value_t = 120)]
+    agent_call_timeout: u64,
     /// Pause the vCPUs of a sandbox after this many ms without requests
     /// (continued on the next one; 0: never). Idle guests cost ~1% of a
     /// CPU each on PVM hosts.
@@ -100,6 +104,10 @@ struct Args {
     /// Do not refill warm pools.
     #[arg(long)]
     no_pools: bool,
+    /// VMMs started ahead per template (jailed and pre-warmed: a create the
+    /// warm pool does not serve then pays only the restore); 0: none.
+    #[arg(long, default_value_t = 1)]
+    vmm_stock: usize,
     /// Most bytes per stream (stdout, stderr) a one-shot exec returns
     /// (MiB); the rest is dropped and the result says `truncated`.
     #[arg(long, default_value_t = 16)]
@@ -110,6 +118,20 @@ struct Args {
     /// Log as JSON lines (default: key=value text).
     #[arg(long)]
     log_json: bool,
+    /// The most bytes of one image layer pulled, compressed and
+    /// uncompressed (a larger one fails its pull).
+    #[arg(long, default_value_t = image_store::layer::DEFAULT_MAX_LAYER_BYTES)]
+    max_layer_bytes: u64,
+    /// Registry credentials for pulls: a Docker `config.json` (default:
+    /// $DOCKER_CONFIG/config.json or ~/.docker/config.json when there).
+    #[arg(long, value_name = "FILE")]
+    registry_auth_file: Option<PathBuf>,
+    /// Cap on the image store's layers and the merged layers made of them
+    /// (bytes): after a pull, the least-recently-used layers no image in
+    /// use needs are evicted, with their images and the merged layers only
+    /// they needed (default: no cap).
+    #[arg(long, value_name = "BYTES")]
+    image_store_max_bytes: Option<u64>,
 }
 
 fn main() -> Result<()> {
@@ -181,6 +203,7 @@ fn main() -> Result<()> {
         agent: daemon::agent_limits::AgentLimits {
             exec_output_limit: a.exec_output_limit_mib.saturating_mul(1 << 20),
             max_in_flight: a.max_agent_calls,
+            call_timeout: Duration::from_secs(a.agent_call_timeout.max(1)),
             ..Default::default()
         },
         http: daemon::listen::HttpLimits {
@@ -191,6 +214,12 @@ fn main() -> Result<()> {
             ..Default::default()
         },
         layers_dir: a.layers_dir,
+        vmm_stock: a.vmm_stock,
+        images: daemon::images::ImageOptions {
+            limits: image_store::layer::LayerLimits::both(a.max_layer_bytes),
+            auth_file: a.registry_auth_file,
+            max_bytes: a.image_store_max_bytes,
+        },
     };
     let missing: Vec<String> = artifacts
         .status()

@@ -96,6 +96,9 @@ pub struct Gauges {
     pub budget: (u64, u64),
     /// Sandboxes whose vCPUs are paused while idle.
     pub frozen: u64,
+    /// The VMM stock ([`crate::stock`]): VMMs ready, creates served from
+    /// it, creates that found it empty, entries found dead.
+    pub stock: (u64, u64, u64, u64),
 }
 
 impl Metrics {
@@ -222,6 +225,30 @@ impl Metrics {
             "Creates that restored on demand.",
             self.pool_misses.load(Ordering::Relaxed),
         );
+        let _ = writeln!(
+            o,
+            "# HELP shoal_vmm_stock VMMs started ahead of their sandboxes, ready.\n\
+             # TYPE shoal_vmm_stock gauge\nshoal_vmm_stock {}",
+            g.stock.0
+        );
+        counter(
+            &mut o,
+            "shoal_vmm_stock_hits_total",
+            "Creates and pool refills served by a stocked VMM.",
+            g.stock.1,
+        );
+        counter(
+            &mut o,
+            "shoal_vmm_stock_misses_total",
+            "Creates and pool refills that found no stocked VMM.",
+            g.stock.2,
+        );
+        counter(
+            &mut o,
+            "shoal_vmm_stock_dead_total",
+            "Stocked VMMs found dead and discarded.",
+            g.stock.3,
+        );
         counter(
             &mut o,
             "shoal_vmm_deaths_total",
@@ -296,6 +323,7 @@ mod tests {
             reserved: (10, 1),
             budget: (1000, 100),
             frozen: 0,
+            stock: (1, 2, 3, 0),
         };
         let t = m.render(&g);
         assert!(t.contains("shoal_sandboxes{state=\"running\"} 3"));
@@ -305,5 +333,7 @@ mod tests {
         assert!(t.contains("shoal_create_seconds_count 1"));
         assert!(t.contains("shoal_admission_refusals_total{reason=\"memory_quota\"} 1"));
         assert!(t.contains("shoal_http_responses_total{status=\"429\"} 1"));
+        assert!(t.contains("\nshoal_vmm_stock 1\n"));
+        assert!(t.contains("shoal_vmm_stock_misses_total 3"));
     }
 }

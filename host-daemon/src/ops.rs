@@ -102,10 +102,23 @@ pub fn admit_and_insert(d: &Daemon, r: &SandboxRow, count: bool) -> ApiResult<()
 /// request.
 pub async fn start_vmm(
     d: &Arc<Daemon>,
+    row: SandboxRow,
+    from: Source,
+    state: State,
+    freeze: bool,
+) -> ApiResult<SandboxRow> {
+    start_vmm_with(d, row, from, state, freeze, None).await
+}
+
+/// [`start_vmm`], into `stocked` (a VMM of the stock started for `row`'s
+/// directory) where one is given and `from` is a template.
+pub async fn start_vmm_with(
+    d: &Arc<Daemon>,
     mut row: SandboxRow,
     from: Source,
     state: State,
     freeze: bool,
+    stocked: Option<Box<dyn shoal_runtime::backend::StockedVm>>,
 ) -> ApiResult<SandboxRow> {
     let freeze = freeze && !row.keep_running && d.cfg.freeze_after.is_some();
     let t0 = Instant::now();
@@ -118,12 +131,19 @@ pub async fn start_vmm(
         })??;
     let (backend, dir) = (d.backend.clone(), row.dir.clone());
     let res = blocking("restore", Duration::from_secs(90), move || {
-        let vm = backend
-            .restore(&dir, &from)
-            .map_err(|source| ApiError::Backend {
-                context: "restore failed",
-                source,
-            })?;
+        let vm = match (stocked, &from) {
+            (Some(s), Source::Template(t)) => s.restore(t),
+            (s, _) => {
+                if let Some(s) = s {
+                    s.discard();
+                }
+                backend.restore(&dir, &from)
+            }
+        }
+        .map_err(|source| ApiError::Backend {
+            context: "restore failed",
+            source,
+        })?;
         let frozen = freeze && vm.freeze().is_ok();
         Ok((vm, frozen))
     })
@@ -227,7 +247,7 @@ pub async fn kill(d: &Arc<Daemon>, id: &str, reason: &str) -> ApiResult<()> {
     }
     d.db(|db| db.delete_sandbox(id))?;
     let dir = r.dir.clone();
-    let _ = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(dir)).await;
+    crate::remove_vm_dir(dir).await;
     // The last sandbox of a deleted template lets its directory go.
     if d.db(|db| db.template(&r.template))?.is_none() {
         let _ = super::template_dirs::sweep_dirs(d);

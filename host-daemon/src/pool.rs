@@ -83,7 +83,11 @@ async fn fill_one(d: &Arc<Daemon>, tpl: &str) -> bool {
         return false;
     };
     let now = db::now();
-    let id = random_id();
+    let mut id = random_id();
+    let stocked = d.stock.take(&t);
+    if let Some(e) = &stocked {
+        id.clone_from(&e.id);
+    }
     let row = SandboxRow {
         dir: d.cfg.sandboxes_dir().join(&id),
         id: id.clone(),
@@ -105,7 +109,15 @@ async fn fill_one(d: &Arc<Daemon>, tpl: &str) -> bool {
         pause_at_ttl: false,
         error: None,
     };
-    match ops::admit_and_insert(d, &row, false) {
+    let admitted = ops::admit_and_insert(d, &row, false);
+    let stocked = match admitted {
+        Ok(()) => stocked.map(|e| e.vm),
+        Err(_) => {
+            super::stock::discard(stocked.into_iter().collect());
+            None
+        }
+    };
+    match admitted {
         Ok(()) => {}
         Err(ApiError::Refused(e)) => {
             tracing::debug!(template = tpl, "pool refill refused: {e}");
@@ -118,7 +130,7 @@ async fn fill_one(d: &Arc<Daemon>, tpl: &str) -> bool {
     }
     let res = async {
         let from = Source::Template(t.dir.clone());
-        let r = ops::start_vmm(d, row, from, State::Starting, false).await?;
+        let r = ops::start_vmm_with(d, row, from, State::Starting, false, stocked).await?;
         let live = d
             .live(&r.id)
             .ok_or_else(|| ApiError::Internal("pooled sandbox vanished".into()))?;

@@ -35,6 +35,7 @@ fn template(name: &str, dir: PathBuf, state: &str) -> TemplateRow {
         created_at: db::now(),
         owned: true,
         owner: None,
+        image: None,
         root: shoal_api::RootRequest::default(),
     }
 }

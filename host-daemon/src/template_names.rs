@@ -1,6 +1,7 @@
 //! Who may make, use and change which templates. The names
 //! `{"image": ...}` creates use (`IMAGE-Nc-Mm[-HASH]`,
-//! [`crate::templates::image_template_name`]) are the daemon's: no caller
+//! [`crate::templates::image_template_name`], and `oci-ID-Nc-Mm[-HASH]` for
+//! an OCI image of the image store, [`crate::containers`]) are the daemon's: no caller
 //! can snapshot into one, register one with other content than the daemon
 //! would give it, or delete one (admins can); every other template is its
 //! maker's ([`Principal::may_change`]).
@@ -10,16 +11,28 @@ use crate::db::TemplateRow;
 use crate::{ApiError, ApiResult};
 use shoal_images::artifacts::IMAGES;
 
+/// The first word of a container template's name (`oci-ID-Nc-Mm`,
+/// [`crate::containers`]).
+pub const OCI_PREFIX: &str = "oci";
+
 /// The owner recorded for the daemon's templates.
 pub const DAEMON: &str = "daemon";
 
 /// The image of a derived name (`IMAGE-Nc-Mm` with an optional 12-hex
-/// hash), or None for any other name.
+/// hash; `oci` for `oci-ID-Nc-Mm[-HASH]`, ID 12 hex digits of an OCI
+/// image's id), or None for any other name.
 pub fn derived_image(name: &str) -> Option<&'static str> {
-    IMAGES.iter().copied().find(|img| {
-        let Some(rest) = name.strip_prefix(img).and_then(|r| r.strip_prefix('-')) else {
+    let images = IMAGES.iter().copied().chain([OCI_PREFIX]);
+    images.into_iter().find(|img| {
+        let Some(mut rest) = name.strip_prefix(img).and_then(|r| r.strip_prefix('-')) else {
             return false;
         };
+        if *img == OCI_PREFIX {
+            match rest.split_once('-') {
+                Some((id, r)) if is_hex12(id) => rest = r,
+                _ => return false,
+            }
+        }
         let mut parts = rest.split('-');
         let digits = |s: &str, suffix: char| {
             s.strip_suffix(suffix)
@@ -29,12 +42,13 @@ pub fn derived_image(name: &str) -> Option<&'static str> {
             (parts.next(), parts.next()),
             (Some(c), Some(m)) if digits(c, 'c') && digits(m, 'm')
         );
-        let hash = match parts.next() {
-            None => true,
-            Some(h) => h.len() == 12 && h.bytes().all(|b| b.is_ascii_hexdigit()),
-        };
+        let hash = parts.next().is_none_or(is_hex12);
         shape && hash && parts.next().is_none()
     })
+}
+
+fn is_hex12(h: &str) -> bool {
+    h.len() == 12 && h.bytes().all(|b| b.is_ascii_hexdigit())
 }
 
 /// The owner to record for a template `who` registers as `name`, which
@@ -61,8 +75,8 @@ pub fn check_snapshot_name(name: &str) -> ApiResult<()> {
 
 fn reserved(name: &str) -> ApiError {
     ApiError::Forbidden(format!(
-        "template name '{name}' is reserved: IMAGE-Nc-Mm names are the templates the daemon \
-         makes for {{\"image\": ...}} creates; choose another name"
+        "template name '{name}' is reserved: IMAGE-Nc-Mm (and oci-ID-Nc-Mm) names are the \
+         templates the daemon makes for {{\"image\": ...}} creates; choose another name"
     ))
 }
 

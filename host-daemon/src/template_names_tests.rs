@@ -8,6 +8,8 @@ fn derived_names_are_recognised() {
         "tiny-1c-128m",
         "base-32c-65536m",
         "tiny-1c-128m-0123456789ab",
+        "oci-0123456789ab-1c-128m",
+        "oci-0123456789ab-2c-512m-0123456789ab",
     ] {
         assert!(derived_image(n).is_some(), "{n}");
     }
@@ -22,10 +24,16 @@ fn derived_names_are_recognised() {
         "other-1c-128m",
         "mytiny-1c-128m",
         "tiny-1c-128m.x",
+        "oci-1c-128m",
+        "oci-0123456789a-1c-128m",
+        "oci-0123456789abc-1c-128m",
+        "oci-0123456789ab",
+        "oci-0123456789ab-1c-128m-x",
     ] {
         assert!(derived_image(n).is_none(), "{n}");
     }
     assert_eq!(derived_image("base-2c-256m"), Some("base"));
+    assert_eq!(derived_image("oci-0123456789ab-1c-128m"), Some("oci"));
 }
 
 #[test]

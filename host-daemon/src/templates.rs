@@ -34,6 +34,7 @@ impl From<TemplateRow> for Template {
             layers: t.root.layers,
             upper_size_mib: t.root.upper_size_mib,
             upper_disk_mib: t.root.upper_disk_mib,
+            image: t.image,
         }
     }
 }
@@ -105,6 +106,11 @@ fn check_shape(image: &str, vcpus: u32, mem: u32) -> ApiResult<()> {
             "unknown image {image:?} (expected one of {IMAGES:?})"
         )));
     }
+    check_size(vcpus, mem)
+}
+
+/// 400 unless `vcpus` and `mem` (MiB) are within the daemon's bounds.
+pub(crate) fn check_size(vcpus: u32, mem: u32) -> ApiResult<()> {
     if vcpus == 0 || vcpus > ops::MAX_VCPUS {
         return Err(ApiError::BadRequest(format!(
             "vcpus {vcpus}: expected 1..={}",
@@ -163,15 +169,13 @@ fn create_checked(
         created_at: db::now(),
         owned: true,
         owner: Some(owner),
+        image: None,
         root: RootRequest {
             layers: root.layers.clone(),
             upper_size_mib: upper.disk_mib().is_none().then(|| upper.tmpfs_mib(mem)),
             upper_disk_mib: upper.disk_mib(),
         },
     };
-    insert_template(d, &t)?;
-    d.event(&t.name, "template_building", &t.source);
-    let d2 = d.clone();
     let vcpus8 = u8::try_from(vcpus).map_err(|_| {
         ApiError::BadRequest(format!("vcpus {vcpus}: expected 1..={}", ops::MAX_VCPUS))
     })?;
@@ -179,7 +183,21 @@ fn create_checked(
         upper,
         ..TemplateSpec::new(&req.image, vcpus8, mem)
     };
-    let (name, dir, layers) = (t.name.clone(), t.dir.clone(), checked.layers);
+    register_and_build(d, t, spec, checked.layers)
+}
+
+/// Records template `t` ([`insert_template`]) and builds it from `spec`
+/// and `layers` in the background.
+pub(crate) fn register_and_build(
+    d: &Arc<Daemon>,
+    t: TemplateRow,
+    spec: TemplateSpec,
+    layers: Vec<Layer>,
+) -> ApiResult<TemplateRow> {
+    insert_template(d, &t)?;
+    d.event(&t.name, "template_building", &t.source);
+    let d2 = d.clone();
+    let (name, dir) = (t.name.clone(), t.dir.clone());
     tokio::spawn(async move { build(d2, name, dir, spec, layers).await });
     Ok(t)
 }
@@ -279,35 +297,51 @@ pub async fn image_template(
     crate::inputs::check_servable(&d.cfg.limits, vcpus, mem)?;
     let checked = open_root(d, root, mem).await?;
     let name = opened_template_name(image, vcpus, mem, root, &checked);
+    derived_template(d, &name, |d| {
+        create_checked(
+            d,
+            CreateTemplate {
+                vcpus: Some(vcpus),
+                memory_mib: Some(mem),
+                ..CreateTemplate::new(name.clone(), image)
+            }
+            .with_root(root.clone()),
+            checked,
+            &Principal::Daemon,
+        )
+    })
+    .await
+}
+
+/// The daemon's template `name` (a derived name, [`template_names`]),
+/// registered and built with `make` unless it exists (again, if it failed
+/// before, or if the name holds a template the daemon did not make);
+/// waits for it while it is being built, at most [`IMAGE_TEMPLATE_WAIT`]
+/// (then 504: the build goes on, a retry finds it).
+pub(crate) async fn derived_template(
+    d: &Arc<Daemon>,
+    name: &str,
+    make: impl FnOnce(&Arc<Daemon>) -> ApiResult<TemplateRow>,
+) -> ApiResult<TemplateRow> {
     // A failed image template is retried: what failed (missing artifacts,
     // a boot on an overloaded host) may be fixed by now. One the daemon
     // did not make (squatted before owners were recorded) is never used.
-    if d.db(|db| db.template(&name))?.is_some_and(|t| {
+    if d.db(|db| db.template(name))?.is_some_and(|t| {
         t.state == TemplateState::Failed
             || (!template_names::is_daemons(&t) && t.state != TemplateState::Building)
     }) {
-        match delete_template(d, &name, &Principal::Daemon).await {
+        match delete_template(d, name, &Principal::Daemon).await {
             Ok(()) | Err(ApiError::NotFound(_)) => {}
             Err(e) => return Err(e),
         }
     }
-    match create_checked(
-        d,
-        CreateTemplate {
-            vcpus: Some(vcpus),
-            memory_mib: Some(mem),
-            ..CreateTemplate::new(name.clone(), image)
-        }
-        .with_root(root.clone()),
-        checked,
-        &Principal::Daemon,
-    ) {
+    match make(d) {
         Ok(_) | Err(ApiError::Conflict(_)) => {}
         Err(e) => return Err(e),
     }
     let until = Instant::now() + IMAGE_TEMPLATE_WAIT;
     loop {
-        match ops::ready_template(d, &name) {
+        match ops::ready_template(d, name) {
             Ok(t) if !template_names::is_daemons(&t) => {
                 return Err(ApiError::Conflict(format!(
                     "template '{name}' was not made by the daemon; retry"
@@ -334,6 +368,7 @@ pub async fn delete_template(d: &Arc<Daemon>, name: &str, who: &Principal) -> Ap
         .ok_or_else(|| ApiError::NotFound(format!("no template '{name}'")))?;
     template_names::check_owner(who, &t, false)?;
     drain_pool(d, name).await?;
+    crate::stock::drain_template(d, name).await;
     d.db(|db| db.delete_template(name))?;
     // Its directory goes now unless a sandbox restored from it is left
     // (a pause records the image paths in the template's directory).
@@ -617,6 +652,7 @@ mod tests {
             created_at: 1.0,
             owned: false,
             owner: None,
+            image: None,
             root: shoal_api::RootRequest::default(),
         };
         d.db(|db| db.put_template(&squat)).unwrap();

@@ -70,7 +70,7 @@ pub async fn reclaim(d: &Arc<Daemon>, id: &str, why: &str) {
         tracing::error!(sandbox = id, "recording a failure: {e}");
     }
     let dir = r.dir.clone();
-    let _ = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(dir)).await;
+    crate::remove_vm_dir(dir).await;
     d.event(id, "failed", why);
     if r.state == State::Pooled {
         d.pool_wake.notify_one();

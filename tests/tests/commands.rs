@@ -10,7 +10,6 @@ mod daemon_harness;
 
 use daemon_harness::{wait_for, Daemon};
 use shoal_client::api::{self, CommandState, CreateSandbox, ErrorCode, ExecEvent, ExecRequest};
-use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -91,7 +90,7 @@ fn background_commands_files_and_a_later_ttl_on_a_real_guest() {
     // The CLI: `shoal exec --background` prints the command's id,
     // `shoal attach` follows it and exits with its exit code.
     let shoal = |args: &[&str]| {
-        let o = Command::new(shoal_bin())
+        let o = Command::new(shoal_test_support::shoal_cli())
             .arg("--daemon")
             .arg(d.dir.join("shoald.sock"))
             .args(args)
@@ -124,26 +123,9 @@ fn background_commands_files_and_a_later_ttl_on_a_real_guest() {
     d.assert_no_sandbox_dirs();
 }
 
-/// The `shoal` CLI, built next to shoald (as an install has them).
-fn shoal_bin() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let dir = exe.parent().unwrap().parent().unwrap();
-    let debug = dir.file_name().is_some_and(|n| n == "debug");
-    let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
-    c.args(["build", "-q", "-p", "shoal-cli", "--bin", "shoal"])
-        .args(["-p", "shoald", "--bin", "shoald"]);
-    if !debug {
-        c.arg("--release");
-    }
-    assert!(c.status().expect("cargo build").success(), "build failed");
-    let bin = dir.join("shoal");
-    assert!(bin.is_file(), "{} missing", bin.display());
-    bin
-}
-
 #[test]
 fn shoal_daemon_start_status_stop() {
-    let bin = shoal_bin();
+    let bin = shoal_test_support::shoal_cli();
     let tmp = tempfile::tempdir().unwrap();
     let sock = tmp.path().join("daemon/shoald.sock");
     let shoal = |args: &[&str]| {

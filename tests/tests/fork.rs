@@ -23,6 +23,14 @@ fn host_now() -> f64 {
         .as_secs_f64()
 }
 
+/// Shell: waits (up to 60 s) until the background writer has put a
+/// non-empty id in /tmp/state, then prints it. (A fixed `sleep 1` was too
+/// short on a loaded PVM host, where the writer's fork+exec alone can
+/// take seconds; the loop also steps over the moment the file is
+/// truncated for a rewrite.)
+const READ_STATE: &str = "i=0; s=; while [ -z \"$s\" ] && [ $i -lt 300 ]; do \
+    sleep 0.2; s=$(cat /tmp/state 2>/dev/null); i=$((i+1)); done; echo \"$s\"";
+
 /// The fork snapshots left in the daemon's state directory.
 fn fork_dirs(d: &Daemon) -> Vec<std::path::PathBuf> {
     std::fs::read_dir(d.dir.join("forks"))
@@ -38,10 +46,12 @@ fn forked_clones_carry_memory_and_files_then_diverge() {
     // writes it out every 0.2 s.
     let out = d.sh(
         &src.id,
-        "echo from-source > /tmp/file; \
+        &format!(
+            "echo from-source > /tmp/file; \
          setsid sh -c 'x=$(cat /proc/sys/kernel/random/uuid); \
            while :; do echo $x > /tmp/state; sleep 0.2; done' </dev/null >/dev/null 2>&1 & \
-         sleep 1; cat /tmp/state",
+         {READ_STATE}"
+        ),
     );
     assert_eq!(out.exit_code, Some(0), "{out:?}");
     let state = out.stdout.trim().to_string();
@@ -65,7 +75,7 @@ fn forked_clones_carry_memory_and_files_then_diverge() {
         let out = d.sh(
             &c.id,
             &format!(
-                "cat /tmp/file; rm -f /tmp/state; sleep 1; cat /tmp/state; \
+                "cat /tmp/file; rm -f /tmp/state; {READ_STATE}; \
                  cat /proc/sys/kernel/random/uuid; date +%s; echo clone-{i} > /tmp/mine"
             ),
         );
@@ -95,7 +105,7 @@ fn forked_clones_carry_memory_and_files_then_diverge() {
     }
     let out = d.sh(
         &src.id,
-        "cat /tmp/mine 2>&1; rm -f /tmp/state; sleep 1; cat /tmp/state",
+        &format!("cat /tmp/mine 2>&1; rm -f /tmp/state; {READ_STATE}"),
     );
     assert!(out.stdout.contains("No such file"), "{out:?}");
     assert!(out.stdout.ends_with(&format!("{state}\n")), "{out:?}");

@@ -2,7 +2,9 @@
 //! a real sandbox through its whole lifecycle — its uid and groups, no
 //! capabilities, no_new_privs, its own namespaces, only the bound files,
 //! only its own descriptors, a clean environment, its cgroup's limits
-//! (removed with it), and the modes of the state it leaves on disk.
+//! (removed with it), and the modes of the state it leaves on disk; and a
+//! sandbox served by the VMM stock (a jailed VMM pre-warmed before it was
+//! asked for) confined the same way.
 
 #[allow(dead_code)]
 mod daemon_harness;
@@ -157,6 +159,55 @@ fn check_jailed(d: &Daemon, id: &str) -> u32 {
     uid
 }
 
+fn metric(d: &Daemon, name: &str) -> f64 {
+    let m = d.c.metrics().unwrap();
+    m.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no metric {name}"))
+}
+
+/// The template's first create made it join the VMM stock (`--vmm-stock
+/// 1`, the default): the next create is served by the stocked VMM, started
+/// jailed and pre-warmed before it was asked for, which then runs as
+/// confined as a cold-restored one, under seccomp, and answers.
+fn from_the_stock(d: &Daemon) {
+    wait_for("a stocked VMM", 60, || metric(d, "shoal_vmm_stock") >= 1.0);
+    let listed: Vec<String> =
+        d.c.list(&Default::default())
+            .unwrap()
+            .into_iter()
+            .map(|s| s.id)
+            .collect();
+    let stocked: Vec<String> = std::fs::read_dir(d.dir.join("sandboxes"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| !listed.contains(n))
+        .collect();
+    assert_eq!(stocked.len(), 1, "one stocked VMM's directory: {stocked:?}");
+    let hits = metric(d, "shoal_vmm_stock_hits_total");
+    let sb = d.create(CreateSandbox::default());
+    assert_eq!(sb.id, stocked[0], "the create took the stocked VMM");
+    assert_eq!(metric(d, "shoal_vmm_stock_hits_total"), hits + 1.0);
+    let uid = check_jailed(d, &sb.id);
+    assert_ne!(uid, 0);
+    let (_, vmm) = vmm_of(d, &sb.id);
+    let tasks: Vec<_> = std::fs::read_dir(format!("/proc/{vmm}/task"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert!(tasks.len() >= 3, "main, vCPU, event and control threads");
+    for t in tasks {
+        let st = std::fs::read_to_string(t.join("status")).unwrap();
+        assert!(
+            st.lines().any(|l| l == "Seccomp:\t2"),
+            "thread {} runs without its filter",
+            t.display()
+        );
+    }
+    assert_eq!(d.sh(&sb.id, "echo stocked").stdout, "stocked\n");
+    d.kill(&sb.id);
+}
+
 #[test]
 fn daemon_vmms_run_jailed_through_the_whole_lifecycle() {
     // SAFETY: geteuid cannot fail.
@@ -165,7 +216,7 @@ fn daemon_vmms_run_jailed_through_the_whole_lifecycle() {
         euid, 0,
         "jailing needs a root daemon: run the tests as root"
     );
-    let mut d = Daemon::start(&["--no-pools"]);
+    let mut d = Daemon::start(&["--no-pools", "--vmm-stock", "1"]);
     assert!(d.log().contains("VMMs run jailed"), "{}", d.log());
     // State: the daemon's alone.
     assert_eq!(mode(&d.dir).2, 0o700);
@@ -174,6 +225,7 @@ fn daemon_vmms_run_jailed_through_the_whole_lifecycle() {
     let id = sb.id.clone();
     let uid = check_jailed(&d, &id);
     assert_eq!(d.sh(&id, "echo kept > /root/f; echo hi").stdout, "hi\n");
+    from_the_stock(&d);
     // The template its VMM restored from: readable by the jail group only.
     let tpl = std::fs::read_dir(d.dir.join("templates"))
         .unwrap()

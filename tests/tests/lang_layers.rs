@@ -1,23 +1,23 @@
 //! The built-in language layers (`shoal_images::lang_layers`: Debian
-//! packages over `base`, built by `deb_layer` from this checkout, cached)
-//! in a real guest: one template of `base` with all four layers stacked
-//! (`/dev/pmem1..4`), one sandbox restored from it.
-//!
-//! Each layer is checked the way FnCall and the code interpreter use it,
-//! alone over the base image: in the guest, the layer's own device is
-//! mounted and overlaid on the base image only (`/run/shoal/image`), and
-//! the check runs in a chroot of that overlay, so no other layer can supply
-//! a file the layer lacks. The stack (the sandbox's own root) must show
+//! packages over `base`, built by `deb_layer` from this checkout, cached):
+//! on the host, each layer's dpkg database must list base's packages and
+//! its own; in a real guest, one template of `base` with all four layers
+//! stacked (`/dev/pmem1..4`) and one sandbox restored from it must show
 //! every layer's files (layers made over one base hide nothing of each
-//! other). On the host, each layer's dpkg database must list base's
-//! packages and its own.
+//! other), while base alone has none of them.
 //!
-//! One template boot for the binary. Slow on PVM hosts all the same: each
-//! check maps and faults in tens of MiB of binaries and libraries through
-//! the emulated guest kernel (~40-90 s each). Building the layers the first
-//! time takes minutes (apt downloads; needs root and a Debian mirror).
+//! Each layer's programs are run, over base alone, where they are used:
+//! python with numpy, g++ and node by FnCall's tests (tests/fncall.rs and
+//! the SDK's SandboxFusion tests; each language's template is base plus
+//! its one layer), pandas and matplotlib by the E2B code-interpreter tests
+//! (its template is base plus `code-interpreter`). Running them here too
+//! cost ~10 minutes on a loaded PVM host: each maps and faults in tens of
+//! MiB of binaries and libraries through the emulated guest kernel.
+//!
+//! One template boot for the binary. Building the layers the first time
+//! takes minutes (apt downloads; needs root and a Debian mirror).
 
-use agent_client::{Client, ExitStatus};
+use agent_client::ExitStatus;
 use shoal_runtime::sandbox::{self, TemplateSpec};
 use shoal_test_support::{image, require_kvm, require_root, sh, RunningSandbox};
 use std::path::{Path, PathBuf};
@@ -31,58 +31,6 @@ const LAYERS: [&str; 4] = [
     "fncall-nodejs",
     "code-interpreter",
 ];
-
-const PYTHON: &str = "python3 -c 'import numpy; print(\"numpy\", numpy.arange(10).sum())'";
-
-/// C++17 (structured bindings, class template argument deduction, fold
-/// expressions, `if constexpr`, `<optional>`), without iostream's headers.
-const CPP: &str = r#"cat > /tmp/hello.cpp <<'END'
-#include <cstdio>
-#include <optional>
-#include <utility>
-template <typename... T> constexpr auto sum(T... t) { return (t + ...); }
-int main() {
-    auto [lang, ver] = std::pair{"cpp", sum(8, 9)};
-    std::optional<int> o = ver;
-    if constexpr (sum(1, 2) == 3) std::printf("%s%d\n", lang, *o);
-    return 0;
-}
-END
-g++ -std=c++17 -o /tmp/hello /tmp/hello.cpp && /tmp/hello"#;
-
-const NODE: &str = "node -e 'console.log(\"node\", [1, 2, 3].map(x => x * 2).join(\",\"))'";
-
-const INTERP: &str = "python3 -c 'import pandas, matplotlib; \
-     print(\"pandas\", pandas.Series([1, 2, 3]).sum(), matplotlib.__version__ > \"3\")'";
-
-/// The check of each layer and what its output must be.
-fn checks() -> [(&'static str, &'static str, &'static str); 4] {
-    [
-        ("fncall-python", PYTHON, "numpy 45\n"),
-        ("fncall-cpp", CPP, "cpp17\n"),
-        ("fncall-nodejs", NODE, "node 2,4,6\n"),
-        ("code-interpreter", INTERP, "pandas 6 True\n"),
-    ]
-}
-
-/// Runs `script` in a chroot of layer `n` (1-based: `/dev/pmemN`) alone
-/// over the base image, with its own `/proc`, `/dev` and `/tmp`.
-fn in_layer_alone(c: &Client, n: usize, script: &str) -> (String, String, ExitStatus) {
-    let quoted = script.replace('\'', r"'\''");
-    sh(
-        c,
-        &format!(
-            "set -e; l=/run/lang/l{n}; o=/run/lang/o{n}
-             mkdir -p $l $o
-             mount -t erofs -o ro /dev/pmem{n} $l
-             mount -t overlay overlay -o lowerdir=$l:/run/shoal/image $o
-             mount -t proc proc $o/proc
-             mount --bind /dev $o/dev
-             mount -t tmpfs tmpfs $o/tmp
-             exec chroot $o /bin/sh -c '{quoted}'"
-        ),
-    )
-}
 
 fn timed<T>(what: &str, f: impl FnOnce() -> T) -> T {
     let t = Instant::now();
@@ -124,7 +72,7 @@ fn with_mounted<T>(img: &Path, f: impl FnOnce(&Path) -> T) -> T {
 }
 
 #[test]
-fn each_language_layer_works_over_base_alone_and_stacked() {
+fn each_language_layer_lists_its_packages_and_shows_in_the_stack() {
     require_kvm();
     require_root("building the layers mounts the base image and runs apt-get in a chroot");
     let files: Vec<PathBuf> = timed("the layers (built or cached)", || {
@@ -154,17 +102,6 @@ fn each_language_layer_works_over_base_alone_and_stacked() {
     });
     let (_r, c) = timed("restore", || RunningSandbox::start(&t));
 
-    for (layer, script, want) in checks() {
-        let n = LAYERS.iter().position(|l| *l == layer).unwrap() + 1;
-        let (out, err, st) = timed(&format!("{layer} alone over base"), || {
-            in_layer_alone(&c, n, script)
-        });
-        assert_eq!(
-            (out.as_str(), st),
-            (want, ExitStatus::Exited(0)),
-            "{layer} alone over base: {err}"
-        );
-    }
     // The stack shows every layer's tools; base alone has none of them.
     let tools = [
         "usr/bin/g++-12",

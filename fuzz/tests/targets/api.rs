@@ -191,6 +191,8 @@ fn world() -> &'static World {
                     agent: Default::default(),
                     http: Default::default(),
                     layers_dir: None,
+                    vmm_stock: 0,
+                    images: Default::default(),
                 },
                 Arc::new(shoal_runtime::backend::microvm::MicroVm::new(
                     "/nonexistent/shoal-vmm",

@@ -62,6 +62,12 @@ fn gauges(d: &Daemon) -> Res<metrics::Gauges> {
         reserved: (u.memory_mib << 20, u.vcpus),
         budget: (l.memory_budget_mib() << 20, l.vcpu_budget()),
         frozen: crate::freeze::frozen_count(d),
+        stock: (
+            d.stock.len() as u64,
+            d.stock.hits.load(std::sync::atomic::Ordering::Relaxed),
+            d.stock.misses.load(std::sync::atomic::Ordering::Relaxed),
+            d.stock.dead.load(std::sync::atomic::Ordering::Relaxed),
+        ),
     })
 }
 

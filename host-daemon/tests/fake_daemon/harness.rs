@@ -38,6 +38,10 @@ pub struct Opts {
     pub disk_budget_mib: u64,
     /// Listener limits.
     pub http: shoald::listen::HttpLimits,
+    /// VMMs (agent processes) started ahead per template.
+    pub vmm_stock: usize,
+    /// Pull options and the image store's cap.
+    pub images: shoald::images::ImageOptions,
 }
 
 impl Default for Opts {
@@ -53,6 +57,8 @@ impl Default for Opts {
             agent_limits: AgentLimits::default(),
             disk_budget_mib: 0,
             http: Default::default(),
+            vmm_stock: 0,
+            images: Default::default(),
         }
     }
 }
@@ -143,6 +149,8 @@ impl TestDaemon {
             agent: self.opts.agent_limits,
             http: self.opts.http.clone(),
             layers_dir: None,
+            vmm_stock: self.opts.vmm_stock,
+            images: self.opts.images.clone(),
         }
     }
 

@@ -126,22 +126,37 @@ fn ttl_kills_and_idle_timeout_pauses() {
     let d = TestDaemon::start();
     let ttl = d.create_with(|r| r.ttl_s = 1);
     let idle = d.create_with(|r| r.idle_timeout_s = 1);
-    let busy = d.create_with(|r| r.idle_timeout_s = 1);
+    // Idle for 3 s at most, and kept active by a request every 0.2 s until
+    // the others have been handled. (Keeping it active only for a while and
+    // with a 1 s timeout raced with a loaded host: it went idle too.)
+    let busy = d.create_with(|r| r.idle_timeout_s = 3);
     let (tp, ip) = (ttl.pid.unwrap(), idle.pid.unwrap());
-    // Kept active: never idle for a whole second.
-    for _ in 0..8 {
-        d.sh(&busy.id, "true").unwrap();
-        std::thread::sleep(Duration::from_millis(250));
-    }
-    d.wait_for("the TTL kill", T, || {
-        d.c.sandbox(&ttl.id).is_err_and(|e| e.is_not_found())
+    let done = &std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let (c, id) = (&d.c, &busy.id);
+        s.spawn(move || {
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                c.exec(id, &api::ExecRequest::shell("true")).unwrap();
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        });
+        let checks = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            d.wait_for("the TTL kill", T, || {
+                d.c.sandbox(&ttl.id).is_err_and(|e| e.is_not_found())
+            });
+            // (Killed, then reaped: the process may outlive its row briefly.)
+            d.wait_for("the TTL'd VM to end", T, || gone(tp));
+            assert!(d.event_kinds(&ttl.id).iter().any(|k| k == "killed"));
+            let p = d.wait_state(&idle.id, SandboxState::Paused, T);
+            assert_eq!(p.pid, None);
+            d.wait_for("the idle VM to end", T, || gone(ip));
+            assert_eq!(d.get(&busy.id).state, SandboxState::Running);
+        }));
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Err(p) = checks {
+            std::panic::resume_unwind(p);
+        }
     });
-    assert!(gone(tp));
-    assert!(d.event_kinds(&ttl.id).iter().any(|k| k == "killed"));
-    let p = d.wait_state(&idle.id, SandboxState::Paused, T);
-    assert_eq!(p.pid, None);
-    d.wait_for("the idle VM to end", T, || gone(ip));
-    assert_eq!(d.get(&busy.id).state, SandboxState::Running);
     // A paused idle sandbox resumes on its next request.
     assert_eq!(d.sh(&idle.id, "echo again").unwrap().1, "again\n");
 }

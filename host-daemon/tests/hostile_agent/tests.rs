@@ -582,7 +582,7 @@ fn a_streamed_exec_nobody_reads_is_killed_and_does_not_hold_up_the_sandbox() {
     };
     // Other execs in the same sandbox all succeed, within the stall
     // timeout of the unread stream (twice: the daemon's task, then the
-    // agent connection's reader) and a little more.
+    // agent connection's reader) and some slack for a loaded host.
     let t0 = Instant::now();
     for i in 0..17 {
         let (code, out) = d.sh(&sb.id, &format!("echo {i}")).expect("exec");
@@ -590,14 +590,14 @@ fn a_streamed_exec_nobody_reads_is_killed_and_does_not_hold_up_the_sandbox() {
     }
     let took = t0.elapsed();
     assert!(
-        took < 2 * stall + Duration::from_secs(10),
+        took < 2 * stall + Duration::from_secs(30),
         "17 execs took {took:?}"
     );
     // The unread command was killed.
     let t0 = Instant::now();
     while !crate::harness::gone(pid) {
         assert!(
-            t0.elapsed() < 2 * stall + Duration::from_secs(5),
+            t0.elapsed() < 2 * stall + Duration::from_secs(30),
             "the unread command (pid {pid}) still runs"
         );
         std::thread::sleep(Duration::from_millis(50));

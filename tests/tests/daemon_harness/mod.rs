@@ -21,23 +21,9 @@ fn artifacts() -> PathBuf {
 fn shoald_bin() -> PathBuf {
     static B: OnceLock<PathBuf> = OnceLock::new();
     B.get_or_init(|| {
-        let exe = std::env::current_exe().unwrap();
-        let dir = exe.parent().unwrap().parent().unwrap();
-        let bin = dir.join("shoald");
-        let debug = dir.file_name().is_some_and(|n| n == "debug");
-        // Always build: cargo is a no-op when it is up to date, and a stale
-        // daemon would test old code.
-        let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
         // The jailer too: a root daemon starts every VMM through it.
-        c.args(["build", "-q", "-p", "shoald", "--bin", "shoald"])
-            .args(["-p", "shoal-jailer", "--bin", "shoal-jailer"]);
-        if !debug {
-            c.arg("--release");
-        }
-        let st = c.status().expect("cargo build shoald");
-        assert!(st.success(), "building shoald failed");
-        assert!(bin.is_file(), "{} missing", bin.display());
-        bin
+        shoal_test_support::build_bins(&[("shoald", "shoald"), ("shoal-jailer", "shoal-jailer")])
+            .join("shoald")
     })
     .clone()
 }
@@ -66,6 +52,11 @@ impl Daemon {
         let dir = tmp.path().to_path_buf();
         let mut args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
         args.extend(["--artifacts".into(), artifacts.display().to_string()]);
+        // No VMMs started ahead unless a test asks (`--vmm-stock N`): the
+        // tests count the VMMs and directories under the state directory.
+        if !args.iter().any(|a| a == "--vmm-stock") {
+            args.extend(["--vmm-stock".into(), "0".into()]);
+        }
         let mut d = Daemon {
             child: None,
             c: DaemonClient::unix(dir.join("shoald.sock")),
@@ -198,11 +189,22 @@ impl Daemon {
         vm::vmms_under(&self.dir)
     }
 
-    /// Panics if any sandbox directory is left in the state directory.
+    /// Panics if any sandbox directory is left in the state directory
+    /// after 15 s: a kill forgets the sandbox first and then removes its
+    /// directory (trying again while its VMM's last writes land), which on
+    /// a loaded host can take seconds.
     pub fn assert_no_sandbox_dirs(&self) {
-        let left: Vec<_> = std::fs::read_dir(self.dir.join("sandboxes"))
-            .unwrap()
-            .collect();
+        let left = || -> Vec<_> {
+            std::fs::read_dir(self.dir.join("sandboxes"))
+                .unwrap()
+                .map(|e| e.unwrap().path())
+                .collect()
+        };
+        let end = Instant::now() + Duration::from_secs(15);
+        while !left().is_empty() && Instant::now() < end {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let left = left();
         assert!(left.is_empty(), "sandbox directories left: {left:?}");
     }
 }

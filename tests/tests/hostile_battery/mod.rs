@@ -103,7 +103,12 @@ impl<'a> Battery<'a> {
 
     /// A fresh attacker sandbox from the template.
     pub fn new_attacker(&mut self) {
-        let sb = self.d.create(CreateSandbox::default());
+        self.new_attacker_with(CreateSandbox::default());
+    }
+
+    /// A fresh attacker sandbox made by `req` (the `tiny` image).
+    pub fn new_attacker_with(&mut self, req: CreateSandbox) {
+        let sb = self.d.create(req);
         self.vmm = alive(&sb).expect("the attacker's VMM runs");
         let dir = self.d.dir.join("sandboxes").join(&sb.id);
         self.vmm_pid = shoal_runtime::jail::vmm_pid(self.vmm.pid, &dir).unwrap_or(self.vmm.pid);
