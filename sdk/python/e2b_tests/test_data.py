@@ -88,7 +88,8 @@ def test_commands(sandbox: Sandbox) -> None:
         assert cat2.wait().stdout == "abc\n"
 
     slow = sandbox.commands.run("sleep 1.5; echo late", background=True, timeout=T)
-    again = sandbox.commands.connect(slow.pid)
+    # (The SDK's connect defaults to 60 s, which a loaded CI host passed.)
+    again = sandbox.commands.connect(slow.pid, timeout=T)
     assert again.wait().stdout == "late\n"
 
     sleeper = sandbox.commands.run("sleep 100", background=True, timeout=T)
