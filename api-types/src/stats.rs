@@ -57,6 +57,19 @@ pub struct Limits {
     /// this free on the state filesystem (MiB).
     #[serde(default)]
     pub min_free_disk_mib: u64,
+    /// Disk reservable per MiB of `disk_budget_mib`. A reservation is what
+    /// a sandbox could write at most (all its memory in a pause, a full
+    /// scratch disk), but a pause writes only the pages the guest changed
+    /// since its template (an idle restored guest: a few MiB of 128) and a
+    /// scratch disk is sparse; real free space is checked again before
+    /// every create, pause and fork, so an overcommitted disk refuses
+    /// (503) rather than fills.
+    #[serde(default = "one")]
+    pub disk_overcommit: f64,
+}
+
+fn one() -> f64 {
+    1.0
 }
 
 impl Limits {
@@ -72,6 +85,15 @@ impl Limits {
     #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
     pub fn vcpu_budget(&self) -> u64 {
         (self.host_cpus as f64 * self.cpu_overcommit) as u64
+    }
+
+    /// Reservable disk (MiB; 0: no budget): `disk_budget_mib` times
+    /// `disk_overcommit` (at least the budget itself).
+    // `as` from f64 saturates (negative and NaN give 0): what a budget wants.
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    pub fn disk_quota_mib(&self) -> u64 {
+        let q = (self.disk_budget_mib as f64 * self.disk_overcommit) as u64;
+        q.max(self.disk_budget_mib)
     }
 }
 
@@ -160,8 +182,29 @@ mod tests {
             max_vms: 1,
             disk_budget_mib: 0,
             min_free_disk_mib: 0,
+            disk_overcommit: 4.0,
         };
         assert_eq!((l.memory_budget_mib(), l.vcpu_budget()), (2560, 8));
+        assert_eq!(l.disk_quota_mib(), 0, "no budget stays no budget");
+        let l = Limits {
+            disk_budget_mib: 1000,
+            ..l
+        };
+        assert_eq!(l.disk_quota_mib(), 4000);
+        let l = Limits {
+            disk_overcommit: 0.5,
+            ..l
+        };
+        assert_eq!(l.disk_quota_mib(), 1000, "never below the budget");
+        let old: Limits = serde_json::from_str(
+            r#"{"host_memory_mib":1,"host_cpus":1,"memory_overcommit":1,
+                "cpu_overcommit":1,"min_available_mib":0,"max_vms":1}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            old.disk_overcommit, 1.0,
+            "an older daemon's stats read as no overcommit"
+        );
         let q = EventQuery {
             since: Some(5),
             sandbox: Some("ab".into()),

@@ -685,8 +685,13 @@ pub fn stats(g: &Global) -> Result<i32> {
         u.vcpus, v.vcpu_budget, u.memory_mib, v.memory_budget_mib
     );
     println!(
-        "disk        {} MiB reserved of {} (0: no budget), {} MiB kept free",
-        u.disk_mib, v.limits.disk_budget_mib, v.limits.min_free_disk_mib
+        "disk        {} MiB reserved of {} ({} MiB budget x {} overcommit; 0: no budget), \
+         {} MiB kept free",
+        u.disk_mib,
+        v.limits.disk_quota_mib(),
+        v.limits.disk_budget_mib,
+        v.limits.disk_overcommit,
+        v.limits.min_free_disk_mib
     );
     println!(
         "host        {} CPUs, {} MiB available of {} MiB, load {}",

@@ -95,21 +95,41 @@ pub fn disk_need_mib(memory_mib: u32, upper_disk_mib: Option<u32>) -> u64 {
 }
 
 /// Whether a sandbox needing `need_mib` of disk fits: `usage.disk_mib`
-/// (what the others reserve) plus it within the disk budget, and it
-/// leaves `l.min_free_disk_mib` of the filesystem's `free_mib` free
-/// (`u64::MAX`: not checked).
+/// (what the others reserve) plus it within the disk quota (the budget
+/// times `disk_overcommit`), and it leaves `l.min_free_disk_mib` of the
+/// filesystem's `free_mib` free (`u64::MAX`: not checked).
 pub fn admit_disk(l: &Limits, usage: &Usage, need_mib: u64, free_mib: u64) -> Result<(), Refusal> {
-    if l.disk_budget_mib > 0 && usage.disk_mib + need_mib > l.disk_budget_mib {
+    if l.disk_budget_mib > 0 && usage.disk_mib + need_mib > l.disk_quota_mib() {
         return Err(Refusal::Quota(format!(
             "host is full: disk reserved {} MiB + {need_mib} MiB requested exceeds the disk \
-             budget of {} MiB (paused sandboxes hold theirs); remove sandboxes or retry later",
-            usage.disk_mib, l.disk_budget_mib
+             quota of {} MiB ({} MiB budget x {} overcommit; paused sandboxes hold theirs); \
+             remove sandboxes or retry later",
+            usage.disk_mib,
+            l.disk_quota_mib(),
+            l.disk_budget_mib,
+            l.disk_overcommit
         )));
     }
     if free_mib < need_mib + l.min_free_disk_mib {
         return Err(Refusal::HostPressure(format!(
             "host disk is low: {free_mib} MiB free on the state filesystem, {need_mib} MiB \
              needed and {} MiB kept free; not starting more sandboxes",
+            l.min_free_disk_mib
+        )));
+    }
+    Ok(())
+}
+
+/// Whether the state filesystem's `free_mib` can take the pause of a
+/// sandbox of `memory_mib` (at most all its memory is written) and still
+/// keep `l.min_free_disk_mib` free. With an overcommitted disk quota the
+/// reservation alone does not promise the space, so every pause asks.
+pub fn admit_pause(l: &Limits, memory_mib: u32, free_mib: u64) -> Result<(), Refusal> {
+    let need = u64::from(memory_mib);
+    if free_mib < need.saturating_add(l.min_free_disk_mib) {
+        return Err(Refusal::HostPressure(format!(
+            "host disk is low: {free_mib} MiB free on the state filesystem, up to {need} MiB \
+             needed for the pause and {} MiB kept free; the sandbox keeps running",
             l.min_free_disk_mib
         )));
     }
@@ -192,6 +212,7 @@ mod tests {
             max_vms: 10,
             disk_budget_mib: 0,
             min_free_disk_mib: 0,
+            disk_overcommit: 1.0,
         }
     }
 
@@ -257,6 +278,42 @@ mod tests {
         assert_eq!(
             admit_disk(&unbudgeted, &with_disk(1 << 40), 640, 740),
             Ok(())
+        );
+    }
+
+    #[test]
+    fn an_overcommitted_disk_reserves_more_but_checks_real_space() {
+        let l = Limits {
+            disk_budget_mib: 1000,
+            min_free_disk_mib: 100,
+            disk_overcommit: 4.0,
+            ..limits()
+        };
+        let with_disk = |d| Usage {
+            disk_mib: d,
+            ..usage(0, 0, 0)
+        };
+        assert_eq!(admit_disk(&l, &with_disk(3360), 640, 5000), Ok(()));
+        let e = admit_disk(&l, &with_disk(3361), 640, 5000).unwrap_err();
+        assert!(
+            matches!(&e, Refusal::Quota(m) if m.contains("4000 MiB") && m.contains("x 4")),
+            "{e}"
+        );
+        // Real free space still decides, whatever the quota says.
+        let e = admit_disk(&l, &with_disk(0), 640, 739).unwrap_err();
+        assert_eq!(e.reason(), "host_disk");
+        // A pause needs room for all its memory and the reserve.
+        assert_eq!(admit_pause(&l, 128, 228), Ok(()));
+        let e = admit_pause(&l, 128, 227).unwrap_err();
+        assert!(
+            matches!(&e, Refusal::HostPressure(m) if m.contains("keeps running")),
+            "{e}"
+        );
+        assert_eq!(e.reason(), "host_disk");
+        assert_eq!(
+            admit_pause(&l, 128, u64::MAX),
+            Ok(()),
+            "unreadable: not checked"
         );
     }
 

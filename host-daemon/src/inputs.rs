@@ -167,6 +167,7 @@ mod tests {
             max_vms: 4000,
             disk_budget_mib: 0,
             min_free_disk_mib: 0,
+            disk_overcommit: 1.0,
         };
         check_servable(&l, 2, 24 * 1024).unwrap();
         let m = refused(check_servable(&l, 1, 64 * 1024));

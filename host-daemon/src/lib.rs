@@ -127,6 +127,7 @@ impl Config {
                 max_vms,
                 disk_budget_mib: 0,
                 min_free_disk_mib: 0,
+                disk_overcommit: 1.0,
             },
             agent_timeout: Duration::from_secs(1),
             sweep_interval: Duration::from_secs(1),

@@ -204,6 +204,11 @@ pub async fn pause(d: &Arc<Daemon>, id: &str) -> ApiResult<SandboxView> {
     let vm = live
         .vm()
         .ok_or_else(|| ApiError::Internal(format!("sandbox '{id}' has no VM")))?;
+    let free = super::admission::free_disk_mib(&d.cfg.state_dir);
+    if let Err(e) = super::admission::admit_pause(&d.cfg.limits, r.memory_mib, free) {
+        d.metrics.refused(e.reason());
+        return Err(ApiError::Refused(e));
+    }
     d.db(|db| db.set_state(id, State::Pausing, None))?;
     // No agent connection may be open in the snapshot.
     *live.client.lock().await = None;

@@ -83,6 +83,13 @@ struct Args {
     /// state filesystem (MiB).
     #[arg(long, default_value_t = 2048)]
     min_free_disk_mib: u64,
+    /// Disk reservable per MiB of the disk budget: a reservation is the
+    /// most a sandbox could write (all its memory in a pause, a full
+    /// scratch disk), but a pause writes only what the guest changed since
+    /// its template and scratch disks are sparse. Real free space is
+    /// checked before every create, pause and fork either way.
+    #[arg(long, default_value_t = 4.0)]
+    disk_overcommit: f64,
     /// Host memory to plan with (MiB; default: MemTotal).
     #[arg(long)]
     host_memory_mib: Option<u64>,
@@ -192,6 +199,7 @@ fn main() -> Result<()> {
             max_vms: a.max_sandboxes,
             disk_budget_mib,
             min_free_disk_mib: a.min_free_disk_mib,
+            disk_overcommit: a.disk_overcommit,
         },
         agent_timeout: Duration::from_secs(a.agent_timeout),
         sweep_interval: Duration::from_secs(1),

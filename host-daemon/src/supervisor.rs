@@ -54,6 +54,13 @@ pub async fn sweep_loop(d: Arc<Daemon>) {
                     );
                     if let Err(e) = lifecycle::pause(&d, &r.id).await {
                         tracing::warn!(sandbox = %r.id, "idle pause: {e}");
+                        d.event(
+                            &r.id,
+                            "idle",
+                            &format!("pause failed ({e}); retried when idle again"),
+                        );
+                        // Tried again after another idle timeout, not every sweep.
+                        let _ = d.db(|db| db.touch(&r.id, db::now()));
                     }
                 });
             } else if r.state == State::Failed && now > r.last_active + FAILED_KEPT_S {

@@ -182,6 +182,7 @@ fn world() -> &'static World {
                         max_vms: 1,
                         disk_budget_mib: 0,
                         min_free_disk_mib: 0,
+                        disk_overcommit: 1.0,
                     },
                     agent_timeout: Duration::from_secs(1),
                     sweep_interval: Duration::from_secs(3600),

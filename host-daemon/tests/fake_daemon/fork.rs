@@ -257,7 +257,7 @@ fn clones_reserve_disk_like_creates() {
     assert_eq!((f.sandboxes.len(), f.failed.len()), (1, 2), "{f:?}");
     for e in &f.failed {
         assert_eq!(e.code, ErrorCode::HostFull, "{e:?}");
-        assert!(e.message.contains("disk budget of 420 MiB"), "{e:?}");
+        assert!(e.message.contains("disk quota of 420 MiB"), "{e:?}");
     }
     assert_eq!(d.c.stats().unwrap().usage.disk_mib, 3 * 128);
     let refusals = d.metric("shoal_admission_refusals_total{reason=\"disk_quota\"}");

@@ -140,6 +140,7 @@ impl TestDaemon {
                 max_vms: self.opts.max_vms,
                 disk_budget_mib: self.opts.disk_budget_mib,
                 min_free_disk_mib: 0,
+                disk_overcommit: 1.0,
             },
             agent_timeout: self.opts.agent_timeout,
             sweep_interval: Duration::from_millis(100),

@@ -477,7 +477,12 @@ impl SandboxVm for MicroVmSandbox {
     fn pause_to_disk(&self) -> Result<BackendState, BackendError> {
         let paths = &self.paths;
         let snap = paths.new_snapshot();
-        self.control(SNAPSHOT).snapshot(&snap, false)?;
+        if let Err(e) = self.control(SNAPSHOT).snapshot(&snap, false) {
+            // A pause cut short (a full disk, a deadline) leaves no partial
+            // snapshot behind: the VM runs on and a later pause starts clean.
+            let _ = std::fs::remove_dir_all(&snap);
+            return Err(e.into());
+        }
         let _ = self.control(QUICK).shutdown();
         self.proc.wait_gone(Duration::from_secs(5));
         for e in std::fs::read_dir(&paths.dir)
