@@ -130,21 +130,9 @@ pub fn build_deb_layer(
             why: "not an image file".into(),
         });
     }
-    let parent = match out.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    std::fs::create_dir_all(&parent).map_err(image::io("cannot create", &parent))?;
     // Declared before the mounts: dropped (removed) after they are gone.
-    let stage = Stage::new(&parent, out)?;
+    let stage = Stage::for_overlay(out)?;
     let s = stage.dir.as_path();
-    if s.to_string_lossy().contains([',', ':', '\\']) {
-        return Err(ImageError::Source {
-            path: s.into(),
-            why: "the staging directory's path has a ',' or ':' (overlayfs options cannot name it)"
-                .into(),
-        });
-    }
     let (lower, upper, work, merged) = (
         s.join("lower"),
         s.join("upper"),

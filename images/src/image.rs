@@ -287,6 +287,26 @@ impl Stage {
             source: std::io::ErrorKind::AlreadyExists.into(),
         })
     }
+
+    /// A staging directory beside `out` (its parent made if missing) whose
+    /// path overlayfs mount options can name.
+    pub(crate) fn for_overlay(out: &Path) -> Result<Stage, ImageError> {
+        let parent = match out.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        std::fs::create_dir_all(&parent).map_err(io("cannot create", &parent))?;
+        let stage = Stage::new(&parent, out)?;
+        if stage.dir.to_string_lossy().contains([',', ':', '\\']) {
+            return Err(ImageError::Source {
+                path: stage.dir.clone(),
+                why: "the staging directory's path has a ',', ':' or '\\' (overlayfs options \
+                      cannot name it)"
+                    .into(),
+            });
+        }
+        Ok(stage)
+    }
 }
 
 impl Drop for Stage {

@@ -35,22 +35,9 @@ pub fn merge_layers(layers: &[PathBuf], out: &Path) -> Result<ImageInfo, ImageEr
             "merging layers (loop and overlay mounts)",
         ));
     }
-    let parent = match out.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    std::fs::create_dir_all(&parent).map_err(image::io("cannot create", &parent))?;
     // Declared before the mounts: dropped (removed) after they are gone.
-    let stage = Stage::new(&parent, out)?;
+    let stage = Stage::for_overlay(out)?;
     let s = stage.dir.as_path();
-    if s.to_string_lossy().contains([',', ':', '\\']) {
-        return Err(ImageError::Source {
-            path: s.into(),
-            why: "the staging directory's path has a ',', ':' or '\\' (overlayfs options cannot \
-                  name it)"
-                .into(),
-        });
-    }
     let mut m = Mounts::default();
     let mut lowers = Vec::with_capacity(layers.len());
     for (i, l) in layers.iter().enumerate() {
