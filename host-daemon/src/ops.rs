@@ -245,14 +245,22 @@ pub async fn kill(d: &Arc<Daemon>, id: &str, reason: &str) -> ApiResult<()> {
         stop_live(&live).await;
         d.remove_live(id);
     }
-    d.db(|db| db.delete_sandbox(id))?;
+    // The row and its "killed" event go under one lock: whoever sees the
+    // sandbox gone also sees why (the directory below may take retries).
+    tracing::info!(sandbox = id, event = "killed", "{reason}");
+    d.db(|db| {
+        db.delete_sandbox(id)?;
+        if let Err(e) = db.event(id, "killed", reason) {
+            tracing::warn!("event log: {e}");
+        }
+        Ok(())
+    })?;
     let dir = r.dir.clone();
     crate::remove_vm_dir(dir).await;
     // The last sandbox of a deleted template lets its directory go.
     if d.db(|db| db.template(&r.template))?.is_none() {
         let _ = super::template_dirs::sweep_dirs(d);
     }
-    d.event(id, "killed", reason);
     Ok(())
 }
 

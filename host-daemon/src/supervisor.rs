@@ -79,12 +79,13 @@ async fn pause_at_ttl(d: &Arc<Daemon>, r: &db::SandboxRow) {
         "ttl",
         &format!("TTL of {} s reached: pausing (pause_at_ttl)", r.ttl_s),
     );
+    // Cleared first: whoever sees it paused sees no TTL, and no later
+    // sweep takes it up again while it is being paused.
+    if let Err(e) = d.db(|db| db.set_limits(&r.id, Some(0), None)) {
+        tracing::warn!(sandbox = %r.id, "TTL pause: clearing the TTL: {e}");
+    }
     match lifecycle::pause(d, &r.id).await {
-        Ok(_) => {
-            if let Err(e) = d.db(|db| db.set_limits(&r.id, Some(0), None)) {
-                tracing::warn!(sandbox = %r.id, "TTL pause: clearing the TTL: {e}");
-            }
-        }
+        Ok(_) => {}
         Err(e) => {
             let why = format!("TTL of {} s reached and the pause failed ({e})", r.ttl_s);
             if let Err(e) = ops::kill(d, &r.id, &why).await {

@@ -57,12 +57,17 @@ pub async fn reclaim(d: &Arc<Daemon>, id: &str, why: &str) {
     let row = d.db(|db| db.sandbox(id)).ok().flatten();
     d.remove_live(id);
     let Some(r) = row else { return };
+    tracing::info!(sandbox = id, event = "failed", "{why}");
     let res = d.db(|db| {
         if r.state == State::Pooled {
             db.delete_sandbox(id)?;
         } else {
             db.set_state(id, State::Failed, Some(why))?;
             db.touch(id, db::now())?;
+        }
+        // Under the same lock: whoever sees the state sees the event.
+        if let Err(e) = db.event(id, "failed", why) {
+            tracing::warn!("event log: {e}");
         }
         Ok(())
     });
@@ -71,7 +76,6 @@ pub async fn reclaim(d: &Arc<Daemon>, id: &str, why: &str) {
     }
     let dir = r.dir.clone();
     crate::remove_vm_dir(dir).await;
-    d.event(id, "failed", why);
     if r.state == State::Pooled {
         d.pool_wake.notify_one();
     }
