@@ -7,6 +7,7 @@
 pub mod bus;
 pub mod i8042;
 pub mod irq;
+pub mod rate_limiter;
 pub mod serial;
 pub mod virtio;
 

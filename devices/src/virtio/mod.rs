@@ -2,6 +2,7 @@
 
 pub mod blk;
 pub mod mmio;
+pub mod net;
 pub mod persist;
 #[cfg(any(test, feature = "test-utils"))]
 pub mod testing;

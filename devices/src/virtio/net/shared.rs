@@ -1,0 +1,357 @@
+//! The state both halves of a net device share under one lock: the TAP,
+//! the active queues, the rate limiters and counters; and moving frames
+//! between the TAP and the rx and tx queues. [`super::device`] (vCPU
+//! threads) and [`super::events`] (the event thread) both drive it.
+
+use super::tap::Tap;
+use super::{MacAddr, ETH_HDR_LEN, MAX_FRAME_LEN, VNET_HDR_LEN};
+use crate::rate_limiter::RateLimiter;
+use crate::virtio::{VirtioInterrupt, INT_USED_RING};
+use serde::{Deserialize, Serialize};
+use std::io::ErrorKind;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+use virtio_queue::{DescriptorChain, Queue, QueueOwnedT, QueueT};
+use vm_memory::{Bytes, GuestMemoryMmap};
+use vmm_sys_util::timerfd::TimerFd;
+
+/// Where the device reads the time (a test freezes it).
+pub(super) type Clock = Arc<dyn Fn() -> Instant + Send + Sync>;
+
+/// Frame and drop counters, readable by the host through
+/// [`super::NetHandle::counters`]. Bytes are Ethernet frame bytes (without
+/// the virtio header).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NetCounters {
+    /// Frames delivered to the guest.
+    pub rx_packets: u64,
+    /// Bytes delivered to the guest.
+    pub rx_bytes: u64,
+    /// Frames the guest sent that were written to the TAP.
+    pub tx_packets: u64,
+    /// Bytes written to the TAP.
+    pub tx_bytes: u64,
+    /// Guest frames dropped: Ethernet source other than the device's MAC.
+    pub tx_spoofed: u64,
+    /// Guest frames dropped: a device-writable descriptor, an address or
+    /// length outside guest memory, or shorter than header + Ethernet header.
+    pub tx_malformed: u64,
+    /// Guest frames dropped: longer than [`MAX_FRAME_LEN`] with the header.
+    pub tx_oversize: u64,
+    /// Guest frames the TAP refused (interface down, ...).
+    pub tx_tap_errors: u64,
+    /// Host frames dropped: the guest's buffer was too small for them.
+    pub rx_too_small: u64,
+    /// Host frames dropped: the guest's buffer had a device-readable
+    /// descriptor or an address outside guest memory.
+    pub rx_malformed: u64,
+    /// TAP read errors (other than "nothing queued").
+    pub rx_tap_errors: u64,
+    /// Times the rx rate limit stopped delivery until its deadline.
+    pub rx_throttled: u64,
+    /// Times the tx rate limit stopped the guest's frames until its deadline.
+    pub tx_throttled: u64,
+}
+
+/// The queues of an activated device.
+pub(super) struct Active {
+    pub mem: GuestMemoryMmap,
+    pub irq: Arc<VirtioInterrupt>,
+    pub rx: Queue,
+    pub tx: Queue,
+}
+
+/// State shared by [`super::Net`], [`super::NetEvents`] and
+/// [`super::NetHandle`].
+pub(super) struct Inner {
+    pub tap: Tap,
+    pub mac: MacAddr,
+    /// Features the driver accepted.
+    pub acked: u64,
+    pub active: Option<Active>,
+    pub counters: NetCounters,
+    pub rx_limiter: RateLimiter,
+    pub tx_limiter: RateLimiter,
+    /// The one frame rx holds (read from the TAP, not yet delivered).
+    rx_buf: Box<[u8]>,
+    /// Length of the frame in `rx_buf`, header included.
+    rx_held: Option<usize>,
+    tx_buf: Box<[u8]>,
+    /// When the rate limiters let rx / tx go on.
+    pub rx_retry: Option<Instant>,
+    pub tx_retry: Option<Instant>,
+    /// Fires at the earliest retry deadline (non-blocking).
+    pub timer: TimerFd,
+    pub clock: Clock,
+}
+
+pub(super) type Shared = Arc<Mutex<Inner>>;
+
+/// Locks the shared state. Nothing panics while holding it, but a poisoned
+/// lock is still usable: every step leaves the state consistent.
+pub(super) fn lock(m: &Mutex<Inner>) -> MutexGuard<'_, Inner> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Why a guest tx chain was refused.
+enum TxDrop {
+    Malformed,
+    Oversize,
+}
+
+/// Why a guest rx buffer was refused.
+enum RxDrop {
+    Malformed,
+    TooSmall,
+}
+
+type Chain<'a> = DescriptorChain<&'a GuestMemoryMmap>;
+
+/// Copies a tx chain into `buf`: only device-readable descriptors, every
+/// one inside guest memory, at most `buf.len()` bytes in all.
+fn read_chain(mem: &GuestMemoryMmap, chain: Chain<'_>, buf: &mut [u8]) -> Result<usize, TxDrop> {
+    let mut len = 0usize;
+    // The iterator follows at most queue-size links (loops end there).
+    for d in chain {
+        if d.is_write_only() {
+            return Err(TxDrop::Malformed);
+        }
+        let n = usize::try_from(d.len()).map_err(|_| TxDrop::Oversize)?;
+        let end = len
+            .checked_add(n)
+            .filter(|&e| e <= buf.len())
+            .ok_or(TxDrop::Oversize)?;
+        mem.read_slice(&mut buf[len..end], d.addr())
+            .map_err(|_| TxDrop::Malformed)?;
+        len = end;
+    }
+    if len < VNET_HDR_LEN + ETH_HDR_LEN {
+        return Err(TxDrop::Malformed);
+    }
+    Ok(len)
+}
+
+/// Copies `data` into an rx chain of device-writable descriptors inside
+/// guest memory; returns the bytes written.
+fn write_chain(mem: &GuestMemoryMmap, chain: Chain<'_>, data: &[u8]) -> Result<u32, RxDrop> {
+    let mut off = 0usize;
+    for d in chain {
+        if off == data.len() {
+            break;
+        }
+        if !d.is_write_only() {
+            return Err(RxDrop::Malformed);
+        }
+        let room = usize::try_from(d.len()).unwrap_or(usize::MAX);
+        let n = room.min(data.len() - off);
+        mem.write_slice(&data[off..off + n], d.addr())
+            .map_err(|_| RxDrop::Malformed)?;
+        off += n;
+    }
+    if off < data.len() {
+        return Err(RxDrop::TooSmall);
+    }
+    // At most MAX_FRAME_LEN.
+    u32::try_from(off).map_err(|_| RxDrop::TooSmall)
+}
+
+fn frame_bytes(len: usize) -> u64 {
+    u64::try_from(len.saturating_sub(VNET_HDR_LEN)).unwrap_or(u64::MAX)
+}
+
+impl Inner {
+    pub fn new(tap: Tap, mac: MacAddr, rx: RateLimiter, tx: RateLimiter, timer: TimerFd) -> Self {
+        Self {
+            tap,
+            mac,
+            acked: 0,
+            active: None,
+            counters: NetCounters::default(),
+            rx_limiter: rx,
+            tx_limiter: tx,
+            rx_buf: vec![0; MAX_FRAME_LEN].into_boxed_slice(),
+            rx_held: None,
+            tx_buf: vec![0; MAX_FRAME_LEN].into_boxed_slice(),
+            rx_retry: None,
+            tx_retry: None,
+            timer,
+            clock: Arc::new(Instant::now),
+        }
+    }
+
+    /// Bytes of the frame rx holds for the guest (0 or one frame).
+    pub fn held_bytes(&self) -> usize {
+        self.rx_held.unwrap_or(0)
+    }
+
+    /// Drops the queues and the held frame (driver reset).
+    pub fn deactivate(&mut self) {
+        self.active = None;
+        self.acked = 0;
+        self.rx_held = None;
+        self.rx_retry = None;
+        self.tx_retry = None;
+        self.arm_timer();
+    }
+
+    /// Serves tx, then rx, and interrupts the guest if it wants to hear
+    /// about it.
+    pub fn process(&mut self) {
+        let Some(mut a) = self.active.take() else {
+            return;
+        };
+        let tx_used = self.process_tx(&mut a);
+        let rx_used = self.process_rx(&mut a);
+        let notify = (rx_used && a.rx.needs_notification(&a.mem).unwrap_or(true))
+            || (tx_used && a.tx.needs_notification(&a.mem).unwrap_or(true));
+        if notify {
+            let _ = a.irq.signal(INT_USED_RING);
+        }
+        self.active = Some(a);
+        self.arm_timer();
+    }
+
+    /// The timer fired: forget deadlines that passed and serve both queues.
+    pub fn on_timer(&mut self) {
+        let now = (self.clock)();
+        self.rx_retry = self.rx_retry.filter(|&t| t > now);
+        self.tx_retry = self.tx_retry.filter(|&t| t > now);
+        self.process();
+    }
+
+    /// The earliest instant a rate limiter lets a waiting direction go on.
+    pub fn retry_deadline(&self) -> Option<Instant> {
+        match (self.rx_retry, self.tx_retry) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Arms the timer for the earliest deadline, or disarms it.
+    fn arm_timer(&mut self) {
+        match self.retry_deadline() {
+            Some(t) => {
+                let now = (self.clock)();
+                // A zero duration would disarm it: fire at once instead.
+                let d = t
+                    .saturating_duration_since(now)
+                    .max(Duration::from_micros(1));
+                let _ = self.timer.reset(d, None);
+            }
+            None => {
+                let _ = self.timer.clear();
+            }
+        }
+    }
+
+    /// Writes the guest's frames to the TAP until the queue is empty or the
+    /// rate limit says wait. Returns whether a chain was used.
+    fn process_tx(&mut self, a: &mut Active) -> bool {
+        let mut used = false;
+        while let Some(chain) = a.tx.pop_descriptor_chain(&a.mem) {
+            let head = chain.head_index();
+            match read_chain(&a.mem, chain, &mut self.tx_buf) {
+                Err(TxDrop::Malformed) => self.counters.tx_malformed += 1,
+                Err(TxDrop::Oversize) => self.counters.tx_oversize += 1,
+                Ok(len) => {
+                    let now = (self.clock)();
+                    if let Err(until) = self.tx_limiter.consume(frame_bytes(len), now) {
+                        // The chain stays available for the retry.
+                        a.tx.go_to_previous_position();
+                        self.tx_retry = Some(until);
+                        self.counters.tx_throttled += 1;
+                        break;
+                    }
+                    self.tx_retry = None;
+                    let frame = &mut self.tx_buf[..len];
+                    let src = &frame[VNET_HDR_LEN + 6..VNET_HDR_LEN + 12];
+                    if src != self.mac.0 {
+                        self.counters.tx_spoofed += 1;
+                    } else {
+                        // No offloads were offered: whatever the guest put
+                        // in the header's checksum and GSO fields goes.
+                        frame[..VNET_HDR_LEN].fill(0);
+                        match self.tap.write(frame) {
+                            Ok(_) => {
+                                self.counters.tx_packets += 1;
+                                self.counters.tx_bytes += frame_bytes(len);
+                            }
+                            Err(_) => self.counters.tx_tap_errors += 1,
+                        }
+                    }
+                }
+            }
+            // Fails only for a head outside the table: that entry is
+            // consumed and nothing is returned for it.
+            used |= a.tx.add_used(&a.mem, head, 0).is_ok();
+        }
+        used
+    }
+
+    /// Fills the one held slot from the TAP; false when nothing is queued.
+    fn fill_held(&mut self) -> bool {
+        loop {
+            match self.tap.read(&mut self.rx_buf) {
+                Ok(n) if (VNET_HDR_LEN + ETH_HDR_LEN..=MAX_FRAME_LEN).contains(&n) => {
+                    // No offloads: no checksum or GSO flags; one buffer.
+                    self.rx_buf[..VNET_HDR_LEN].fill(0);
+                    self.rx_buf[10..12].copy_from_slice(&1u16.to_le_bytes());
+                    self.rx_held = Some(n);
+                    return true;
+                }
+                Ok(_) => self.counters.rx_tap_errors += 1,
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return false,
+                Err(_) => {
+                    self.counters.rx_tap_errors += 1;
+                    return false;
+                }
+            }
+        }
+    }
+
+    /// Moves frames from the TAP into the guest's rx buffers until the TAP
+    /// is empty, the guest has no buffer, or the rate limit says wait; at
+    /// most one frame is held meanwhile. Returns whether a chain was used.
+    fn process_rx(&mut self, a: &mut Active) -> bool {
+        let mut used = false;
+        loop {
+            if self.rx_held.is_none() && !self.fill_held() {
+                break;
+            }
+            let len = self.rx_held.unwrap_or(0);
+            let Some(chain) = a.rx.pop_descriptor_chain(&a.mem) else {
+                // No buffer: keep the frame, read no more until the guest
+                // adds buffers (its notify runs this again).
+                break;
+            };
+            let head = chain.head_index();
+            let now = (self.clock)();
+            if let Err(until) = self.rx_limiter.consume(frame_bytes(len), now) {
+                a.rx.go_to_previous_position();
+                self.rx_retry = Some(until);
+                self.counters.rx_throttled += 1;
+                break;
+            }
+            self.rx_retry = None;
+            self.rx_held = None;
+            let written = match write_chain(&a.mem, chain, &self.rx_buf[..len]) {
+                Ok(n) => {
+                    self.counters.rx_packets += 1;
+                    self.counters.rx_bytes += frame_bytes(len);
+                    n
+                }
+                Err(RxDrop::TooSmall) => {
+                    self.counters.rx_too_small += 1;
+                    0
+                }
+                Err(RxDrop::Malformed) => {
+                    self.counters.rx_malformed += 1;
+                    0
+                }
+            };
+            used |= a.rx.add_used(&a.mem, head, written).is_ok();
+        }
+        used
+    }
+}
