@@ -345,6 +345,11 @@ fn tx_rate_limit_holds_the_guest_to_its_budget() {
         // Notifying again changes nothing: no tokens.
         g.d.notify_queue(1);
         assert!(g.d.take_used_on(1).is_empty());
+        assert_eq!(
+            g.handle.counters().tx_throttled,
+            1,
+            "waits for its deadline"
+        );
         // One token's worth of time: the timer lets exactly one more go.
         *now.lock().unwrap() = t0 + Duration::from_secs(1);
         g.wait_until("the retry", |g| g.handle.counters().tx_packets == 4);
@@ -585,6 +590,9 @@ fn tap_from_a_passed_fd_or_a_persistent_interface() {
             Tap::from_fd(raw_tap_fd(&tun, 0x0001 | 0x1000 | 0x4000)),
             Err(TapError::Flags { .. })
         ));
+
+        // An interface of another kind is not attached to.
+        assert!(matches!(Tap::open("lo"), Err(TapError::Attach { .. })));
 
         // A persistent TAP made beforehand is attached to by name, and
         // stays when the device lets go of it.

@@ -82,6 +82,8 @@ pub(super) struct Inner {
     pub tx_retry: Option<Instant>,
     /// Fires at the earliest retry deadline (non-blocking).
     pub timer: TimerFd,
+    /// The deadline the timer is armed for.
+    armed: Option<Instant>,
     pub clock: Clock,
 }
 
@@ -175,6 +177,7 @@ impl Inner {
             rx_retry: None,
             tx_retry: None,
             timer,
+            armed: None,
             clock: Arc::new(Instant::now),
         }
     }
@@ -213,6 +216,8 @@ impl Inner {
 
     /// The timer fired: forget deadlines that passed and serve both queues.
     pub fn on_timer(&mut self) {
+        // One-shot: it is disarmed now.
+        self.armed = None;
         let now = (self.clock)();
         self.rx_retry = self.rx_retry.filter(|&t| t > now);
         self.tx_retry = self.tx_retry.filter(|&t| t > now);
@@ -227,9 +232,15 @@ impl Inner {
         }
     }
 
-    /// Arms the timer for the earliest deadline, or disarms it.
+    /// Arms the timer for the earliest deadline, or disarms it (no system
+    /// call when that has not changed).
     fn arm_timer(&mut self) {
-        match self.retry_deadline() {
+        let want = self.retry_deadline();
+        if want == self.armed {
+            return;
+        }
+        self.armed = want;
+        match want {
             Some(t) => {
                 let now = (self.clock)();
                 // A zero duration would disarm it: fire at once instead.
@@ -248,6 +259,11 @@ impl Inner {
     /// rate limit says wait. Returns whether a chain was used.
     fn process_tx(&mut self, a: &mut Active) -> bool {
         let mut used = false;
+        // Throttled: the first chain waits for the deadline (no copying it
+        // again on every notification meanwhile).
+        if self.tx_retry.is_some_and(|t| (self.clock)() < t) {
+            return false;
+        }
         while let Some(chain) = a.tx.pop_descriptor_chain(&a.mem) {
             let head = chain.head_index();
             match read_chain(&a.mem, chain, &mut self.tx_buf) {
@@ -315,6 +331,9 @@ impl Inner {
     /// most one frame is held meanwhile. Returns whether a chain was used.
     fn process_rx(&mut self, a: &mut Active) -> bool {
         let mut used = false;
+        if self.rx_retry.is_some_and(|t| (self.clock)() < t) {
+            return false;
+        }
         loop {
             if self.rx_held.is_none() && !self.fill_held() {
                 break;
