@@ -19,6 +19,12 @@
 //! buffer are dropped and counted (VIRTIO_NET_F_MRG_RXBUF is not offered:
 //! the driver must post buffers of at least 1526 bytes, as Linux does).
 //!
+//! The guest's driver must take VIRTIO_NET_F_MAC (Linux does): one that
+//! picks a MAC of its own has every frame dropped as spoofed. Neither
+//! VIRTIO_RING_F_EVENT_IDX nor any checksum/GSO offload is offered; the TAP
+//! must keep an MTU of at most 1500 (larger frames do not fit the buffers
+//! a driver posts without MRG_RXBUF, and are dropped as `rx_too_small`).
+//!
 //! The MAC is the host's: the guest cannot write config space, and a
 //! restored clone gets a new TAP and MAC ([`NetArgs`]). Linux reads the MAC
 //! only at probe, so after a restore the guest agent sets the interface's
