@@ -10,6 +10,11 @@
 //! Every policy-dependent part lives in a set, so a policy change is one
 //! transaction that flushes and refills the sets: rules and counters stay.
 //!
+//! The slot's netns itself (where the jailed VMM runs) sends nothing new
+//! but on loopback (`output` drops it): a VMM taken over by its guest
+//! gains no network by it. Its `input` drops all that comes from tap0
+//! (DNS to the gateway is DNAT'ed before, so it is forwarded, not input).
+//!
 //! Order of the chain for what the guest sends (`guest`), first match wins:
 //! 1. anti-spoof: source MAC and IPv4 address must be the guest's; no IPv6;
 //! 2. DNS to the forwarder, only as DNAT'ed from the gateway's port 53
@@ -311,6 +316,9 @@ pub fn render_slot(
         "\t}}\n\
          \tchain input {{\n\t\ttype filter hook input priority filter; policy accept;\n\
          \t\tiifname \"{g}\" {drop}\n\t}}\n\
+         \tchain output {{\n\t\ttype filter hook output priority filter; policy drop;\n\
+         \t\toifname \"lo\" accept\n\
+         \t\tct state established,related accept\n\t}}\n\
          \tchain forward {{\n\t\ttype filter hook forward priority filter; policy drop;\n\
          \t\tiifname \"{g}\" jump guest\n\
          \t\toifname \"{g}\" ct state established,related counter name to_guest accept\n\t}}\n\

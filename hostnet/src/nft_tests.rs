@@ -139,6 +139,7 @@ fn the_slot_table_reads_as_designed() {
         "iifname \"tap0\" ip daddr @dns_gw udp dport 53 dnat ip to 192.0.2.10:5353",
         "iifname \"tap0\" counter name dropped drop",
         "iifname \"tap0\" jump guest",
+        "type filter hook output priority filter; policy drop;\n\t\toifname \"lo\" accept\n\t\tct state established,related accept\n\t}",
         "oifname \"tap0\" ct state established,related counter name to_guest accept",
         "ether saddr != 02:5a:0a:d5:00:1e counter name dropped drop",
         "ip saddr != 10.213.0.30 counter name dropped drop",

@@ -376,3 +376,14 @@ impl Drop for Slot {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    /// The daemon shares a slot between its API and the DNS forwarder.
+    #[test]
+    fn slots_are_send_and_sync() {
+        fn shared<T: Send + Sync>() {}
+        shared::<super::Slot>();
+        shared::<crate::SlotPool>();
+    }
+}
