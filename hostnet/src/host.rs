@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use crate::addr::{AddrPool, Ipv4Net};
 use crate::cmd::{self, CmdError};
+use crate::forward;
 use crate::netns;
 use crate::nft::{self, HOST_LINK_PREFIX};
 
@@ -33,6 +34,9 @@ pub enum HostError {
         #[source]
         source: std::io::Error,
     },
+    /// Another table's forward chain could not be opened to slots.
+    #[error("opening the host's forward chains to slots: {0}")]
+    Forward(#[from] forward::ForwardError),
     /// `ip -j` printed something else than its JSON.
     #[error("cannot read `ip -j` output: {0}")]
     Json(#[from] serde_json::Error),
@@ -122,9 +126,10 @@ pub struct HostNet {
 }
 
 impl HostNet {
-    /// Checks `cfg`, turns IPv4 forwarding on and (re)applies the host's
+    /// Checks `cfg`, turns IPv4 forwarding on, (re)applies the host's
     /// shared table `inet shoal` (one transaction; it names no pool, so
-    /// several pools share it).
+    /// several pools share it) and opens other tables' forward chains that
+    /// drop by default to slot traffic ([`forward`]).
     pub fn setup(cfg: NetConfig) -> Result<Arc<HostNet>, HostError> {
         cfg.validate()?;
         std::fs::write(IP_FORWARD, "1").map_err(|source| HostError::Io {
@@ -137,15 +142,20 @@ impl HostNet {
             Some(&nft::render_host()),
             cfg.cmd_timeout,
         )?;
+        for c in forward::open_all(cfg.cmd_timeout)? {
+            log::info!("forward chain {c} drops by default: slot traffic accepted in it");
+        }
         Ok(Arc::new(HostNet {
             cfg,
             used: Mutex::new(BTreeSet::new()),
         }))
     }
 
-    /// Removes the host's shared table (daemon shutdown, after every slot
-    /// is gone; other pools on this host lose it too). Forwarding stays on.
+    /// Removes the host's shared table and the accepts inserted in other
+    /// tables' forward chains (daemon shutdown, after every slot is gone;
+    /// other pools on this host lose them too). Forwarding stays on.
     pub fn teardown(&self) -> Result<(), HostError> {
+        forward::close_all(self.cfg.cmd_timeout)?;
         match cmd::run(
             "nft",
             &["delete", "table", "inet", nft::HOST_TABLE],

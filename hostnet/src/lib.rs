@@ -15,6 +15,7 @@
 
 pub mod addr;
 pub mod cmd;
+pub mod forward;
 pub mod host;
 pub mod netns;
 pub mod nft;

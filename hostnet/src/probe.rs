@@ -46,9 +46,7 @@ pub fn probe() -> Vec<String> {
         if let Err(m) = netns_nat() {
             missing.push(m);
         }
-        if let Some(m) = forward_drop() {
-            missing.push(m);
-        }
+        missing.extend(forward_drop());
     }
     missing
 }
@@ -73,23 +71,19 @@ fn netns_nat() -> Result<(), String> {
     })
 }
 
-/// A forward hook of another table that drops by default drops slot
-/// traffic whatever the shared table accepts.
-fn forward_drop() -> Option<String> {
-    let out = cmd::run("nft", &["-j", "list", "chains"], None, PROBE_TIMEOUT).ok()?;
-    let v: serde_json::Value = serde_json::from_str(&out).ok()?;
-    for item in v["nftables"].as_array()? {
-        let c = &item["chain"];
-        if c["hook"] == "forward" && c["policy"] == "drop" && c["table"] != crate::nft::HOST_TABLE {
-            return Some(format!(
-                "the forward chain {} {} {} drops by default: it must accept what comes from and goes to shv* interfaces, or slots get no network",
-                c["family"].as_str().unwrap_or("?"),
-                c["table"].as_str().unwrap_or("?"),
-                c["name"].as_str().unwrap_or("?"),
-            ));
-        }
+/// A forward chain of another table that drops by default, without the
+/// accepts [`crate::HostNet::setup`] inserts, drops slot traffic whatever
+/// the shared table accepts (setup fixes it; this says it is not yet).
+fn forward_drop() -> Vec<String> {
+    match crate::forward::closed_chains(PROBE_TIMEOUT) {
+        Ok(closed) => closed
+            .into_iter()
+            .map(|c| format!(
+                "the forward chain {c} drops by default: shoald accepts slot traffic (shv*) in it when it starts; until then slots get no network"
+            ))
+            .collect(),
+        Err(e) => vec![format!("cannot read the host's forward chains: {e}")],
     }
-    None
 }
 
 #[cfg(test)]

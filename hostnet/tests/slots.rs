@@ -517,3 +517,92 @@ fn a_pool_hands_out_ready_slots_refills_and_cleans_up() {
     extra.remove().unwrap();
     assert_eq!(lab.leftovers(), Vec::<String>::new());
 }
+
+/// Deletes a netns when dropped.
+struct NsGuard(&'static str);
+
+impl Drop for NsGuard {
+    fn drop(&mut self) {
+        ip_quiet(&["netns", "del", self.0]);
+    }
+}
+
+fn our_forward_rules() -> usize {
+    let out = shoal_hostnet::cmd::run(
+        "nft",
+        &["-j", "list", "chain", "ip", "filter", "FORWARD"],
+        None,
+        Duration::from_secs(60),
+    )
+    .unwrap();
+    shoal_hostnet::forward::our_rules(&out).unwrap().len()
+}
+
+/// A host whose FORWARD chain drops by default (as Docker leaves it): the
+/// whole lab runs in a stand-in host netns, on a thread that entered it
+/// (commands and threads it starts inherit it).
+#[test]
+fn a_host_forward_chain_that_drops_is_opened_to_slots() {
+    const FAKE_HOST: &str = "shoaltest9-host";
+    ip_quiet(&["netns", "del", FAKE_HOST]);
+    ip(&["netns", "add", FAKE_HOST]);
+    let _guard = NsGuard(FAKE_HOST);
+    let body = std::thread::spawn(|| {
+        shoal_hostnet::netns::enter(FAKE_HOST).unwrap();
+        ip(&["link", "set", "lo", "up"]);
+        let drop_chain = "table ip filter {\n\tchain FORWARD {\n\t\ttype filter hook forward priority filter; policy drop;\n\t}\n}\n";
+        shoal_hostnet::cmd::run(
+            "nft",
+            &["-f", "-"],
+            Some(drop_chain),
+            Duration::from_secs(60),
+        )
+        .unwrap();
+        let missing = shoal_hostnet::probe();
+        assert!(
+            missing
+                .iter()
+                .any(|m| m.contains("ip filter FORWARD drops by default")),
+            "{missing:#?}"
+        );
+        HostNet::setup(NetConfig::default()).unwrap();
+        assert_eq!(our_forward_rules(), 2);
+        assert!(shoal_hostnet::probe().is_empty());
+        // Another setup (another pool, a restart: the lab's) adds no duplicates.
+        let mut lab = Lab::new(9);
+        assert_eq!(our_forward_rules(), 2);
+
+        let a = lab.inet_a;
+        let (_slot, g) = lab.guest_slot(policy(&[&format!("{a}:{TCP_A}")], &[], false));
+        assert_eq!(
+            tcp(&g, sa(a, TCP_A), OK_WAIT).unwrap(),
+            format!("{TCP_A} hi")
+        );
+
+        // Without the accepts (the shared table still there) the host's
+        // drop stops the slot; a setup puts them back.
+        let t = Duration::from_secs(60);
+        shoal_hostnet::forward::close_all(t).unwrap();
+        assert_eq!(our_forward_rules(), 0);
+        assert!(
+            tcp(&g, sa(a, TCP_A), BLOCKED_WAIT).is_err(),
+            "the host's drop"
+        );
+        HostNet::setup(lab.net.config().clone()).unwrap();
+        assert_eq!(
+            tcp(&g, sa(a, TCP_A), OK_WAIT).unwrap(),
+            format!("{TCP_A} hi")
+        );
+
+        // Teardown takes them out with the shared table.
+        lab.net.teardown().unwrap();
+        assert_eq!(our_forward_rules(), 0);
+        assert!(
+            tcp(&g, sa(a, TCP_A), BLOCKED_WAIT).is_err(),
+            "after teardown"
+        );
+    });
+    if let Err(p) = body.join() {
+        std::panic::resume_unwind(p);
+    }
+}

@@ -37,7 +37,7 @@ pub fn ip(args: &[&str]) -> String {
     cmd::run("ip", args, None, T).unwrap_or_else(|e| panic!("{e}"))
 }
 
-fn ip_quiet(args: &[&str]) {
+pub fn ip_quiet(args: &[&str]) {
     let _ = cmd::run("ip", args, None, T);
 }
 
