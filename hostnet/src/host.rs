@@ -102,6 +102,15 @@ impl NetConfig {
                 15 - digits
             ));
         }
+        if let Some(f) = self.forwarder {
+            let ip = *f.ip();
+            if ip.is_loopback() || ip.is_unspecified() || f.port() == 0 {
+                // DNAT in the slot's netns to a loopback address stays there.
+                return bad(format!(
+                    "DNS forwarder {f}: an address of the host netns other than loopback, and a port"
+                ));
+            }
+        }
         if self.cmd_timeout.is_zero() {
             return bad("zero command timeout".into());
         }
@@ -348,6 +357,13 @@ mod tests {
                 ..NetConfig::default()
             };
             assert!(c.validate().is_err(), "{ns:?} {link:?}");
+        }
+        for f in ["127.0.0.1:53", "0.0.0.0:53", "10.0.0.1:0"] {
+            let c = NetConfig {
+                forwarder: Some(f.parse().unwrap()),
+                ..NetConfig::default()
+            };
+            assert!(c.validate().is_err(), "{f}");
         }
     }
 
