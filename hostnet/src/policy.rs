@@ -169,7 +169,7 @@ impl fmt::Display for DomainPattern {
     }
 }
 
-/// Lower-cases `name` and drops one trailing dot; `None` if it is not a
+/// Lower-cases `name` and drops one trailing dot; an error if it is not a
 /// valid host name (LDH labels of 1..=63, 253 characters in all).
 fn normalize_name(name: &str) -> Result<String, EntryError> {
     let name = name.strip_suffix('.').unwrap_or(name);
@@ -266,6 +266,15 @@ impl FromStr for Target {
             });
         }
         if s.contains(':') {
+            if let Some((host, _)) = s.split_once(':') {
+                if host
+                    .bytes()
+                    .any(|b| b.is_ascii_alphabetic() && !b.is_ascii_hexdigit())
+                    || host.starts_with("*.")
+                {
+                    return Err(EntryError::Domain("a domain entry takes no port"));
+                }
+            }
             // IPv6 (no port), or IPv4 with a port.
             let v4 = s
                 .split_once(':')

@@ -76,6 +76,10 @@ fn bad_entries_say_why() {
         ("[2001:db8::1]:0", |e| matches!(e, EntryError::Port(_))),
         ("2001:db8::1:", |e| matches!(e, EntryError::Addr(_))),
         ("", |e| matches!(e, EntryError::Empty)),
+        ("example.com:443", |e| {
+            *e == EntryError::Domain("a domain entry takes no port")
+        }),
+        ("*.pypi.org:443", |e| matches!(e, EntryError::Domain(_))),
         ("exa mple.com", |e| matches!(e, EntryError::Domain(_))),
         ("-bad.com", |e| matches!(e, EntryError::Domain(_))),
         ("bad-.com", |e| matches!(e, EntryError::Domain(_))),
