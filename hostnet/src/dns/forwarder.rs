@@ -51,6 +51,8 @@ pub struct DnsStats {
     pub upstream_failures: u64,
     /// Answered SERVFAIL: the sink did not take an address.
     pub sink_failures: u64,
+    /// Queries waiting on an upstream (or the sink) now.
+    pub in_flight: u64,
 }
 
 #[derive(Default)]
@@ -138,6 +140,13 @@ impl DnsForwarder {
             allowed: get(&c.allowed),
             upstream_failures: get(&c.upstream_failures),
             sink_failures: get(&c.sink_failures),
+            in_flight: u64::try_from(
+                self.shared
+                    .config
+                    .max_in_flight
+                    .saturating_sub(self.shared.in_flight.available_permits()),
+            )
+            .unwrap_or(u64::MAX),
         }
     }
 

@@ -155,6 +155,9 @@ impl ForwarderConfig {
         if self.max_in_flight == 0 || self.max_in_flight_per_client == 0 || self.max_clients == 0 {
             return bad("the caps must be above zero");
         }
+        if self.max_in_flight > tokio::sync::Semaphore::MAX_PERMITS {
+            return bad("max_in_flight is too big");
+        }
         if self.min_allow_ttl > self.max_allow_ttl
             || self.max_allow_ttl.as_secs() > u64::from(u32::MAX)
         {
