@@ -24,11 +24,12 @@ pub struct DnsForwarder {
     task: JoinHandle<()>,
 }
 
-/// What the forwarder did since it started. Every datagram counts in
-/// `received` and then in exactly one of `dropped`, `unknown_clients` or
-/// `queries`; every query in exactly one of `throttled`, `refused`,
-/// `denied`, `allowed`, `upstream_failures` or `sink_failures` once it is
-/// done (until then in none).
+/// What the forwarder did since it started, and `in_flight` now. Every
+/// datagram counts in `received` and then in exactly one of `dropped`,
+/// `unknown_clients` or `queries`; every query in exactly one of
+/// `throttled`, `refused`, `denied`, `allowed`, `upstream_failures` or
+/// `sink_failures` once it is done (until then, or when a shutdown ended
+/// it, in none).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct DnsStats {
     /// Datagrams read from the socket.
@@ -171,7 +172,14 @@ async fn serve(sock: Arc<UdpSocket>, shared: Arc<Shared>, mut stop: watch::Recei
         let received = tokio::select! {
             r = sock.recv_from(&mut buf) => r,
             _ = stop.changed() => break,
-            Some(_) = tasks.join_next() => continue,
+            Some(done) = tasks.join_next() => {
+                if let Err(e) = done {
+                    if e.is_panic() {
+                        tracing::error!("dns forwarder: a query's task panicked: {e}");
+                    }
+                }
+                continue;
+            }
         };
         match received {
             Ok((n, peer)) => {

@@ -34,7 +34,9 @@
 //!    max_allow_ttl)`; only when all were taken does the answer go out
 //!    (`allowed`), with the client's id. A sink that fails (or does not
 //!    return within the timeout) makes it SERVFAIL (`sink_failures`):
-//!    the sandbox never learns an address it could not reach.
+//!    the sandbox never learns an address it could not reach (a sink call
+//!    past its timeout keeps the query's place in flight until it
+//!    returns, and may still allow the address: harmless, unanswered).
 //!
 //! The reply fits the client: 512 bytes without EDNS, its payload size up
 //! to [`MAX_MESSAGE`] with; records that do not fit are left out and TC

@@ -296,6 +296,9 @@ async fn a_flooding_client_is_throttled_while_another_is_answered() {
     let s = setup(|c| {
         c.rate.per_second = 2;
         c.rate.burst = 5;
+        // Only the rate can hold the flood back here.
+        c.max_in_flight = 1000;
+        c.max_in_flight_per_client = 1000;
     })
     .await;
     let (a, b) = (client(CLIENT_A).await, client(CLIENT_B).await);
@@ -397,6 +400,22 @@ async fn a_failing_sink_makes_the_answer_servfail() {
     assert_eq!(addresses(&r), vec![ip("198.51.100.10")]);
     let st = s.stats();
     assert_eq!((st.allowed, st.sink_failures), (1, 1), "{st:?}");
+}
+
+#[tokio::test]
+async fn a_stuck_sink_is_servfail_and_keeps_its_place_in_flight() {
+    let s = setup(|c| c.sink_timeout = Duration::from_millis(300)).await;
+    let a = client(CLIENT_A).await;
+    s.sink.hold(true);
+    let r = ask(&a, s.fwd.local_addr(), "pypi.example.test.", RecordType::A).await;
+    assert_eq!(r.metadata.response_code, ResponseCode::ServFail);
+    assert!(r.answers.is_empty());
+    let st = s.stats();
+    assert_eq!((st.sink_failures, st.in_flight), (1, 1), "{st:?}");
+    s.sink.hold(false);
+    s.wait_stats("the sink call's end", |st| st.in_flight == 0)
+        .await;
+    assert_silent(&a);
 }
 
 #[tokio::test]

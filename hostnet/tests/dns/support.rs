@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 use tokio::net::UdpSocket;
 
@@ -64,15 +64,20 @@ impl DnsPolicy for Policy {
     }
 }
 
-/// The sink double: records every call; fails while `fail` is set.
+/// The sink double: records every call; fails while `fail` is set; does
+/// not return while `held` is set.
 #[derive(Default)]
 pub struct Sink {
     pub calls: Mutex<Vec<(String, IpAddr, Duration)>>,
     pub fail: AtomicBool,
+    held: Mutex<bool>,
+    released: Condvar,
 }
 
 impl AllowSink for Sink {
     fn allow(&self, slot: &str, addr: IpAddr, ttl: Duration) -> Result<(), String> {
+        let held = self.held.lock().unwrap();
+        drop(self.released.wait_while(held, |h| *h).unwrap());
         if self.fail.load(Ordering::SeqCst) {
             return Err("nftables said no".into());
         }
@@ -85,6 +90,12 @@ impl AllowSink for Sink {
 }
 
 impl Sink {
+    /// Holds (true) or releases (false) every call.
+    pub fn hold(&self, on: bool) {
+        *self.held.lock().unwrap() = on;
+        self.released.notify_all();
+    }
+
     pub fn calls(&self) -> Vec<(String, IpAddr, Duration)> {
         self.calls.lock().unwrap().clone()
     }
