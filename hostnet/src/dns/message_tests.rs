@@ -324,3 +324,81 @@ fn replies_fit_the_client_and_say_when_cut() {
     assert_eq!(r.answers.len(), 100);
     assert_eq!(r.authorities.len(), 1);
 }
+
+/// A small deterministic generator for the mutation test.
+struct XorShift(u64);
+
+impl XorShift {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        usize::try_from(self.next() % u64::try_from(n).unwrap()).unwrap()
+    }
+}
+
+#[test]
+fn mutated_queries_and_replies_never_panic_and_replies_stay_capped() {
+    let mut client = query_msg("www.chain.example.test.", RecordType::A);
+    client.set_edns(Edns::new());
+    let q = question(&client).clone();
+    let mut upstream = reply_with(
+        &q,
+        ResponseCode::NoError,
+        vec![
+            cname("www.chain.example.test.", 300, "end.cdn.example.test."),
+            a("end.cdn.example.test.", 20, [198, 51, 100, 30]),
+        ],
+    );
+    upstream.add_authority(soa("example.test.", 30));
+    let seeds = [client.to_vec().unwrap(), upstream.to_vec().unwrap()];
+    let mut rng = XorShift(0x9e37_79b9_7f4a_7c15);
+    let (mut parsed, mut answered) = (0, 0);
+    for _ in 0..20_000 {
+        let mut bytes = seeds[rng.below(2)].clone();
+        for _ in 0..=rng.below(6) {
+            match rng.below(4) {
+                0 | 1 => {
+                    let i = rng.below(bytes.len());
+                    bytes[i] = u8::try_from(rng.next() & 0xff).unwrap();
+                }
+                2 => bytes.truncate(rng.below(bytes.len() + 1)),
+                _ => {
+                    let i = rng.below(bytes.len() + 1);
+                    bytes.insert(i, u8::try_from(rng.next() & 0xff).unwrap());
+                }
+            }
+            if bytes.is_empty() {
+                break;
+            }
+        }
+        if let Some(m) = parse_query(&bytes) {
+            parsed += 1;
+            let _ = refused(&m);
+            let _ = crate::dns::names::wire_name(question(&m).name());
+            for rc in [ResponseCode::Refused, ResponseCode::NXDomain] {
+                assert!(local_reply(&m, rc).is_none_or(|r| r.len() <= MAX_MESSAGE));
+            }
+        }
+        // As the upstream's reply: any id is taken from the bytes.
+        let id = bytes
+            .get(..2)
+            .map_or(0, |b| u16::from_be_bytes([b[0], b[1]]));
+        if let Some(r) = upstream_reply(&bytes, id, &q) {
+            if let Some(ans) = answer_of(r, &q, 86_400) {
+                answered += 1;
+                let out = answer_reply(&client, &ans);
+                assert!(out.is_none_or(|r| r.len() <= MAX_MESSAGE));
+            }
+        }
+    }
+    // The mutations reach the code past the parsers, not only their errors.
+    assert!(
+        parsed > 100 && answered > 100,
+        "{parsed} parsed, {answered} answered"
+    );
+}
