@@ -152,7 +152,7 @@ impl HostNet {
             cfg.cmd_timeout,
         )?;
         for c in forward::open_all(cfg.cmd_timeout)? {
-            log::info!("forward chain {c} drops by default: slot traffic accepted in it");
+            tracing::info!("forward chain {c} drops by default: slot traffic accepted in it");
         }
         Ok(Arc::new(HostNet {
             cfg,

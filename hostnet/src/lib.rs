@@ -7,7 +7,9 @@
 //! ([`policy`], rendered by [`nft`]) that changes while the sandbox runs.
 //! [`HostNet`] is the host side (forwarding, the shared table, reclaiming
 //! what a crashed daemon left), [`SlotPool`] keeps slots made ahead, and
-//! [`probe`] says what the host lacks.
+//! [`probe`] says what the host lacks. [`dns`] is the forwarder that answers
+//! a sandbox only for the names its policy allows and lets the answers'
+//! addresses through for their TTL.
 //!
 //! Everything runs `ip` (iproute2) and `nft` (nftables) with arguments,
 //! never through a shell, each call with a deadline ([`cmd`]); root is
@@ -15,6 +17,7 @@
 
 pub mod addr;
 pub mod cmd;
+pub mod dns;
 pub mod forward;
 pub mod host;
 pub mod netns;

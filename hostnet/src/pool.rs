@@ -134,7 +134,7 @@ impl SlotPool {
 impl Drop for SlotPool {
     fn drop(&mut self) {
         if let Err(e) = self.stop() {
-            log::warn!("removing pooled slots: {e}");
+            tracing::warn!("removing pooled slots: {e}");
         }
     }
 }
@@ -171,7 +171,7 @@ fn fill(inner: &Inner) {
                 return;
             }
             Err(e) => {
-                log::warn!("slot pool: {e}");
+                tracing::warn!("slot pool: {e}");
                 st.last_error = Some(e.to_string());
                 let _ = inner
                     .cv

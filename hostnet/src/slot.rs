@@ -372,7 +372,7 @@ impl Slot {
 impl Drop for Slot {
     fn drop(&mut self) {
         if let Err(e) = self.teardown() {
-            log::warn!("removing slot {}: {e}", self.netns);
+            tracing::warn!("removing slot {}: {e}", self.netns);
         }
     }
 }
