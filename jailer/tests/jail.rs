@@ -145,10 +145,13 @@ fn a_jailed_program_has_only_what_the_spec_gives_it() {
     let jpid = i32::try_from(c.id()).unwrap();
     let pid = inner_pid(&dir);
     assert_ne!(pid, jpid, "the program runs in a child of the supervisor");
+    // The kernel points /proc/PID/exe at the new program before it has
+    // laid out the program's environment (CI read an empty `environ` once,
+    // on a loaded host): both, then.
     wait_for("the program to be executed", || {
-        std::fs::read_link(format!("/proc/{pid}/exe"))
-            .is_ok_and(|e| e == Path::new(BUSYBOX))
-            .then_some(())
+        (std::fs::read_link(format!("/proc/{pid}/exe")).is_ok_and(|e| e == Path::new(BUSYBOX))
+            && std::fs::read(format!("/proc/{pid}/environ")).is_ok_and(|e| !e.is_empty()))
+        .then_some(())
     });
     let ids = format!("{0}\t{0}\t{0}\t{0}", uids::UID_BASE + 4000);
     assert_eq!(status_field(pid, "Uid"), ids);
