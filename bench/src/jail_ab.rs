@@ -361,7 +361,7 @@ impl JailAb {
         }
         for r in &self.rates {
             s.push_str(&format!(
-                "  rate, {:>2} concurrent: plain {:.1}/s, jailed {:.1}/s (errors {}/{})\n",
+                "  rate, {:>2} concurrent: plain {:.1}/s, jailed {:.1}/s (failed: plain {}, jailed {})\n",
                 r.concurrency, r.plain_per_second, r.jailed_per_second, r.errors.0, r.errors.1
             ));
         }

@@ -17,11 +17,11 @@ use std::time::{Duration, Instant};
 pub struct Rate {
     /// Concurrent restores in flight.
     pub concurrency: usize,
-    /// Restores completed.
+    /// Restores tried.
     pub restores: usize,
     /// Failures.
     pub errors: usize,
-    /// Restores per second.
+    /// Successful restores per second.
     pub per_second: f64,
 }
 
@@ -170,10 +170,13 @@ pub fn rate_with(
         let _ = t.join();
     }
     let secs = t0.elapsed().as_secs_f64();
+    let errors = errors.load(Ordering::Relaxed);
     Rate {
         concurrency: k,
         restores: total,
-        errors: errors.load(Ordering::Relaxed),
-        per_second: total as f64 / secs,
+        errors,
+        // Restores that worked: failed ones end early and must not
+        // count as speed.
+        per_second: total.saturating_sub(errors) as f64 / secs,
     }
 }
