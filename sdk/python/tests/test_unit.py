@@ -136,6 +136,29 @@ def test_bodies_are_checked_before_sending():
     }
     with pytest.raises(shoal.BadRequest, match="ttl_s"):
         _core.create_body(ttl_s=None, pause_at_ttl=True, **shape)
+    # network=: a Network or a mapping of its keys; absent: no device.
+    assert "network" not in _core.create_body(ttl_s=None, **shape)
+    net = shoal.Network(allow_out=["pypi.org", "10.1.2.0/24:443"], allow_dns=False)
+    assert _core.create_body(ttl_s=None, network=net, **shape)["network"] == {
+        "allow_out": ["pypi.org", "10.1.2.0/24:443"],
+        "deny_out": [],
+        "allow_dns": False,
+    }
+    assert _core.create_body(ttl_s=None, network={"allow_out": ["a.b"]}, **shape)[
+        "network"
+    ] == {"allow_out": ["a.b"], "deny_out": [], "allow_dns": True}
+    with pytest.raises(shoal.BadRequest, match="unknown keys"):
+        _core.network_body({"allow": ["x"]})
+    with pytest.raises(shoal.BadRequest, match="list of entries"):
+        _core.network_body({"allow_out": "pypi.org"})
+    with pytest.raises(shoal.BadRequest):
+        _core.network_body(["pypi.org"])  # type: ignore[arg-type]
+    info = shoal.SandboxInfo.from_json(
+        {"id": "s", "network": {"allow_out": ["x.y"], "allow_dns": True}, "guest_addr": "10.213.0.2"}
+    )
+    assert info.network == shoal.Network(allow_out=["x.y"]) and info.guest_addr == "10.213.0.2"
+    bare = shoal.SandboxInfo.from_json({"id": "s", "network": None})
+    assert bare.network is None and bare.guest_addr is None
     assert _core.signal_number("term") == 15 and _core.signal_number("SIGKILL") == 9
     with pytest.raises(shoal.BadRequest):
         _core.signal_number("NOPE")

@@ -16,7 +16,7 @@ from typing import (
 
 from . import _aio as _io
 from ._async_files import AsyncFiles
-from ._core import exec_body, exec_read_timeout, inline_stdin, signal_number
+from ._core import exec_body, exec_read_timeout, inline_stdin, network_body, signal_number
 from ._errors import (
     CommandFailed,
     CommandNotFound,
@@ -26,7 +26,15 @@ from ._errors import (
     SandboxNotFound,
     error_from_response,
 )
-from ._types import CommandInfo, ExecEvent, ExecResult, Forked, SandboxInfo, TemplateInfo
+from ._types import (
+    CommandInfo,
+    ExecEvent,
+    ExecResult,
+    Forked,
+    Network,
+    SandboxInfo,
+    TemplateInfo,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from ._async_client import AsyncShoal
@@ -140,6 +148,12 @@ class AsyncSandbox:
         if idle_timeout_s is not None:
             body["idle_timeout_s"] = int(idle_timeout_s)
         return self._update(await self._do("PATCH", "", json=body))
+
+    async def set_network(self, network: Network | Mapping[str, Any]) -> SandboxInfo:
+        """Replaces the egress policy of a sandbox created with a network,
+        at once (running or paused); :class:`Conflict` for one created
+        without (a network device cannot be added later)."""
+        return self._update(await self._do("PUT", "/network", json=network_body(network)))
 
     async def kill(self, *, missing_ok: bool = False) -> None:
         """Kills the sandbox and removes everything it had. A sandbox

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from ._errors import BadRequest, DaemonStartFailed
+from ._types import Network
 
 #: Inline stdin of a one-shot exec is sent in the JSON body (base64, at
 #: most 1 MiB of JSON); larger or streamed stdin goes through a background
@@ -167,6 +168,7 @@ def create_body(
     upper_disk_mib: int | None,
     keep_running: bool,
     pause_at_ttl: bool = False,
+    network: Network | Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     if (image is None) == (template is None):
         raise BadRequest("give exactly one of image= and template=")
@@ -198,7 +200,25 @@ def create_body(
         if not ttl_s:
             raise BadRequest("pause_at_ttl= needs a ttl_s=")
         body["pause_at_ttl"] = True
+    if network is not None:
+        body["network"] = network_body(network)
     return body
+
+
+def network_body(network: Network | Mapping[str, Any]) -> dict[str, Any]:
+    """The NetworkSpec JSON of ``network`` (a :class:`Network` or a mapping
+    with its keys)."""
+    if isinstance(network, Network):
+        return network.to_json()
+    if not isinstance(network, Mapping):
+        raise BadRequest("network= is a shoal.Network or a mapping of allow_out/deny_out/allow_dns")
+    unknown = set(network) - {"allow_out", "deny_out", "allow_dns"}
+    if unknown:
+        raise BadRequest(f"network= has unknown keys: {sorted(unknown)}")
+    for k in ("allow_out", "deny_out"):
+        if isinstance(network.get(k), str):
+            raise BadRequest(f"network[{k!r}] is a list of entries, not one string")
+    return Network.from_json(network).to_json()
 
 
 def exec_body(

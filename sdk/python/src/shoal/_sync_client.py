@@ -31,6 +31,7 @@ from ._types import (
     ImageInfo,
     ImageList,
     MicroVMArgs,
+    Network,
     PoolInfo,
     SandboxInfo,
     TemplateInfo,
@@ -220,6 +221,7 @@ class Shoal:
         upper_disk_mib: int | None = None,
         keep_running: bool = False,
         pause_at_ttl: bool = False,
+        network: Network | Mapping[str, Any] | None = None,
     ) -> Sandbox:
         """Creates a sandbox from an ``image`` (``tiny``, ``base``, or an
         OCI image pulled with ``shoal image pull REF``, by reference or id:
@@ -236,7 +238,11 @@ class Shoal:
         layers and the writable upper layer (with ``image``).
         ``keep_running`` never freezes it while idle. ``pause_at_ttl``
         pauses it (to disk) at its TTL instead of killing it, and clears
-        the TTL (a resume gives it none until one is set).
+        the TTL (a resume gives it none until one is set). ``network``
+        (a :class:`Network`) gives it a network device behind that egress
+        policy; without it the sandbox has no network device at all (one
+        cannot be added later; the policy can be changed with
+        :meth:`Sandbox.set_network`).
 
         Raises :class:`HostFull` when the host has no room (retried when
         the client was made with ``retries``), :class:`BadRequest` for a
@@ -256,6 +262,7 @@ class Shoal:
             upper_disk_mib=upper_disk_mib,
             keep_running=keep_running,
             pause_at_ttl=pause_at_ttl,
+            network=network,
         )
         v = self._json("POST", "/v1/sandboxes", json=body, not_found=TemplateNotFound)
         return Sandbox(self, SandboxInfo.from_json(v))

@@ -28,6 +28,37 @@ def _decode(data: str | None, encoding: str | None) -> bytes:
 
 
 @dataclass
+class Network:
+    """A sandbox's egress policy (``network=`` of :meth:`AsyncShoal.create`,
+    :meth:`AsyncSandbox.set_network`). Everything out is dropped except
+    what ``allow_out`` allows and ``deny_out`` does not deny; entries are
+    ``CIDR[:port[-port]]`` (``"10.1.2.0/24:443"``), ``"domain"`` or
+    ``"*.domain"`` (the addresses the sandbox's own DNS lookups of it
+    answer, for their TTL). ``allow_dns`` answers lookups of allowed
+    names. The host, the daemon, other sandboxes and link-local
+    (metadata) addresses stay unreachable unless named explicitly."""
+
+    allow_out: list[str] = field(default_factory=list)
+    deny_out: list[str] = field(default_factory=list)
+    allow_dns: bool = True
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "allow_out": list(self.allow_out),
+            "deny_out": list(self.deny_out),
+            "allow_dns": bool(self.allow_dns),
+        }
+
+    @classmethod
+    def from_json(cls, v: Mapping[str, Any]) -> Network:
+        return cls(
+            allow_out=[str(x) for x in v.get("allow_out") or []],
+            deny_out=[str(x) for x in v.get("deny_out") or []],
+            allow_dns=bool(v.get("allow_dns", True)),
+        )
+
+
+@dataclass
 class SandboxInfo:
     """A sandbox as the daemon shows it (``GET /v1/sandboxes/{id}``)."""
 
@@ -47,9 +78,14 @@ class SandboxInfo:
     keep_running: bool = False
     pause_at_ttl: bool = False
     from_pool: bool | None = None
+    #: Its egress policy (None: it has no network device).
+    network: Network | None = None
+    #: The guest's IPv4 address (None: no network device).
+    guest_addr: str | None = None
 
     @classmethod
     def from_json(cls, v: Mapping[str, Any]) -> SandboxInfo:
+        net = v.get("network")
         return cls(
             id=str(v["id"]),
             template=str(v.get("template", "")),
@@ -67,6 +103,8 @@ class SandboxInfo:
             keep_running=bool(v.get("keep_running", False)),
             pause_at_ttl=bool(v.get("pause_at_ttl", False)),
             from_pool=v.get("from_pool"),
+            network=Network.from_json(net) if isinstance(net, Mapping) else None,
+            guest_addr=v.get("guest_addr"),
         )
 
 
