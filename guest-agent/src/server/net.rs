@@ -22,6 +22,21 @@ type IoctlRequest = libc::c_int;
 #[cfg(not(target_env = "musl"))]
 type IoctlRequest = libc::c_ulong;
 
+/// The socket ioctls used here, as ioctl(2) takes them (all below 0x9000:
+/// they fit musl's `c_int`).
+#[allow(clippy::cast_possible_truncation, clippy::unnecessary_cast)]
+mod req {
+    use super::IoctlRequest;
+    pub const SIOCGIFFLAGS: IoctlRequest = libc::SIOCGIFFLAGS as IoctlRequest;
+    pub const SIOCSIFFLAGS: IoctlRequest = libc::SIOCSIFFLAGS as IoctlRequest;
+    pub const SIOCSIFHWADDR: IoctlRequest = libc::SIOCSIFHWADDR as IoctlRequest;
+    pub const SIOCSIFMTU: IoctlRequest = libc::SIOCSIFMTU as IoctlRequest;
+    pub const SIOCSIFADDR: IoctlRequest = libc::SIOCSIFADDR as IoctlRequest;
+    pub const SIOCSIFNETMASK: IoctlRequest = libc::SIOCSIFNETMASK as IoctlRequest;
+    pub const SIOCDELRT: IoctlRequest = libc::SIOCDELRT as IoctlRequest;
+    pub const SIOCADDRT: IoctlRequest = libc::SIOCADDRT as IoctlRequest;
+}
+
 /// AF_INET as a `sockaddr_in` family (2: fits).
 #[allow(clippy::cast_possible_truncation)]
 const AF_INET_FAMILY: libc::sa_family_t = libc::AF_INET as libc::sa_family_t;
@@ -88,7 +103,7 @@ fn sockaddr_in(a: Ipv4Addr) -> libc::sockaddr {
 
 fn set_flags(fd: &OwnedFd, ifname: &str, up: bool) -> Result<(), Errno> {
     let mut r = ifreq(ifname);
-    ioctl(fd, libc::SIOCGIFFLAGS as IoctlRequest, (&raw mut r).cast())?;
+    ioctl(fd, req::SIOCGIFFLAGS, (&raw mut r).cast())?;
     // SAFETY: SIOCGIFFLAGS filled the flags member of the union.
     let flags = unsafe { r.ifr_ifru.ifru_flags };
     let up_bits = UP_BITS;
@@ -98,7 +113,7 @@ fn set_flags(fd: &OwnedFd, ifname: &str, up: bool) -> Result<(), Errno> {
         flags & !up_bits
     };
     r.ifr_ifru.ifru_flags = new;
-    ioctl(fd, libc::SIOCSIFFLAGS as IoctlRequest, (&raw mut r).cast())
+    ioctl(fd, req::SIOCSIFFLAGS, (&raw mut r).cast())
 }
 
 /// Brings `lo` up (the guest kernel has IPv4: without it 127.0.0.1 does not
@@ -175,30 +190,18 @@ pub fn configure(
         *d = libc::c_char::from_ne_bytes([s]);
     }
     r.ifr_ifru.ifru_hwaddr = hw;
-    ioctl(
-        &fd,
-        libc::SIOCSIFHWADDR as IoctlRequest,
-        (&raw mut r).cast(),
-    )
-    .map_err(step("SIOCSIFHWADDR"))?;
+    ioctl(&fd, req::SIOCSIFHWADDR, (&raw mut r).cast()).map_err(step("SIOCSIFHWADDR"))?;
 
     let mut r = ifreq(ifname);
     r.ifr_ifru.ifru_mtu = c_int::from(req.mtu);
-    ioctl(&fd, libc::SIOCSIFMTU as IoctlRequest, (&raw mut r).cast())
-        .map_err(step("SIOCSIFMTU"))?;
+    ioctl(&fd, req::SIOCSIFMTU, (&raw mut r).cast()).map_err(step("SIOCSIFMTU"))?;
 
     let mut r = ifreq(ifname);
     r.ifr_ifru.ifru_addr = sockaddr_in(req.addr);
-    ioctl(&fd, libc::SIOCSIFADDR as IoctlRequest, (&raw mut r).cast())
-        .map_err(step("SIOCSIFADDR"))?;
+    ioctl(&fd, req::SIOCSIFADDR, (&raw mut r).cast()).map_err(step("SIOCSIFADDR"))?;
     let mut r = ifreq(ifname);
     r.ifr_ifru.ifru_netmask = sockaddr_in(req.netmask());
-    ioctl(
-        &fd,
-        libc::SIOCSIFNETMASK as IoctlRequest,
-        (&raw mut r).cast(),
-    )
-    .map_err(step("SIOCSIFNETMASK"))?;
+    ioctl(&fd, req::SIOCSIFNETMASK, (&raw mut r).cast()).map_err(step("SIOCSIFNETMASK"))?;
 
     set_flags(&fd, ifname, true).map_err(step("SIOCSIFFLAGS up"))?;
     replace_default_route(&fd, req.gateway)?;
@@ -225,14 +228,14 @@ fn replace_default_route(fd: &OwnedFd, gateway: Ipv4Addr) -> Result<(), NetError
     // A guest has at most a few: 8 deletions bound the loop.
     for _ in 0..8 {
         let mut rt = route(None);
-        match ioctl(fd, libc::SIOCDELRT as IoctlRequest, (&raw mut rt).cast()) {
+        match ioctl(fd, req::SIOCDELRT, (&raw mut rt).cast()) {
             Ok(()) => {}
             Err(Errno(libc::ESRCH)) => break,
             Err(e) => return Err(step("SIOCDELRT")(e)),
         }
     }
     let mut rt = route(Some(gateway));
-    ioctl(fd, libc::SIOCADDRT as IoctlRequest, (&raw mut rt).cast()).map_err(step("SIOCADDRT"))
+    ioctl(fd, req::SIOCADDRT, (&raw mut rt).cast()).map_err(step("SIOCADDRT"))
 }
 
 /// Writes `path` as `nameserver` lines: a temporary file beside it, then
