@@ -26,7 +26,8 @@ mod tunnel;
 
 pub use agent_proto::{
     AgentMode, Command, DirEntry, ErrorCode, ExecRequest, ExecResult, ExitStatus, FileStat,
-    FileType, HealthReply, HelloOk, PostRestoreReply, User, VersionReply, VSOCK_PORT,
+    FileType, HealthReply, HelloOk, NetConfigure, NetConfigured, PostRestoreReply, User,
+    VersionReply, VSOCK_PORT,
 };
 pub use aio::{AsyncClient, AsyncDownload, AsyncExecHandle, AsyncExecStdin, AsyncUpload, Config};
 pub use blocking::{Client, ExecHandle, ExecStdin};

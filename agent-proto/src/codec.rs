@@ -33,6 +33,9 @@ pub enum DecodeError {
     /// A string that is not UTF-8.
     #[error("string is not UTF-8")]
     InvalidUtf8,
+    /// A field outside the bounds its message allows.
+    #[error("invalid value: {0}")]
+    Invalid(&'static str),
 }
 
 /// A cursor over a payload being decoded.

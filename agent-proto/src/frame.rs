@@ -65,6 +65,8 @@ pub enum Kind {
     PostRestore = 0x04,
     /// [`PowerRequest`]; answered by `Ok`, then the guest goes down.
     Power = 0x05,
+    /// [`NetConfigure`]; answered by [`NetConfigured`].
+    NetConfigure = 0x06,
     /// [`ExecRequest`]; answered by [`ExecStarted`], output, [`ExecResult`].
     Exec = 0x10,
     /// Raw bytes for the stdin of the exec started (or attached) by `id`.
@@ -117,6 +119,8 @@ pub enum Kind {
     VersionOk = 0x85,
     /// [`PostRestoreReply`].
     PostRestoreOk = 0x86,
+    /// [`NetConfigured`].
+    NetConfigured = 0x87,
     /// [`ExecStarted`].
     ExecStarted = 0x90,
     /// Raw bytes the command wrote to stdout.
@@ -137,12 +141,13 @@ pub enum Kind {
 
 impl Kind {
     /// Every kind, for lookups.
-    pub const ALL: [Kind; 37] = [
+    pub const ALL: [Kind; 39] = [
         Kind::Hello,
         Kind::Health,
         Kind::Version,
         Kind::PostRestore,
         Kind::Power,
+        Kind::NetConfigure,
         Kind::Exec,
         Kind::Stdin,
         Kind::StdinClose,
@@ -167,6 +172,7 @@ impl Kind {
         Kind::HealthOk,
         Kind::VersionOk,
         Kind::PostRestoreOk,
+        Kind::NetConfigured,
         Kind::ExecStarted,
         Kind::Stdout,
         Kind::Stderr,

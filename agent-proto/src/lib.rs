@@ -55,6 +55,7 @@
 mod codec;
 mod frame;
 mod messages;
+mod net;
 mod tcp;
 
 pub use codec::{decode, put_message, DecodeError, Message, Reader, Wire};
@@ -62,6 +63,7 @@ pub use frame::{
     begin_frame, end_frame, put_data, put_empty, FrameDecoder, FrameError, Header, Kind, RawFrame,
 };
 pub use messages::*;
+pub use net::*;
 pub use tcp::*;
 
 /// Protocol version spoken by this build (client and agent).

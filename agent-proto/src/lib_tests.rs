@@ -210,3 +210,178 @@ fn exec_request_builder() {
     assert_eq!(ExecRequest::shell("x").timeout(), None);
     assert_eq!(Hello::new("c").magic, HELLO_MAGIC);
 }
+
+fn net_request() -> NetConfigure {
+    NetConfigure {
+        mac: [0x02, 0x5a, 0x0a, 0xd5, 0x00, 0x02],
+        addr: std::net::Ipv4Addr::new(10, 213, 0, 2),
+        prefix_len: 30,
+        gateway: std::net::Ipv4Addr::new(10, 213, 0, 1),
+        mtu: 1500,
+        nameservers: vec![std::net::Ipv4Addr::new(10, 213, 0, 1)],
+    }
+}
+
+fn encoded<M: Wire>(m: &M) -> Vec<u8> {
+    let mut p = Vec::new();
+    m.put(&mut p);
+    p
+}
+
+#[test]
+fn net_messages_roundtrip() {
+    roundtrip(net_request());
+    roundtrip(NetConfigure {
+        prefix_len: 0,
+        mtu: 65535,
+        nameservers: vec![std::net::Ipv4Addr::LOCALHOST; NET_MAX_NAMESERVERS],
+        ..net_request()
+    });
+    roundtrip(NetConfigure {
+        prefix_len: 32,
+        mtu: NET_MIN_MTU,
+        nameservers: vec![],
+        ..net_request()
+    });
+    roundtrip(NetConfigured {
+        ifname: "eth0".into(),
+    });
+    roundtrip(NetConfigured {
+        ifname: "a".repeat(NET_MAX_IFNAME),
+    });
+    let mut frame = Vec::new();
+    put_message(&mut frame, 1, &net_request());
+    assert_eq!(frame[4], 0x06, "NetConfigure is kind 0x06");
+    frame.clear();
+    put_message(&mut frame, 1, &NetConfigured { ifname: "x".into() });
+    assert_eq!(frame[4], 0x87, "NetConfigured is kind 0x87");
+}
+
+#[test]
+fn net_configure_layout_is_as_documented() {
+    // PROTOCOL.md: mac, addr, prefix_len, gateway, mtu, list of addresses.
+    let p = encoded(&net_request());
+    assert_eq!(
+        p,
+        [
+            0x02, 0x5a, 0x0a, 0xd5, 0x00, 0x02, 10, 213, 0, 2, 30, 10, 213, 0, 1, 0xdc, 0x05, 1, 0,
+            0, 0, 10, 213, 0, 1
+        ]
+    );
+}
+
+#[test]
+fn net_configure_refuses_values_out_of_bounds() {
+    let bad = |m: NetConfigure, why: &str| {
+        let p = encoded(&m);
+        assert!(
+            matches!(decode::<NetConfigure>(&p), Err(DecodeError::Invalid(_))),
+            "{why} must be refused"
+        );
+        assert!(m.validate().is_err(), "{why}: validate agrees");
+    };
+    let ok = net_request();
+    bad(
+        NetConfigure {
+            mac: [0; 6],
+            ..ok.clone()
+        },
+        "an all-zero MAC",
+    );
+    bad(
+        NetConfigure {
+            mac: [0x03, 0, 0, 0, 0, 1],
+            ..ok.clone()
+        },
+        "a multicast MAC",
+    );
+    bad(
+        NetConfigure {
+            mac: [0xff; 6],
+            ..ok.clone()
+        },
+        "the broadcast MAC",
+    );
+    bad(
+        NetConfigure {
+            prefix_len: 33,
+            ..ok.clone()
+        },
+        "prefix 33",
+    );
+    bad(
+        NetConfigure {
+            mtu: NET_MIN_MTU - 1,
+            ..ok.clone()
+        },
+        "MTU 67",
+    );
+    bad(
+        NetConfigure {
+            mtu: 0,
+            ..ok.clone()
+        },
+        "MTU 0",
+    );
+    bad(
+        NetConfigure {
+            nameservers: vec![std::net::Ipv4Addr::LOCALHOST; 4],
+            ..ok.clone()
+        },
+        "four name servers",
+    );
+    // A huge name-server count is refused before its items are read.
+    let mut p = encoded(&ok);
+    let at = p.len() - 8;
+    p.truncate(at);
+    u32::MAX.put(&mut p);
+    assert_eq!(
+        decode::<NetConfigure>(&p),
+        Err(DecodeError::Invalid("more than 3 name servers"))
+    );
+    assert_eq!(ok.netmask(), std::net::Ipv4Addr::new(255, 255, 255, 252));
+    let any = NetConfigure {
+        prefix_len: 0,
+        ..ok.clone()
+    };
+    assert_eq!(any.netmask(), std::net::Ipv4Addr::UNSPECIFIED);
+    let host = NetConfigure {
+        prefix_len: 32,
+        ..ok
+    };
+    assert_eq!(host.netmask(), std::net::Ipv4Addr::BROADCAST);
+}
+
+#[test]
+fn net_configured_refuses_bad_interface_names() {
+    for name in [
+        "",
+        ".",
+        "..",
+        "a/b",
+        "a b",
+        "eth0:1",
+        "a\0",
+        "sixteen-bytes-xx",
+    ] {
+        let p = encoded(&NetConfigured {
+            ifname: name.into(),
+        });
+        assert!(
+            decode::<NetConfigured>(&p).is_err(),
+            "{name:?} must be refused"
+        );
+    }
+    // A long name's length is refused before its bytes are looked at.
+    let mut p = Vec::new();
+    u32::MAX.put(&mut p);
+    assert_eq!(
+        decode::<NetConfigured>(&p),
+        Err(DecodeError::Invalid("interface name length"))
+    );
+    assert_eq!(
+        decode::<NetConfigured>(&[2, 0, 0, 0, 0xff, 0xfe]),
+        Err(DecodeError::InvalidUtf8)
+    );
+    assert!(valid_ifname("eth0") && valid_ifname("veth-a.1"));
+}

@@ -177,6 +177,10 @@ unsafe extern "C" fn main(
             }
         }
     }
+    // The kernel has IPv4 (a sandbox may get a network): 127.0.0.1 needs lo up.
+    if let Err(e) = server::net::loopback_up() {
+        sys::report("lo up", e.0);
+    }
     // SAFETY: the pointer and length describe a valid static byte string.
     if unsafe { libc::sethostname(c"shoal".as_ptr(), 5) } != 0 {
         sys::report("sethostname", errno());

@@ -6,8 +6,8 @@ use std::path::Path;
 
 use agent_proto::{
     AttachRequest, ChmodRequest, DirEntry, ExecRequest, FileRead, FileStat, HealthReply, Kind,
-    Message, MkdirRequest, PostRestore, PostRestoreReply, PowerAction, PowerRequest, PtyExec,
-    PtyResize, RemoveRequest, RenameRequest, SignalRequest, VersionReply,
+    Message, MkdirRequest, NetConfigure, NetConfigured, PostRestore, PostRestoreReply, PowerAction,
+    PowerRequest, PtyExec, PtyResize, RemoveRequest, RenameRequest, SignalRequest, VersionReply,
 };
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 use tokio::time::Instant;
@@ -336,6 +336,14 @@ impl AsyncClient {
         })
         .await?
         .expect()
+    }
+
+    /// Configures the guest's network interface (after `post_restore`, on
+    /// the first connection after a restore of a networked sandbox): MAC,
+    /// IPv4 address, default route, MTU and resolv.conf; a second call
+    /// replaces the first. A host-mode agent refuses (`Io`, EPERM).
+    pub async fn net_configure(&self, req: &NetConfigure) -> Result<NetConfigured> {
+        self.call(req).await?.expect()
     }
 
     /// Powers the guest off (a host-mode agent exits). The connection

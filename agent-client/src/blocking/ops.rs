@@ -6,8 +6,9 @@ use std::sync::mpsc::TryRecvError;
 
 use agent_proto::{
     AttachRequest, ChmodRequest, DirEntry, ExecRequest, FileRead, FileStat, Header, HealthReply,
-    Kind, Message, MkdirRequest, PostRestore, PostRestoreReply, PowerAction, PowerRequest,
-    RemoveRequest, RenameRequest, SignalRequest, VersionReply, HEADER_LEN, MAX_PAYLOAD,
+    Kind, Message, MkdirRequest, NetConfigure, NetConfigured, PostRestore, PostRestoreReply,
+    PowerAction, PowerRequest, RemoveRequest, RenameRequest, SignalRequest, VersionReply,
+    HEADER_LEN, MAX_PAYLOAD,
 };
 
 use super::{Client, ExecHandle};
@@ -281,6 +282,14 @@ impl Client {
             unix_time_ns,
         })?
         .expect()
+    }
+
+    /// Configures the guest's network interface (after `post_restore`, on
+    /// the first connection after a restore of a networked sandbox): MAC,
+    /// IPv4 address, default route, MTU and resolv.conf; a second call
+    /// replaces the first. A host-mode agent refuses (`Io`, EPERM).
+    pub fn net_configure(&self, req: &NetConfigure) -> Result<NetConfigured> {
+        self.call(req)?.expect()
     }
 
     /// Powers the guest off (a host-mode agent exits). The connection

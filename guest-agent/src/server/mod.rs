@@ -27,6 +27,7 @@ mod files;
 pub mod guest;
 mod launch;
 pub mod listen;
+pub mod net;
 pub mod os;
 mod relay;
 
@@ -39,9 +40,9 @@ use agent_proto::{
     self as proto, begin_frame, decode, end_frame, put_data, put_empty, put_message, AgentMode,
     AttachRequest, ChmodRequest, Command, DirEntries, ErrorCode, ErrorReply, ExecRequest,
     ExecResult, ExecStarted, ExitStatus, FileDone, FileRead, FileWrite, Header, HealthReply, Hello,
-    HelloOk, Kind, Message, MkdirRequest, PathRequest, PostRestore, PowerAction, PowerRequest,
-    PtyExec, PtyResize, RemoveRequest, RenameRequest, SignalRequest, TcpConnect, VersionReply,
-    DETACHED_OUTPUT_LIMIT, HEADER_LEN, HELLO_MAGIC, MAX_PAYLOAD, PROTOCOL_VERSION,
+    HelloOk, Kind, Message, MkdirRequest, NetConfigure, PathRequest, PostRestore, PowerAction,
+    PowerRequest, PtyExec, PtyResize, RemoveRequest, RenameRequest, SignalRequest, TcpConnect,
+    VersionReply, DETACHED_OUTPUT_LIMIT, HEADER_LEN, HELLO_MAGIC, MAX_PAYLOAD, PROTOCOL_VERSION,
     TCP_CONNECT_TIMEOUT_MAX_MS,
 };
 
@@ -193,6 +194,8 @@ pub struct Server {
     _base_envp: Vec<CString>,
     base_env_ptrs: Vec<*const libc::c_char>,
     guest: Guest,
+    /// Host mode: the one interface `NetConfigure` may change (tests).
+    host_netdev: Option<String>,
     conns: HashMap<u32, Conn>,
     next_conn: u32,
     execs: HashMap<u64, Exec>,
@@ -242,6 +245,10 @@ impl Server {
             .map_err(|e| ("epoll_ctl", e))?;
         ep.add(sigfd.as_raw_fd(), libc::EPOLLIN as u32, TOKEN_SIGNAL)
             .map_err(|e| ("epoll_ctl", e))?;
+        let host_netdev = base_env
+            .iter()
+            .find(|(k, _)| mode == AgentMode::Host && k == net::HOST_NETDEV_ENV)
+            .and_then(|(_, v)| String::from_utf8(v.clone()).ok());
         let base_envp = env_cstrings(&base_env);
         let base_env_ptrs = launch::pointers(&base_envp);
         Ok(Server {
@@ -256,6 +263,7 @@ impl Server {
             _base_envp: base_envp,
             base_env_ptrs,
             guest,
+            host_netdev,
             conns: HashMap::new(),
             next_conn: 0,
             execs: HashMap::new(),
@@ -453,6 +461,13 @@ impl Server {
                 match guest::post_restore(self.mode, &req) {
                     Ok(r) => self.reply(cid, id, &r),
                     Err(e) => self.reply_errno(cid, id, "post_restore", e),
+                }
+            }
+            Kind::NetConfigure => {
+                let req = msg!(NetConfigure);
+                match net::handle(self.mode, self.host_netdev.as_deref(), &req) {
+                    Ok(r) => self.reply(cid, id, &r),
+                    Err(e) => self.reply_errno(cid, id, e.what, e.errno),
                 }
             }
             Kind::Power => {
