@@ -6,7 +6,8 @@
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-/// At most this many entries in `allow_out` and in `deny_out` each.
+/// At most this many entries in `allow_out` and in `deny_out` each (the
+/// host's limit, `shoal_hostnet::policy::MAX_ENTRIES`).
 pub const MAX_POLICY_ENTRIES: usize = 256;
 
 /// A sandbox's egress policy: everything out is dropped but what

@@ -30,6 +30,7 @@ mod daemon_cmds;
 mod daemon_ctl;
 mod fncall_cmd;
 mod image_cmd;
+mod net_arg;
 mod oci_image_cmd;
 mod progress;
 mod sandbox_cmds;

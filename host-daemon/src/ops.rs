@@ -40,6 +40,8 @@ impl From<SandboxRow> for SandboxView {
             error: r.error,
             keep_running: r.keep_running,
             pause_at_ttl: r.pause_at_ttl,
+            guest_addr: r.net.as_ref().map(|n| n.guest_addr),
+            network: r.net.map(|n| n.policy),
             from_pool: None,
         }
     }
