@@ -50,6 +50,7 @@ pub mod layer_files;
 pub mod lifecycle;
 pub mod listen;
 pub mod metrics;
+pub mod net_guest;
 pub mod ops;
 pub mod pool;
 pub mod state_perms;

@@ -311,6 +311,9 @@ async fn connect(d: &Daemon, live: &Live) -> ApiResult<AsyncClient> {
             // The first connection after a restore: clones never share
             // randomness or a stale clock.
             c.post_restore(entropy(), unix_nanos()).await?;
+            // integrator: then, for a networked sandbox, its link:
+            // `crate::net_guest::guest_net(pool, &row)` gives the fields of
+            // `agent_proto::NetConfigure` for `c.net_configure(..)`.
         }
         Ok::<_, ClientError>(c)
     };
