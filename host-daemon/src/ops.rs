@@ -139,7 +139,9 @@ pub async fn start_vmm_with(
                 if let Some(s) = s {
                     s.discard();
                 }
-                backend.restore(&dir, &from)
+                // integrator: a networked sandbox's `NetAttach` (its slot's
+                // netns and TAP) goes here.
+                backend.restore(&dir, &from, None)
             }
         }
         .map_err(|source| ApiError::Backend {
