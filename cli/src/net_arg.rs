@@ -51,6 +51,19 @@ pub fn parse_net(s: &str) -> Result<NetworkSpec> {
     Ok(spec)
 }
 
+/// `shoal doctor`'s network section: what the host lacks for sandboxes
+/// created with a network (`shoal_hostnet::probe`'s messages).
+pub fn doctor_text(missing: &[String]) -> String {
+    if missing.is_empty() {
+        return "network: ok (sandboxes may ask for one: --net)\n".into();
+    }
+    let mut s = "network: unavailable; sandboxes created with --net are refused:\n".to_string();
+    for m in missing {
+        s.push_str(&format!("  - {m}\n"));
+    }
+    s
+}
+
 /// How `shoal ls/get` show a sandbox's network.
 #[allow(dead_code)] // shown by `shoal get` once it exists
 pub fn describe(spec: Option<&NetworkSpec>) -> String {
@@ -100,6 +113,16 @@ mod tests {
         assert!(n.allow_out.is_empty() && n.deny_out.is_empty() && n.allow_dns);
         assert_eq!(describe(Some(&n)), "nothing out");
         assert_eq!(describe(None), "none");
+    }
+
+    #[test]
+    fn doctor_lists_what_is_missing() {
+        assert!(doctor_text(&[]).starts_with("network: ok"));
+        let t = doctor_text(&["the `nft` tool is missing".into()]);
+        assert!(
+            t.contains("unavailable") && t.contains("  - the `nft` tool is missing\n"),
+            "{t}"
+        );
     }
 
     #[test]
