@@ -38,11 +38,14 @@ pub enum ErrorCode {
     /// 507: the sandbox's file system is full (ENOSPC, EDQUOT): its upper
     /// layer (or /tmp) reached its cap.
     InsufficientStorage,
+    /// 503: the sandbox asked for a network and the host cannot give one
+    /// now (networking off or unsupported here, no slot free).
+    NetworkUnavailable,
 }
 
 impl ErrorCode {
     /// Every code.
-    pub const ALL: [ErrorCode; 13] = [
+    pub const ALL: [ErrorCode; 14] = [
         ErrorCode::BadRequest,
         ErrorCode::Unauthorized,
         ErrorCode::Forbidden,
@@ -56,6 +59,7 @@ impl ErrorCode {
         ErrorCode::DeadlineExceeded,
         ErrorCode::Internal,
         ErrorCode::InsufficientStorage,
+        ErrorCode::NetworkUnavailable,
     ];
 
     /// The HTTP status answered with this code.
@@ -74,6 +78,7 @@ impl ErrorCode {
             ErrorCode::DeadlineExceeded => 504,
             ErrorCode::Internal => 500,
             ErrorCode::InsufficientStorage => 507,
+            ErrorCode::NetworkUnavailable => 503,
         }
     }
 
@@ -93,6 +98,7 @@ impl ErrorCode {
             ErrorCode::DeadlineExceeded => "deadline_exceeded",
             ErrorCode::Internal => "internal",
             ErrorCode::InsufficientStorage => "insufficient_storage",
+            ErrorCode::NetworkUnavailable => "network_unavailable",
         }
     }
 
@@ -101,7 +107,10 @@ impl ErrorCode {
     pub fn retryable(self) -> bool {
         matches!(
             self,
-            ErrorCode::HostFull | ErrorCode::HostMemoryLow | ErrorCode::SandboxBusy
+            ErrorCode::HostFull
+                | ErrorCode::HostMemoryLow
+                | ErrorCode::SandboxBusy
+                | ErrorCode::NetworkUnavailable
         )
     }
 }

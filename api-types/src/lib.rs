@@ -13,6 +13,7 @@
 //! - errors are [`ErrorBody`]: `{"error":{"code":..,"message":..}}`.
 //!
 //! - [`sandbox`]: create, view, list filters, snapshot.
+//! - [`network`]: a sandbox's network and egress policy.
 //! - [`fork`]: fork a running sandbox into clones.
 //! - [`fncall`]: one-shot stateless calls of untrusted code, and batches.
 //! - [`exec`]: exec request, one-shot result, streamed events.
@@ -32,6 +33,7 @@ pub mod files;
 pub mod fncall;
 pub mod fork;
 pub mod images;
+pub mod network;
 pub mod sandbox;
 pub mod stats;
 pub mod templates;
@@ -49,6 +51,7 @@ pub use fncall::{
 };
 pub use fork::{ForkRequest, Forked, MAX_FORK_COUNT};
 pub use images::{Image, ImageList, PullImage};
+pub use network::{NetworkSpec, MAX_POLICY_ENTRIES};
 pub use sandbox::{
     CreateSandbox, ListFilter, Sandbox, SandboxState, SnapshotRequest, UpdateSandbox,
 };

@@ -4,9 +4,11 @@
 //! ([`ListFilter`]) and `POST /v1/sandboxes/{id}/snapshot`
 //! ([`SnapshotRequest`]).
 
+use crate::network::NetworkSpec;
 use crate::templates::RootRequest;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
 use utoipa::{IntoParams, ToSchema};
 
 /// Lifecycle states of a sandbox.
@@ -140,6 +142,11 @@ pub struct CreateSandbox {
     /// Sent only when true (a daemon before it refuses the field).
     #[serde(default, skip_serializing_if = "is_false")]
     pub pause_at_ttl: bool,
+    /// A network device behind this egress policy (absent or `null`: no
+    /// network device at all; one cannot be added later, the policy can
+    /// be changed: `PUT /v1/sandboxes/{id}/network`). Sent only when set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<NetworkSpec>,
 }
 
 fn is_false(b: &bool) -> bool {
@@ -214,6 +221,13 @@ pub struct Sandbox {
     pub keep_running: bool,
     /// Paused, not killed, at its TTL.
     pub pause_at_ttl: bool,
+    /// Its egress policy (`null`: it has no network device).
+    #[serde(default)]
+    pub network: Option<NetworkSpec>,
+    /// The guest's IPv4 address (`null`: no network device).
+    #[serde(default)]
+    #[schema(value_type = Option<String>, example = "10.213.0.2")]
+    pub guest_addr: Option<Ipv4Addr>,
     /// Served from a warm pool (only in the reply to a create).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub from_pool: Option<bool>,
@@ -330,11 +344,36 @@ mod tests {
             error: None,
             keep_running: false,
             pause_at_ttl: false,
+            network: None,
+            guest_addr: None,
             from_pool: None,
         };
         let v = serde_json::to_value(&s).unwrap();
         assert!(v["pid"].is_null() && v["error"].is_null(), "{v}");
+        assert!(v["network"].is_null() && v["guest_addr"].is_null(), "{v}");
         assert!(v.get("from_pool").is_none(), "{v}");
         assert_eq!(serde_json::from_value::<Sandbox>(v).unwrap(), s);
+        let s = Sandbox {
+            network: Some(NetworkSpec::allowing(["pypi.org"])),
+            guest_addr: Some(Ipv4Addr::new(10, 213, 0, 2)),
+            ..s
+        };
+        let v = serde_json::to_value(&s).unwrap();
+        assert_eq!(v["guest_addr"], "10.213.0.2", "{v}");
+        assert_eq!(v["network"]["allow_out"][0], "pypi.org", "{v}");
+        assert_eq!(serde_json::from_value::<Sandbox>(v).unwrap(), s);
+    }
+
+    #[test]
+    fn create_network_is_optional() {
+        let c: CreateSandbox = serde_json::from_str(r#"{"image":"tiny","network":null}"#).unwrap();
+        assert_eq!(c.network, None);
+        let c: CreateSandbox =
+            serde_json::from_str(r#"{"image":"tiny","network":{"allow_out":["1.2.3.4:53"]}}"#)
+                .unwrap();
+        assert_eq!(c.network, Some(NetworkSpec::allowing(["1.2.3.4:53"])));
+        let e = serde_json::from_str::<CreateSandbox>(r#"{"image":"tiny","network":{"x":1}}"#)
+            .unwrap_err();
+        assert!(e.to_string().contains("unknown field"), "{e}");
     }
 }

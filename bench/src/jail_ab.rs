@@ -265,7 +265,7 @@ fn four_ways(
             let from = Source::Template(printer.into());
             let dir = be_dir.join(format!("cold-{i}-{jailed}"));
             let t0 = std::time::Instant::now();
-            match b.restore(&dir, &from) {
+            match b.restore(&dir, &from, None) {
                 Ok(vm) => {
                     w[usize::from(jailed)][2].push(t0.elapsed().as_secs_f64() * 1e3);
                     vm.destroy(std::time::Duration::from_secs(2));

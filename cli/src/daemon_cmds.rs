@@ -321,6 +321,12 @@ pub struct CreateArgs {
     /// At its TTL, pause it (to disk) instead of killing it.
     #[arg(long, requires = "ttl")]
     pub pause_at_ttl: bool,
+    /// A network device behind this egress policy:
+    /// `allow=pypi.org,10.1.2.0/24:443[,deny=ENTRY..][,dns=off]` (entries
+    /// `CIDR[:port[-port]]`, `domain`, `*.domain`; "" lets nothing out).
+    /// Without it the sandbox has no network device.
+    #[arg(long, value_name = "POLICY")]
+    pub net: Option<String>,
     /// When to pull an OCI `--image` first, as `docker run --pull`.
     #[arg(long, value_enum, default_value_t = Pull::Missing)]
     pub pull: Pull,
@@ -335,6 +341,11 @@ pub fn create(g: &Global, a: &CreateArgs) -> Result<i32> {
         env: pairs(&a.env, "--env")?,
         keep_running: a.keep_running,
         pause_at_ttl: a.pause_at_ttl,
+        network: a
+            .net
+            .as_deref()
+            .map(crate::net_arg::parse_net)
+            .transpose()?,
         ..Default::default()
     };
     let root = a.root.request()?;
@@ -396,13 +407,14 @@ pub fn ls(g: &Global, state: Option<&str>, template: Option<&str>, meta: &[Strin
                 format!("{}/{}M", s.vcpus, s.memory_mib),
                 age(now - s.created_at),
                 s.pid.map_or_else(|| "-".into(), |p| p.to_string()),
+                s.guest_addr.map_or_else(|| "-".into(), |a| a.to_string()),
                 meta.join(","),
             ]
         })
         .collect();
     table(
         &[
-            "ID", "STATE", "TEMPLATE", "CPU/MEM", "AGE", "PID", "METADATA",
+            "ID", "STATE", "TEMPLATE", "CPU/MEM", "AGE", "PID", "NET", "METADATA",
         ],
         &rows,
     );

@@ -30,6 +30,7 @@ mod daemon_cmds;
 mod daemon_ctl;
 mod fncall_cmd;
 mod image_cmd;
+mod net_arg;
 mod oci_image_cmd;
 mod progress;
 mod sandbox_cmds;
@@ -461,11 +462,17 @@ fn doctor(json: bool) -> Result<i32> {
     let confined = artifacts::vmm_binary()
         .map(|vmm| confinement::report(&vmm))
         .unwrap_or_else(|_| confinement::report(std::path::Path::new("shoal-vmm")));
+    // What sandboxes created with a network need (the others need none).
+    let net_missing = shoal_hostnet::probe();
     if json {
         let mut v = serde_json::to_value(&r)?;
         if let Some(o) = v.as_object_mut() {
             o.insert("artifacts".into(), artifacts_cmd::show_json(&layout));
             o.insert("confinement".into(), serde_json::to_value(&confined)?);
+            o.insert(
+                "network".into(),
+                serde_json::json!({"ok": net_missing.is_empty(), "missing": net_missing}),
+            );
         }
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
@@ -474,6 +481,8 @@ fn doctor(json: bool) -> Result<i32> {
         print!("{}", artifacts_cmd::show_text(&layout));
         println!();
         print!("{}", confinement::text(&confined));
+        println!();
+        print!("{}", net_arg::doctor_text(&net_missing));
     }
     Ok(0)
 }

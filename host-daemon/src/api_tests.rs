@@ -127,100 +127,6 @@ async fn the_document_lists_exactly_the_routes_the_router_serves() {
     assert!(unrouted(status, &msg), "{status} {msg}");
 }
 
-/// Name and schema of a shared type.
-fn schema<T: ToSchema>() -> (String, Value) {
-    (
-        T::name().into_owned(),
-        serde_json::to_value(T::schema()).unwrap(),
-    )
-}
-
-/// Every type the document may hold a schema of.
-fn shared_schemas() -> BTreeMap<String, Value> {
-    [
-        schema::<t::CreateSandbox>(),
-        schema::<t::Sandbox>(),
-        schema::<t::SandboxState>(),
-        schema::<t::SnapshotRequest>(),
-        schema::<t::ForkRequest>(),
-        schema::<t::Forked>(),
-        schema::<t::ExecRequest>(),
-        schema::<t::ExecResult>(),
-        schema::<t::ExecEvent>(),
-        schema::<t::Encoding>(),
-        schema::<t::FileStat>(),
-        schema::<t::FileType>(),
-        schema::<t::DirEntry>(),
-        schema::<t::Uploaded>(),
-        schema::<t::CreateTemplate>(),
-        schema::<t::Template>(),
-        schema::<t::TemplateState>(),
-        schema::<t::Pool>(),
-        schema::<t::SetPool>(),
-        schema::<t::Stats>(),
-        schema::<t::Usage>(),
-        schema::<t::Limits>(),
-        schema::<t::HostStats>(),
-        schema::<t::Event>(),
-        schema::<t::Health>(),
-        schema::<t::UpdateSandbox>(),
-        schema::<t::RenameRequest>(),
-        schema::<t::Command>(),
-        schema::<t::CommandState>(),
-        schema::<t::SignalCommand>(),
-        schema::<t::ErrorBody>(),
-        schema::<t::ErrorDetail>(),
-        schema::<t::ErrorCode>(),
-        schema::<t::FnCallRequest>(),
-        schema::<t::FnCallResult>(),
-        schema::<t::FnCallStatus>(),
-        schema::<t::CompileResult>(),
-        schema::<t::BatchRequest>(),
-        schema::<t::BatchItem>(),
-        schema::<t::Language>(),
-        schema::<t::PullImage>(),
-        schema::<t::Image>(),
-        schema::<t::ImageList>(),
-        schema::<t::images::ImageLayer>(),
-        schema::<t::images::ImageConfig>(),
-    ]
-    .into_iter()
-    .collect()
-}
-
-#[test]
-fn every_schema_is_the_shared_type() {
-    let doc = document_json();
-    let comps = doc["components"]["schemas"].as_object().unwrap();
-    let shared = shared_schemas();
-    for (name, s) in comps {
-        assert_eq!(
-            Some(s),
-            shared.get(name),
-            "components.schemas.{name} is not the schema of shoal_api's type"
-        );
-    }
-    // Every reference resolves.
-    fn refs(v: &Value, out: &mut Vec<String>) {
-        match v {
-            Value::Object(m) => {
-                if let Some(Value::String(r)) = m.get("$ref") {
-                    out.push(r.clone());
-                }
-                m.values().for_each(|v| refs(v, out));
-            }
-            Value::Array(a) => a.iter().for_each(|v| refs(v, out)),
-            _ => {}
-        }
-    }
-    let mut all = Vec::new();
-    refs(doc, &mut all);
-    for r in all {
-        let name = r.strip_prefix("#/components/schemas/").unwrap_or(&r);
-        assert!(comps.contains_key(name), "{r} does not resolve");
-    }
-}
-
 /// The schema reference (or `[name]` for an array of it) of a body.
 fn body_ref(content: &Value) -> Option<String> {
     let (ct, c) = content.as_object()?.iter().next()?;
@@ -592,6 +498,7 @@ fn every_field_is_documented() {
         env: meta.clone(),
         keep_running: true,
         pause_at_ttl: true,
+        network: Some(t::NetworkSpec::allowing(["pypi.org"])),
     };
     let template = t::CreateTemplate {
         vcpus: Some(1),
@@ -625,6 +532,8 @@ fn every_field_is_documented() {
         error: Some("e".into()),
         keep_running: false,
         pause_at_ttl: false,
+        network: Some(t::NetworkSpec::allowing(["pypi.org"])),
+        guest_addr: Some(std::net::Ipv4Addr::new(10, 0, 0, 2)),
         from_pool: Some(true),
     };
     let tpl = t::Template {
@@ -672,6 +581,7 @@ fn every_field_is_documented() {
         ("RenameRequest", json!({"from": "/a", "to": "/b"})),
         ("SignalCommand", json!({"signal": 15, "group": true})),
         ("Command", full(&command)),
+        ("NetworkSpec", full(&sandbox.network)),
     ] {
         check_fields(name, v);
     }
@@ -687,6 +597,7 @@ fn every_field_is_documented() {
         "UpdateSandbox",
         "RenameRequest",
         "SignalCommand",
+        "NetworkSpec",
     ] {
         let s = &document_json()["components"]["schemas"][name];
         assert_eq!(s["additionalProperties"], false, "{name}");
@@ -792,6 +703,10 @@ fn served_document_is_the_generated_one() {
     );
 }
 
-// The bounds the document states, beside: this file would be too long.
+// The document's schemas and the bounds it states, beside: this file
+// would be too long.
+#[path = "api_schema_tests.rs"]
+mod schemas;
+
 #[path = "api_bounds_tests.rs"]
 mod bounds;

@@ -4,13 +4,14 @@
 
 use rusqlite::{params, Connection, OptionalExtension, Row};
 use serde::{Deserialize, Serialize};
-use shoal_api::RootRequest;
+use shoal_api::{NetworkSpec, RootRequest};
 use shoal_runtime::backend::{BackendState, Kind};
 use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 
 /// Current schema version (stored in `PRAGMA user_version`).
-pub const SCHEMA_VERSION: i64 = 6;
+pub const SCHEMA_VERSION: i64 = 7;
 
 /// Errors of the state database.
 #[derive(Debug, thiserror::Error)]
@@ -73,6 +74,21 @@ pub struct SandboxRow {
     pub pause_at_ttl: bool,
     /// Why it failed.
     pub error: Option<String>,
+    /// Its network (None: it has no network device).
+    pub net: Option<SandboxNet>,
+}
+
+/// A networked sandbox's slot and egress policy, stored as JSON in its
+/// row (`net`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SandboxNet {
+    /// Its slot's index in the address pool (`shoal_hostnet::Slot::index`).
+    pub slot: u32,
+    /// The guest's address in that slot.
+    pub guest_addr: Ipv4Addr,
+    /// Its egress policy as last asked for.
+    pub policy: NetworkSpec,
 }
 
 /// A template row.
@@ -130,7 +146,7 @@ pub struct Db {
 
 const SANDBOX_COLS: &str = "id, template, state, vcpus, memory_mib, pid, backend_state, dir, \
      created_at, last_active, ttl_s, idle_timeout_s, metadata, env, needs_post_restore, error, \
-     keep_running, kind, pause_at_ttl";
+     keep_running, kind, pause_at_ttl, net";
 
 const TEMPLATE_COLS: &str = "name, source, vcpus, memory_mib, dir, state, error, created_at, \
      owned, layers, upper_size_mib, upper_disk_mib, kind, owner, image";
@@ -180,6 +196,18 @@ fn sandbox_row(r: &Row<'_>) -> rusqlite::Result<SandboxRow> {
         keep_running: r.get(16)?,
         kind: kind(r, 17)?,
         pause_at_ttl: r.get(18)?,
+        net: r
+            .get::<_, Option<String>>(19)?
+            .map(|s| {
+                serde_json::from_str(&s).map_err(|e| {
+                    rusqlite::Error::FromSqlConversionFailure(
+                        19,
+                        rusqlite::types::Type::Text,
+                        e.into(),
+                    )
+                })
+            })
+            .transpose()?,
     })
 }
 
@@ -215,7 +243,7 @@ fn template_row(r: &Row<'_>) -> rusqlite::Result<TemplateRow> {
 fn put(conn: &Connection, s: &SandboxRow) -> Result<()> {
     conn.prepare_cached(&format!(
         "INSERT OR REPLACE INTO sandboxes ({SANDBOX_COLS}) \
-         VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,?18,?19)"
+         VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,?18,?19,?20)"
     ))?
     .execute(params![
         s.id,
@@ -237,6 +265,9 @@ fn put(conn: &Connection, s: &SandboxRow) -> Result<()> {
         s.keep_running,
         s.kind.as_str(),
         s.pause_at_ttl,
+        s.net
+            .as_ref()
+            .map(|n| serde_json::to_string(n).unwrap_or_default()),
     ])?;
     Ok(())
 }

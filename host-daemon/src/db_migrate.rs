@@ -26,6 +26,9 @@ pub(super) fn run(tx: &Transaction<'_>, from: i64) -> Result<()> {
     if from < 6 {
         v6(tx)?;
     }
+    if from < 7 {
+        v7(tx)?;
+    }
     Ok(())
 }
 
@@ -136,5 +139,12 @@ fn v6(tx: &Transaction<'_>) -> Result<()> {
         "ALTER TABLE templates ADD COLUMN image TEXT;
          UPDATE templates SET image = substr(source, 5) WHERE source LIKE 'oci:sha256:%';",
     )?;
+    Ok(())
+}
+
+/// Sandboxes' networks: slot index, guest address and egress policy as
+/// JSON (NULL: no network device, as every sandbox before this had).
+fn v7(tx: &Transaction<'_>) -> Result<()> {
+    tx.execute_batch("ALTER TABLE sandboxes ADD COLUMN net TEXT;")?;
     Ok(())
 }

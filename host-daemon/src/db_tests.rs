@@ -24,6 +24,7 @@ fn row(id: &str, state: State) -> SandboxRow {
         keep_running: false,
         pause_at_ttl: false,
         error: None,
+        net: None,
     }
 }
 
@@ -437,4 +438,43 @@ fn version_3_templates_get_owners_only_where_the_daemon_made_them() {
         "{images:?}"
     );
     assert!(images.contains(&oci), "{images:?}");
+}
+
+#[test]
+fn networks_round_trip_and_version_6_rows_have_none() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("state.db");
+    {
+        let db = Db::open(&p).unwrap();
+        db.put_sandbox(&row("old", State::Running)).unwrap();
+        // Back to what a version-6 daemon wrote: no `net` column.
+        db.conn
+            .execute_batch("ALTER TABLE sandboxes DROP COLUMN net; PRAGMA user_version = 6;")
+            .unwrap();
+    }
+    let db = Db::open(&p).unwrap();
+    assert_eq!(db.version().unwrap(), SCHEMA_VERSION);
+    assert_eq!(db.sandbox("old").unwrap().unwrap().net, None);
+    let net = SandboxNet {
+        slot: 7,
+        guest_addr: Ipv4Addr::new(10, 213, 0, 30),
+        policy: shoal_api::NetworkSpec {
+            allow_out: vec!["pypi.org".into(), "10.1.2.0/24:443".into()],
+            deny_out: vec!["10.1.2.3".into()],
+            allow_dns: false,
+        },
+    };
+    let mut r = row("new", State::Paused);
+    r.net = Some(net.clone());
+    db.put_sandbox(&r).unwrap();
+    assert_eq!(db.sandbox("new").unwrap().unwrap().net, Some(net));
+    // A row whose `net` is not what this daemon writes fails to load
+    // instead of passing for a sandbox without a network.
+    db.conn
+        .execute(
+            "UPDATE sandboxes SET net = '{\"slot\":-1}' WHERE id = 'new'",
+            [],
+        )
+        .unwrap();
+    assert!(db.sandbox("new").is_err());
 }

@@ -87,6 +87,9 @@ fn clone_row(d: &Daemon, src: &SandboxRow, req: &ForkRequest, now: f64) -> Sandb
         keep_running: src.keep_running,
         pause_at_ttl: src.pause_at_ttl,
         error: None,
+        // A clone of a networked sandbox would need its own slot: `run`
+        // refuses to fork one.
+        net: None,
     }
 }
 
@@ -144,6 +147,11 @@ async fn remove_snapshot(dir: PathBuf) {
 async fn run(d: &Arc<Daemon>, id: &str, req: ForkRequest) -> ApiResult<Forked> {
     let t0 = Instant::now();
     let (src, live, _busy) = ensure_running(d, id).await?;
+    if src.net.is_some() {
+        return Err(ApiError::Conflict(format!(
+            "sandbox '{id}' has a network: networked sandboxes cannot be forked yet"
+        )));
+    }
     let now = db::now();
     let rows: Vec<SandboxRow> = (0..req.count)
         .map(|_| clone_row(d, &src, &req, now))

@@ -50,6 +50,7 @@ pub mod layer_files;
 pub mod lifecycle;
 pub mod listen;
 pub mod metrics;
+pub mod net_guest;
 pub mod ops;
 pub mod pool;
 pub mod state_perms;
@@ -278,6 +279,9 @@ pub enum ApiError {
     /// 500: the queue of VMM restores was closed.
     #[error("{0}")]
     RestoreQueue(#[from] tokio::sync::AcquireError),
+    /// 503: a network was asked for and this host cannot give one now.
+    #[error("{0}")]
+    NetworkUnavailable(String),
     /// 500: the daemon failed otherwise.
     #[error("{0}")]
     Internal(String),
@@ -304,6 +308,7 @@ impl ApiError {
             ApiError::TooLarge(_) => ErrorCode::PayloadTooLarge,
             ApiError::NotFound(_) => ErrorCode::NotFound,
             ApiError::Conflict(_) => ErrorCode::Conflict,
+            ApiError::NetworkUnavailable(_) => ErrorCode::NetworkUnavailable,
             ApiError::Refused(Refusal::Quota(_)) => ErrorCode::HostFull,
             ApiError::Refused(Refusal::HostPressure(_)) => ErrorCode::HostMemoryLow,
             ApiError::Agent(C::Remote { errno, .. }) if *errno == libc::ENOENT => {

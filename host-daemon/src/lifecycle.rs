@@ -17,9 +17,31 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// Checks a create's network: its policy must parse (400 with hostnet's
+/// message), and then, since this daemon does not give sandboxes a network
+/// device yet, a 503 says so rather than creating one without.
+fn check_network(net: &shoal_api::NetworkSpec) -> ApiResult<()> {
+    network_policy(net)?;
+    // integrator: take a slot here (`SlotPool::take`), apply the policy,
+    // record it in the row's `net` and restore from the networked template
+    // with the slot's TAP (`shoal_runtime` `NetAttach`).
+    Err(ApiError::NetworkUnavailable(
+        "this daemon cannot give sandboxes a network yet (issue 18: slots are not wired in)".into(),
+    ))
+}
+
+/// The egress policy of `net`, or a 400 with hostnet's message.
+pub fn network_policy(net: &shoal_api::NetworkSpec) -> ApiResult<shoal_hostnet::EgressPolicy> {
+    shoal_hostnet::EgressPolicy::parse(&net.allow_out, &net.deny_out, net.allow_dns)
+        .map_err(|e| ApiError::BadRequest(format!("network: {e}")))
+}
+
 /// Creates a sandbox.
 pub async fn create(d: &Arc<Daemon>, mut req: CreateSandbox) -> ApiResult<SandboxView> {
     let t0 = Instant::now();
+    if let Some(net) = &req.network {
+        check_network(net)?;
+    }
     let root = req.root();
     let tpl = match (&req.template, &req.image) {
         (Some(_), Some(_)) => {
@@ -94,6 +116,7 @@ pub async fn create(d: &Arc<Daemon>, mut req: CreateSandbox) -> ApiResult<Sandbo
         keep_running: req.keep_running,
         pause_at_ttl: req.pause_at_ttl,
         error: None,
+        net: None,
     };
     if let Some(r) = d.db(|db| db.take_pooled(&tpl.name, &row))? {
         if let Some(live) = d.live(&r.id) {
@@ -377,4 +400,42 @@ pub fn update_limits(
     .collect();
     d.event(id, "limits", &detail.join(", "));
     Ok(SandboxView::from(row(d, id)?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use shoal_api::NetworkSpec;
+
+    #[test]
+    fn a_bad_policy_is_a_400_with_hostnets_message() {
+        let e = check_network(&NetworkSpec::allowing(["10.0.0.0/33"])).unwrap_err();
+        assert_eq!(e.status(), 400, "{e}");
+        assert!(e.to_string().starts_with("network: "), "{e}");
+        assert!(e.to_string().contains("10.0.0.0/33"), "{e}");
+        // The API documents hostnet's cap.
+        assert_eq!(
+            shoal_api::MAX_POLICY_ENTRIES,
+            shoal_hostnet::policy::MAX_ENTRIES
+        );
+        let many = NetworkSpec::allowing(vec!["1.2.3.4"; shoal_api::MAX_POLICY_ENTRIES + 1]);
+        assert_eq!(check_network(&many).unwrap_err().status(), 400);
+    }
+
+    #[test]
+    fn a_good_policy_is_a_clear_503_until_slots_are_wired_in() {
+        let spec = NetworkSpec {
+            allow_out: vec![
+                "pypi.org".into(),
+                "*.debian.org".into(),
+                "10.1.2.0/24:443".into(),
+            ],
+            deny_out: vec!["10.1.2.3".into()],
+            allow_dns: true,
+        };
+        assert!(network_policy(&spec).is_ok());
+        let e = check_network(&spec).unwrap_err();
+        assert_eq!(e.status(), 503, "{e}");
+        assert!(e.to_string().contains("network"), "{e}");
+    }
 }

@@ -40,6 +40,8 @@ impl From<SandboxRow> for SandboxView {
             error: r.error,
             keep_running: r.keep_running,
             pause_at_ttl: r.pause_at_ttl,
+            guest_addr: r.net.as_ref().map(|n| n.guest_addr),
+            network: r.net.map(|n| n.policy),
             from_pool: None,
         }
     }
@@ -137,7 +139,9 @@ pub async fn start_vmm_with(
                 if let Some(s) = s {
                     s.discard();
                 }
-                backend.restore(&dir, &from)
+                // integrator: a networked sandbox's `NetAttach` (its slot's
+                // netns and TAP) goes here.
+                backend.restore(&dir, &from, None)
             }
         }
         .map_err(|source| ApiError::Backend {
@@ -309,6 +313,9 @@ async fn connect(d: &Daemon, live: &Live) -> ApiResult<AsyncClient> {
             // The first connection after a restore: clones never share
             // randomness or a stale clock.
             c.post_restore(entropy(), unix_nanos()).await?;
+            // integrator: then, for a networked sandbox, its link:
+            // `crate::net_guest::guest_net(pool, &row)` gives the fields of
+            // `agent_proto::NetConfigure` for `c.net_configure(..)`.
         }
         Ok::<_, ClientError>(c)
     };

@@ -108,6 +108,7 @@ async fn fill_one(d: &Arc<Daemon>, tpl: &str) -> bool {
         keep_running: false,
         pause_at_ttl: false,
         error: None,
+        net: None,
     };
     let admitted = ops::admit_and_insert(d, &row, false);
     let stocked = match admitted {

@@ -61,6 +61,7 @@ fn sandbox(id: &str, template: &str) -> SandboxRow {
         keep_running: false,
         pause_at_ttl: false,
         error: None,
+        net: None,
     }
 }
 

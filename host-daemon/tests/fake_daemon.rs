@@ -26,6 +26,8 @@ mod layers;
 mod lifecycle;
 #[path = "fake_daemon/limits.rs"]
 mod limits;
+#[path = "fake_daemon/network.rs"]
+mod network;
 #[path = "fake_daemon/stock.rs"]
 mod stock;
 #[path = "fake_daemon/supervision.rs"]

@@ -17,4 +17,5 @@ pub mod ready;
 pub mod sandbox;
 pub mod template;
 pub mod vm;
+pub mod vmm_net;
 pub mod vmm_process;

@@ -11,6 +11,7 @@
 
 use crate::jail::Jail;
 use crate::ready::{ReadyPipe, READY_FD};
+use crate::vmm_net::{NetDevice, NetLimits, NetTap};
 pub use fds::{open_image, PassedFd, FIRST_PASSED_FD};
 use std::ffi::{OsStr, OsString};
 use std::fs::File;
@@ -221,6 +222,7 @@ pub struct VmmProcess {
     /// passed as descriptors.
     pmem_fds: Vec<(usize, std::os::fd::RawFd)>,
     jail: Option<Jail>,
+    net: Option<NetDevice>,
 }
 
 #[path = "vmm_process_fds.rs"]
@@ -249,6 +251,7 @@ impl VmmProcess {
             passed: vec![],
             pmem_fds: vec![],
             jail: None,
+            net: None,
         }
     }
 
@@ -369,6 +372,19 @@ impl VmmProcess {
             .into_iter()
             .chain(self.passed.iter().map(|p| p.target))
             .collect()
+    }
+
+    /// Gives it a virtio-net device on `tap` (passed as a descriptor):
+    /// `--net` when booting, `--restore-net` (the TAP and MAC the
+    /// snapshot's device gets) when restoring or prewarming.
+    pub fn net_tap(mut self, tap: Arc<File>, mac: [u8; 6], limits: NetLimits) -> Self {
+        let fd = self.pass_fd(tap);
+        self.net = Some(NetDevice {
+            tap: NetTap::Fd(fd),
+            mac,
+            limits,
+        });
+        self
     }
 
     /// Runs the VMM in `jail` (see [`Self::confine`]).
@@ -531,6 +547,13 @@ impl VmmProcess {
                 }
             }
             Start::Prewarm { .. } => {}
+        }
+        if let Some(n) = &self.net {
+            let name = match self.start {
+                Start::Boot { .. } => "--net",
+                Start::Restore { .. } | Start::Prewarm { .. } => "--restore-net",
+            };
+            flag(name, n.arg().as_ref());
         }
         if let Some(m) = self.memory_mib {
             flag("--memory", m.to_string().as_ref());

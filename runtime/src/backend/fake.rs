@@ -15,8 +15,8 @@
 //! Templates are directories holding a `fake-template.json` marker.
 
 use super::{
-    end, BackendError, BackendState, Kind, Proc, Reattached, SandboxBackend, SandboxVm, Source,
-    StockedVm, Transport, VmStats,
+    end, BackendError, BackendState, Kind, NetAttach, Proc, Reattached, SandboxBackend, SandboxVm,
+    Source, StockedVm, Transport, VmStats,
 };
 use crate::sandbox::TemplateSpec;
 use crate::vm;
@@ -266,8 +266,21 @@ impl SandboxBackend for Fake {
         write_marker(dir, &serde_json::json!({ "spec": what }))
     }
 
-    fn restore(&self, dir: &Path, from: &Source) -> Result<Arc<dyn SandboxVm>, BackendError> {
+    fn restore(
+        &self,
+        dir: &Path,
+        from: &Source,
+        net: Option<&NetAttach>,
+    ) -> Result<Arc<dyn SandboxVm>, BackendError> {
         self.faults.check(Op::Restore)?;
+        // A fake VM has no device to put on the TAP; the slot's netns must
+        // be there all the same (the daemon passed a real slot).
+        if let Some(n) = net {
+            std::fs::metadata(&n.netns).map_err(|source| BackendError::Io {
+                path: n.netns.clone(),
+                source,
+            })?;
+        }
         match from {
             Source::Template(t) | Source::Snapshot(t) if t.join(TEMPLATE_MARKER).is_file() => {}
             Source::Template(t) | Source::Snapshot(t) => {

@@ -3,6 +3,7 @@
 //! it for real.
 
 use super::*;
+use crate::vmm_net::NetLimits;
 use agent_client::{Client, ClientError, ExecRequest};
 
 fn backend(_root: &Path) -> Fake {
@@ -41,7 +42,9 @@ fn lifecycle_of_a_fake_sandbox() {
         .unwrap();
     assert!(tpl.join(TEMPLATE_MARKER).is_file());
     let dir = root.path().join("sandboxes/a");
-    let vm = b.restore(&dir, &Source::Template(tpl.clone())).unwrap();
+    let vm = b
+        .restore(&dir, &Source::Template(tpl.clone()), None)
+        .unwrap();
     assert_eq!(vm.kind(), Kind::Fake);
     assert_eq!(echo(&*vm, "one").unwrap(), "one\n");
     assert!(!vm.stats().unwrap().frozen);
@@ -78,7 +81,9 @@ fn lifecycle_of_a_fake_sandbox() {
         b.reattach(&dir, &paused),
         Err(BackendError::NoSource(_))
     ));
-    let vm2 = b.restore(&dir, &Source::Paused(paused.clone())).unwrap();
+    let vm2 = b
+        .restore(&dir, &Source::Paused(paused.clone()), None)
+        .unwrap();
     assert_ne!(vm2.pid(), vm.pid());
     assert_eq!(echo(&*vm2, "three").unwrap(), "three\n");
 
@@ -87,7 +92,11 @@ fn lifecycle_of_a_fake_sandbox() {
     vm2.snapshot(&snap).unwrap();
     assert!(!vm2.stats().unwrap().frozen, "it goes on running");
     let vm3 = b
-        .restore(&root.path().join("sandboxes/b"), &Source::Template(snap))
+        .restore(
+            &root.path().join("sandboxes/b"),
+            &Source::Template(snap),
+            None,
+        )
         .unwrap();
     assert_eq!(echo(&*vm3, "four").unwrap(), "four\n");
 
@@ -114,18 +123,18 @@ fn faults_strays_and_bad_sources() {
     let sbs = root.path().join("sandboxes");
     b.faults().fail_next(Op::Restore, 1);
     assert!(matches!(
-        b.restore(&sbs.join("a"), &Source::Template(tpl.clone())),
+        b.restore(&sbs.join("a"), &Source::Template(tpl.clone()), None),
         Err(BackendError::Injected(_))
     ));
     assert!(matches!(
-        b.restore(&sbs.join("a"), &Source::Template(root.path().into())),
+        b.restore(&sbs.join("a"), &Source::Template(root.path().into()), None),
         Err(BackendError::NoSource(_))
     ));
     let keep = b
-        .restore(&sbs.join("k"), &Source::Template(tpl.clone()))
+        .restore(&sbs.join("k"), &Source::Template(tpl.clone()), None)
         .unwrap();
     let stray = b
-        .restore(&sbs.join("s"), &Source::Template(tpl.clone()))
+        .restore(&sbs.join("s"), &Source::Template(tpl.clone()), None)
         .unwrap();
 
     // A failed pause leaves it stopped, as a VMM after a failed snapshot;
@@ -150,4 +159,39 @@ fn faults_strays_and_bad_sources() {
         Err(BackendError::State { .. })
     ));
     keep.destroy(Duration::from_secs(2));
+}
+
+#[test]
+fn a_networked_restore_needs_its_netns() {
+    let root = tempfile::tempdir().unwrap();
+    let b = backend(root.path());
+    let tpl = root.path().join("templates/tiny-net");
+    b.build_template(TemplateSpec::new("tiny", 1, 128), &[], &tpl)
+        .unwrap();
+    let tap = Arc::new(std::fs::File::open("/dev/null").unwrap());
+    let mut net = NetAttach {
+        netns: root.path().join("no-such-netns"),
+        tap,
+        mac: [0x02, 0x5a, 10, 213, 0, 6],
+        limits: NetLimits::default(),
+    };
+    let e = b
+        .restore(
+            &root.path().join("sandboxes/a"),
+            &Source::Template(tpl.clone()),
+            Some(&net),
+        )
+        .unwrap_err();
+    assert!(e.to_string().contains("no-such-netns"), "{e}");
+    // The host's own netns stands in for a slot's: the fake VM runs.
+    net.netns = "/proc/self/ns/net".into();
+    let vm = b
+        .restore(
+            &root.path().join("sandboxes/b"),
+            &Source::Template(tpl),
+            Some(&net),
+        )
+        .unwrap();
+    assert_eq!(echo(&*vm, "up").unwrap(), "up\n");
+    vm.destroy(Duration::from_secs(10));
 }

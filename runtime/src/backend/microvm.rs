@@ -5,8 +5,8 @@
 
 use super::microvm_template::build_from_layout;
 use super::{
-    BackendError, BackendState, Kind, Proc, Reattached, SandboxBackend, SandboxVm, Source,
-    Transport, VmStats,
+    BackendError, BackendState, Kind, NetAttach, Proc, Reattached, SandboxBackend, SandboxVm,
+    Source, Transport, VmStats,
 };
 use crate::jail::{self, JailConfig};
 use crate::ready::{Readiness, ReadyPipe};
@@ -168,13 +168,15 @@ impl MicroVm {
 /// own pause snapshot passes that copy again (the VMM refuses to open a
 /// saved writable disk path it was not given).
 /// Jailed (`jail`), it sees `files` read-only besides its directory.
+/// With `net`, its net device is on that TAP and its jail joins that
+/// netns (the slot's) instead of a fresh one.
 fn spawn_restore(
     vmm: &Path,
     snapshot: &Path,
     paths: &Paths,
-    jail: Option<&JailConfig>,
-    files: &[PathBuf],
+    at: &Restore<'_>,
 ) -> Result<(Proc, ReadyPipe), BackendError> {
+    let Restore { jail, files, net } = *at;
     std::fs::create_dir_all(&paths.dir).map_err(|source| BackendError::Io {
         path: paths.dir.clone(),
         source,
@@ -193,11 +195,21 @@ fn spawn_restore(
         // a saved writable disk only when it is given explicitly.
         p = p.disk(Disk::rw(own));
     }
+    if let Some(n) = net {
+        p = p.net_tap(n.tap.clone(), n.mac, n.limits);
+    }
     if let Some(j) = jail {
         let _ = std::fs::remove_file(paths.dir.join(jail::PID_FILE));
-        let j = j
+        let mut j = j
             .jail_for(&paths.dir, files, guest_bytes(snapshot, files))
             .map_err(|e| BackendError::Jail(e.to_string()))?;
+        if let Some(n) = net {
+            let ns = std::fs::File::open(&n.netns).map_err(|source| BackendError::Io {
+                path: n.netns.clone(),
+                source,
+            })?;
+            j.netns = Some(Arc::new(ns));
+        }
         p = p.jail(j);
     }
     let s = p
@@ -219,6 +231,14 @@ fn spawn_restore(
         "no readiness pipe",
     )))?;
     Ok((Proc { pid, start }, ready))
+}
+
+/// How [`spawn_restore`] confines and connects the VMM.
+#[derive(Clone, Copy)]
+struct Restore<'a> {
+    jail: Option<&'a JailConfig>,
+    files: &'a [PathBuf],
+    net: Option<&'a NetAttach>,
 }
 
 /// Ends a VMM or its jailer: SIGTERM, then SIGKILL if it is still there
@@ -300,11 +320,20 @@ impl SandboxBackend for MicroVm {
         Ok(())
     }
 
-    fn restore(&self, dir: &Path, from: &Source) -> Result<Arc<dyn SandboxVm>, BackendError> {
+    fn restore(
+        &self,
+        dir: &Path,
+        from: &Source,
+        net: Option<&NetAttach>,
+    ) -> Result<Arc<dyn SandboxVm>, BackendError> {
         let (snapshot, files, keep) = self.restore_source(dir, from)?;
         let paths = Paths::new(dir);
-        let (p, mut ready) =
-            spawn_restore(&self.vmm, &snapshot, &paths, self.jail.as_ref(), &files)?;
+        let at = Restore {
+            jail: self.jail.as_ref(),
+            files: &files,
+            net,
+        };
+        let (p, mut ready) = spawn_restore(&self.vmm, &snapshot, &paths, &at)?;
         wait_ready(&p, &mut ready, &paths)?;
         Ok(Arc::new(MicroVmSandbox {
             proc: p,
@@ -685,7 +714,11 @@ mod tests {
             "a running state resumes nothing"
         );
         assert!(matches!(
-            b.restore(dir.path(), &Source::Template(dir.path().join("no-tpl"))),
+            b.restore(
+                dir.path(),
+                &Source::Template(dir.path().join("no-tpl")),
+                None
+            ),
             Err(BackendError::NoSource(_))
         ));
     }

@@ -19,6 +19,7 @@ pub mod microvm;
 pub mod microvm_template;
 
 use crate::sandbox::TemplateSpec;
+pub use crate::vmm_net::{NetAttach, NetLimits};
 pub use agent_client::Transport;
 use serde::{Deserialize, Serialize};
 use shoal_images::layer_files::Layer;
@@ -288,8 +289,15 @@ pub trait SandboxBackend: Send + Sync {
         dir: &Path,
     ) -> Result<(), BackendError>;
     /// Starts the VM of the sandbox whose directory is `dir` from `from`,
-    /// and waits until it runs.
-    fn restore(&self, dir: &Path, from: &Source) -> Result<Arc<dyn SandboxVm>, BackendError>;
+    /// and waits until it runs. With `net` (a networked sandbox, restored
+    /// from a networked template or its own pause snapshot), the VM's net
+    /// device is on that TAP and the VM in that network namespace.
+    fn restore(
+        &self,
+        dir: &Path,
+        from: &Source,
+        net: Option<&NetAttach>,
+    ) -> Result<Arc<dyn SandboxVm>, BackendError>;
     /// Starts, ahead of its sandbox, the VM process of a sandbox in `dir`
     /// that will be restored from `template` (of `vcpus` and `memory_mib`),
     /// and waits until it is ready for that; `Ok(None)` where this kind
