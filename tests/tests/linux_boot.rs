@@ -23,6 +23,7 @@ fn linux(cmd: String, initrd: Option<std::path::PathBuf>, disks: Vec<DiskConfig>
         cpu_profile: None,
         vsock: None,
         pmem: vec![],
+        net: None,
     }
 }
 

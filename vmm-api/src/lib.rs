@@ -33,5 +33,6 @@ pub use server::{
     MAX_CONNECTIONS,
 };
 pub use wire::{
-    Reply, ReplyBody, Request, RestoreInfo, Sample, SnapshotInfo, Stats, VmState, MAX_LINE,
+    NetStats, Reply, ReplyBody, Request, RestoreInfo, Sample, SnapshotInfo, Stats, VmState,
+    MAX_LINE,
 };

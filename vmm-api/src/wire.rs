@@ -126,6 +126,27 @@ pub struct Stats {
     /// Guest writes to read-only pmem devices, dropped.
     #[serde(default)]
     pub pmem_guest_writes: u64,
+    /// The net device's counters (absent: no net device).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub net: Option<NetStats>,
+}
+
+/// A net device's counters since the VM started (or was restored).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct NetStats {
+    /// Frames delivered to the guest.
+    pub rx_packets: u64,
+    /// Bytes delivered to the guest.
+    pub rx_bytes: u64,
+    /// Host frames dropped (guest buffer too small or malformed, TAP errors).
+    pub rx_dropped: u64,
+    /// Guest frames written to the TAP.
+    pub tx_packets: u64,
+    /// Bytes written to the TAP.
+    pub tx_bytes: u64,
+    /// Guest frames dropped (spoofed source MAC, malformed, oversize, TAP
+    /// errors).
+    pub tx_dropped: u64,
 }
 
 /// Reply to `snapshot`: what it wrote.
@@ -381,6 +402,14 @@ pub(crate) mod tests {
             serial_dropped: 1,
             pid: 42,
             pmem_guest_writes: 3,
+            net: Some(NetStats {
+                rx_packets: 1,
+                rx_bytes: 60,
+                rx_dropped: 0,
+                tx_packets: 2,
+                tx_bytes: 120,
+                tx_dropped: 1,
+            }),
         }
     }
 
@@ -400,7 +429,8 @@ pub(crate) mod tests {
             s(success_line(&stats())),
             "{\"ok\":true,\"stats\":{\"state\":\"paused\",\"vcpus\":2,\"memory_mib\":256,\
              \"uptime_ms\":1234,\"serial_bytes\":10,\"serial_dropped\":1,\"pid\":42,\
-             \"pmem_guest_writes\":3}}\n"
+             \"pmem_guest_writes\":3,\"net\":{\"rx_packets\":1,\"rx_bytes\":60,\"rx_dropped\":0,\
+             \"tx_packets\":2,\"tx_bytes\":120,\"tx_dropped\":1}}}\n"
         );
         assert_eq!(
             s(refusal_line("no \"guest\"")),

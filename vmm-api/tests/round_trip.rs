@@ -30,6 +30,7 @@ fn stats() -> Stats {
         serial_dropped: 0,
         pid: 7,
         pmem_guest_writes: 0,
+        net: None,
     }
 }
 

@@ -142,6 +142,10 @@ pub struct VmConfig {
     /// virtio-mmio slots follow the disks and the vsock device.
     #[serde(default)]
     pub pmem: Vec<PmemConfig>,
+    /// One virtio-net device on a TAP (after the pmem devices); none: the
+    /// guest has no network device at all.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub net: Option<crate::net_config::NetDeviceConfig>,
 }
 
 fn one() -> u8 {
@@ -174,6 +178,7 @@ impl VmConfig {
             cpu_profile: None,
             vsock: None,
             pmem: vec![],
+            net: None,
         }
     }
 
@@ -234,6 +239,18 @@ impl VmConfig {
                 "pmem descriptor {fd}: must be 3 or above"
             )));
         }
+        if let Some(n) = &self.net {
+            if let crate::net_config::TapSource::Fd(fd) = n.tap {
+                if fd < 3 {
+                    return Err(ConfigError::Invalid(format!(
+                        "net descriptor {fd}: must be 3 or above"
+                    )));
+                }
+            }
+            n.mac
+                .validate()
+                .map_err(|e| ConfigError::Invalid(format!("net: {e}")))?;
+        }
         if let BootSource::RealMode { code, addr } = &self.boot {
             if usize::from(*addr) + code.len() > 0x1_0000 || code.is_empty() {
                 return Err(ConfigError::Invalid(
@@ -249,9 +266,12 @@ impl VmConfig {
         u64::from(self.memory_mib) << 20
     }
 
-    /// Number of virtio-mmio devices: disks, then vsock, then pmem.
+    /// Number of virtio-mmio devices: disks, then vsock, then pmem, then net.
     pub fn virtio_devices(&self) -> usize {
-        self.disks.len() + usize::from(self.vsock.is_some()) + self.pmem.len()
+        self.disks.len()
+            + usize::from(self.vsock.is_some())
+            + self.pmem.len()
+            + usize::from(self.net.is_some())
     }
 }
 

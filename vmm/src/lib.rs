@@ -8,6 +8,7 @@ pub mod events;
 pub mod host;
 mod kernel_map;
 pub mod layout;
+pub mod net_config;
 pub mod persist;
 pub mod seccomp;
 pub mod vcpu;
@@ -15,5 +16,6 @@ pub mod vm;
 
 pub use config::{BootSource, DiskConfig, PmemConfig, SerialOutput, VmConfig, VsockConfig};
 pub use cpu::CpuProfile;
+pub use net_config::{NetDeviceConfig, TapSource};
 pub use vcpu::ExitReason;
 pub use vm::{RestoreOptions, RunOptions, RunOutcome, Vm, VmError};

@@ -29,10 +29,10 @@ struct Args {
     #[arg(long, requires = "check_host")]
     json: bool,
     /// Whole VM configuration as a JSON file (excludes the flags below).
-    #[arg(long, conflicts_with_all = ["kernel", "cmdline", "initrd", "disk", "pmem", "restore"])]
+    #[arg(long, conflicts_with_all = ["kernel", "cmdline", "initrd", "disk", "pmem", "restore", "net"])]
     config: Option<PathBuf>,
     /// Start from the snapshot in this directory instead of booting.
-    #[arg(long, conflicts_with_all = ["kernel", "cmdline", "initrd", "disk", "pmem"])]
+    #[arg(long, conflicts_with_all = ["kernel", "cmdline", "initrd", "disk", "pmem", "net"])]
     restore: Option<PathBuf>,
     /// With --restore: the file for the snapshot's next virtio-blk disk, in
     /// place of the saved path (repeatable: /dev/vda, /dev/vdb, ...). A
@@ -52,7 +52,7 @@ struct Args {
     api_sock: Option<PathBuf>,
     /// Create an empty VM (--memory, --vcpus) and wait on --api-sock for a
     /// `restore` request; keep the VM for further restores when the guest stops.
-    #[arg(long, requires = "api_sock", conflicts_with_all = ["kernel", "config", "restore", "pmem"])]
+    #[arg(long, requires = "api_sock", conflicts_with_all = ["kernel", "config", "restore", "pmem", "net"])]
     prewarm: bool,
     /// With --prewarm: end when the first restored guest stops, as a VMM
     /// restored with --restore does (a sandbox's VMM made ahead), instead of
@@ -83,6 +83,17 @@ struct Args {
     /// inherited descriptor N (PATH only names it, in snapshots).
     #[arg(long, value_name = "PATH")]
     pmem: Vec<PathBuf>,
+    /// virtio-net device on a TAP: `fd:N,mac=MAC` (an inherited TAP
+    /// descriptor) or `tap=NAME,mac=MAC`, then optional `rx_bps=N`,
+    /// `rx_pps=N`, `tx_bps=N`, `tx_pps=N` (token-bucket limits, bytes and
+    /// frames per second). None: the guest has no network device.
+    #[arg(long, value_name = "SPEC")]
+    net: Option<String>,
+    /// With --restore or --prewarm: the TAP, MAC and limits of the
+    /// snapshot's net device (same syntax as --net). Required for a
+    /// snapshot with a net device, refused for one without.
+    #[arg(long, value_name = "SPEC")]
+    restore_net: Option<String>,
     /// Serial console: stdout, null, or file:PATH.
     #[arg(long, default_value = "stdout")]
     serial: String,
@@ -173,6 +184,11 @@ fn parse_pmem(p: &std::path::Path) -> Result<PmemConfig> {
     })
 }
 
+/// `--net` / `--restore-net SPEC`.
+fn parse_net(s: &str) -> Result<vmm::NetDeviceConfig> {
+    s.parse().map_err(|e| anyhow::anyhow!("--net {s}: {e}"))
+}
+
 fn serial_output(s: &str) -> Result<SerialOutput> {
     Ok(match s {
         "stdout" => SerialOutput::Stdout,
@@ -222,6 +238,7 @@ fn build_config(a: &Args) -> Result<VmConfig> {
         cid: a.vsock_cid,
         uds_path,
     });
+    c.net = a.net.as_deref().map(parse_net).transpose()?;
     c.cpu_profile = match a.cpu_profile.as_str() {
         "auto" => None,
         p => Some(p.parse::<CpuProfile>().map_err(anyhow::Error::msg)?),
@@ -264,10 +281,23 @@ fn run(a: &Args, start_ns: u128) -> Result<i32> {
     let serial = (a.serial != "stdout")
         .then(|| serial_output(&a.serial))
         .transpose()?;
+    if a.restore_net.is_some() && a.restore.is_none() && !a.prewarm {
+        anyhow::bail!("--restore-net needs --restore or --prewarm");
+    }
+    if a.prewarm
+        && a.restore_net
+            .as_deref()
+            .is_some_and(|s| s.starts_with("tap="))
+    {
+        // The restore runs under the main thread's seccomp filter, which
+        // does not let a TAP be opened by name.
+        anyhow::bail!("--prewarm takes --restore-net fd:N,... (an inherited TAP), not tap=NAME");
+    }
     let opts = RestoreOptions {
         serial,
         vsock_uds: a.vsock_uds.clone(),
         disks: a.restore_disk.clone(),
+        net: a.restore_net.as_deref().map(parse_net).transpose()?,
     };
     let vm = match &a.restore {
         None if a.prewarm => Vm::prewarmed(a.memory, a.vcpus, None, opts)?,

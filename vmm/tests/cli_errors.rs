@@ -27,6 +27,31 @@ fn bad_configs_each_give_one_clear_line() {
     std::fs::write(d("broken.json"), b"{").unwrap();
 
     expect_error(&[], "no kernel");
+    // Net device specs (checked before the kernel is opened).
+    let k = d("not-elf");
+    for (spec, needle) in [
+        ("mac=02:00:00:00:00:01", "expected fd:N or tap=NAME"),
+        ("fd:1,mac=02:00:00:00:00:01", "3 or above"),
+        ("fd:9", "mac=XX"),
+        ("fd:9,mac=ff:ff:ff:ff:ff:ff", "unicast"),
+        ("fd:9,mac=02:00:00:00:00:01,rx_bps=fast", "> 0"),
+    ] {
+        expect_error(&["--kernel", &k, "--net", spec], needle);
+    }
+    // A descriptor that is not a TAP.
+    expect_error(
+        &["--kernel", &k, "--net", "fd:200,mac=02:00:00:00:00:01"],
+        "net: ",
+    );
+    expect_error(
+        &[
+            "--kernel",
+            &k,
+            "--restore-net",
+            "fd:9,mac=02:00:00:00:00:01",
+        ],
+        "--restore-net needs --restore or --prewarm",
+    );
     expect_error(&["--kernel", &d("missing")], "cannot open kernel");
     expect_error(
         &["--kernel", &d("not-elf")],

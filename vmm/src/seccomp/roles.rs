@@ -211,5 +211,15 @@ pub fn main() -> R {
     t.allow_when(sys!(SYS_tgkill), arg_in(2, &[int(libc::SIGRTMIN())])?);
     // Added to the vCPU role's.
     t.allow_when(sys!(SYS_ioctl), arg_in(1, &kvm::main_thread())?);
+    // The net device of a guest restored into a pre-warmed VM: the
+    // duplicate of its inherited TAP descriptor is checked (TUNGETIFF),
+    // given the virtio header length and made non-blocking. Opening a TAP
+    // by name (TUNSETIFF) is never allowed here.
+    use devices::virtio::net::tap::{TUNGETIFF, TUNSETVNETHDRSZ};
+    t.allow_when(sys!(SYS_ioctl), arg_in(1, &[TUNGETIFF, TUNSETVNETHDRSZ])?);
+    t.allow_when(
+        sys!(SYS_fcntl),
+        arg_in(1, &[int(libc::F_GETFL), int(libc::F_SETFL)])?,
+    );
     Ok(t)
 }

@@ -115,6 +115,8 @@ impl Vm {
             vsock_path: cfg.vsock.as_ref().map(|v| v.uds_path.clone()),
             memory_base: None,
             pmem: vec![],
+            net: None,
+            net_override: None,
         };
         Ok((vm, kvm))
     }
@@ -144,7 +146,7 @@ impl Vm {
 
     /// (Re)creates the device set on fresh buses: i8042, COM1 (it keeps the
     /// current console sink), and the configured virtio devices in MMIO slot
-    /// order: disks, vsock, pmem (the pmem images must be mapped already,
+    /// order: disks, vsock, pmem, net (the pmem images must be mapped already,
     /// see `pmem_dev`). With `saved`, COM1 and the virtio transports are
     /// restored from it ([`Persist::restore`]; activated devices are
     /// re-activated at their saved queue positions). Returns the kernel
@@ -164,6 +166,7 @@ impl Vm {
         self.mmio = Bus::new();
         self.virtio.clear();
         self.vsock = None;
+        self.net = None;
         let i8042 = I8042::new(self.reset_evt.try_clone().map_err(io_err("eventfd"))?);
         self.pio
             .insert(Arc::new(Mutex::new(i8042)), I8042_PORT, I8042_PORT_LEN)?;
@@ -204,9 +207,22 @@ impl Vm {
             }
         }
         let first_pmem = disks.len() + usize::from(self.config.vsock.is_some());
-        for (j, p) in self.pmem_devices()?.into_iter().enumerate() {
+        let pmem = self.pmem_devices()?;
+        let net_index = first_pmem + pmem.len();
+        for (j, p) in pmem.into_iter().enumerate() {
             args.push(self.add_virtio(Box::new(p.device), first_pmem + j, saved)?);
             self.mmio.insert(p.sink, p.base, p.len)?;
+        }
+        if let Some(n) = self.config.net.clone() {
+            let tap = super::net_dev::open_tap(&n.tap)?;
+            let mut dev = devices::virtio::net::Net::new(tap, &n.device_config())
+                .map_err(|e| VmError::DeviceState(format!("net: {e}")))?;
+            let events = dev.take_events();
+            self.net = Some(dev.handle());
+            args.push(self.add_virtio(Box::new(dev), net_index, saved)?);
+            if let Some(e) = events {
+                self.add_subscriber(Box::new(e))?;
+            }
         }
         Ok(args)
     }

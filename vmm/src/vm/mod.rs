@@ -3,6 +3,7 @@
 
 mod build;
 mod diff;
+mod net_dev;
 mod pmem_dev;
 mod restore;
 mod run;
@@ -204,6 +205,11 @@ pub struct Vm {
     /// Each removes its own slot before unmapping, so drop order does not
     /// matter.
     pmem: Vec<pmem_dev::PmemDev>,
+    /// Handle of the net device, if any (its counters).
+    net: Option<devices::virtio::net::NetHandle>,
+    /// The TAP and MAC a pre-warmed VM gives the net device of the
+    /// snapshot it reloads (`--restore-net`).
+    net_override: Option<crate::net_config::NetDeviceConfig>,
 }
 
 /// What a restore may change about the saved VM.
@@ -219,6 +225,10 @@ pub struct RestoreOptions {
     /// VM restored from one snapshot needs its own copy of the file as it
     /// was when the snapshot was taken (same size, same bytes).
     pub disks: Vec<std::path::PathBuf>,
+    /// The TAP, MAC and limits of the snapshot's net device. Required
+    /// when the snapshot has one (a clone never sends with its template's
+    /// identity) and refused when it has none.
+    pub net: Option<crate::net_config::NetDeviceConfig>,
 }
 
 /// Where console output of a new or restored VM goes.

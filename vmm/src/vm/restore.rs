@@ -201,6 +201,7 @@ impl Vm {
             v.uds_path = p;
         }
         override_disks(dir, &mut cfg, &opts.disks)?;
+        super::net_dev::apply_restore_net(dir, &mut cfg, opts.net.as_ref())?;
         let mem_dir = memory_dir(dir, &st)?;
         let f = open_memory(&mem_dir, &st.memory_regions)?;
         let mem = map_memory_file(f, &st.memory_regions, cfg.memory_mib)?;
@@ -244,6 +245,7 @@ impl Vm {
             cpu_profile: None,
             vsock: None,
             pmem: vec![],
+            net: None,
         };
         cfg.validate()?;
         let mem = anonymous_memory(&cfg)?;
@@ -252,6 +254,7 @@ impl Vm {
         let (mut vm, _) = Self::shell(&cfg, base, mem, sink)?;
         vm.finish_shell()?;
         vm.vsock_path = opts.vsock_uds;
+        vm.net_override = opts.net;
         Ok(vm)
     }
 
@@ -273,6 +276,7 @@ impl Vm {
     ) -> Result<(), VmError> {
         let (st, mut cfg) = load_checked(dir)?;
         override_disks(dir, &mut cfg, disks)?;
+        super::net_dev::apply_restore_net(dir, &mut cfg, self.net_override.as_ref())?;
         let bad = incompatible(dir);
         let current: Vec<(u64, u64)> = self
             .mem

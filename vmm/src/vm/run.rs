@@ -293,6 +293,14 @@ impl Vm {
                     serial_dropped: stats.dropped_bytes.load(Ordering::Relaxed),
                     pid: std::process::id(),
                     pmem_guest_writes: self.pmem_guest_writes(),
+                    net: self.net_counters().map(|c| vmm_api::NetStats {
+                        rx_packets: c.rx_packets,
+                        rx_bytes: c.rx_bytes,
+                        rx_dropped: c.rx_too_small + c.rx_malformed + c.rx_tap_errors,
+                        tx_packets: c.tx_packets,
+                        tx_bytes: c.tx_bytes,
+                        tx_dropped: c.tx_spoofed + c.tx_malformed + c.tx_oversize + c.tx_tap_errors,
+                    }),
                 })
             }
             Command::Snapshot { dir, diff, reply } => {

@@ -22,6 +22,7 @@ pub fn small_config(boot: BootSource, memory_mib: u32) -> VmConfig {
         cpu_profile: None,
         vsock: None,
         pmem: vec![],
+        net: None,
     }
 }
 

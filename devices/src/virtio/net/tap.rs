@@ -28,8 +28,8 @@ const IFF_TYPE_MASK: i16 = 0x0003;
 
 // _IOW('T', 202, int), _IOR('T', 210, unsigned int), _IOW('T', 216, int).
 const TUNSETIFF: libc::c_ulong = 0x4004_54ca;
-const TUNGETIFF: libc::c_ulong = 0x8004_54d2;
-const TUNSETVNETHDRSZ: libc::c_ulong = 0x4004_54d8;
+pub const TUNGETIFF: libc::c_ulong = 0x8004_54d2;
+pub const TUNSETVNETHDRSZ: libc::c_ulong = 0x4004_54d8;
 
 /// `struct ifreq` as TUNSETIFF/TUNGETIFF use it: the name and the flags.
 #[repr(C)]
