@@ -103,14 +103,12 @@ impl ErrorCode {
     }
 
     /// Whether the same request may succeed later (429, 503): the daemon
-    /// sends `Retry-After` with these.
+    /// sends `Retry-After` with these. Not `network_unavailable`: what the
+    /// host lacks does not come back by waiting.
     pub fn retryable(self) -> bool {
         matches!(
             self,
-            ErrorCode::HostFull
-                | ErrorCode::HostMemoryLow
-                | ErrorCode::SandboxBusy
-                | ErrorCode::NetworkUnavailable
+            ErrorCode::HostFull | ErrorCode::HostMemoryLow | ErrorCode::SandboxBusy
         )
     }
 }
@@ -160,7 +158,8 @@ mod tests {
             let v = serde_json::to_value(c).unwrap();
             assert_eq!(v, c.as_str());
             assert_eq!(serde_json::from_value::<ErrorCode>(v).unwrap(), c);
-            assert_eq!(c.retryable(), c.status() == 429 || c.status() == 503);
+            let busy = c.status() == 429 || c.status() == 503;
+            assert_eq!(c.retryable(), busy && c != ErrorCode::NetworkUnavailable);
         }
         let b = ErrorBody::new(ErrorCode::HostFull, "full");
         assert_eq!(

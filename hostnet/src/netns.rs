@@ -67,7 +67,7 @@ where
 
 /// Attaches to the TAP `ifname` of the calling thread's netns with
 /// `IFF_TAP | IFF_NO_PI | IFF_VNET_HDR` (what the VMM's virtio-net wants).
-pub(crate) fn attach_tap(ifname: &str) -> io::Result<OwnedFd> {
+pub fn attach_tap(ifname: &str) -> io::Result<OwnedFd> {
     let tun = OpenOptions::new()
         .read(true)
         .write(true)

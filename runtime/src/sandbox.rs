@@ -223,6 +223,32 @@ pub fn build_template(
     vmm: &Path,
     jail: Option<&crate::jail::JailConfig>,
 ) -> Result<(), SandboxError> {
+    build_template_in(dir, spec, guest, vmm, jail, None)
+}
+
+/// [`build_template`] of a networked template (unjailed): booted with a
+/// virtio-net device on `tap` with `mac` (see
+/// [`template::make_with_net`]); restore it with
+/// [`Sandbox::start_with_net`].
+pub fn build_net_template(
+    dir: &Path,
+    spec: &TemplateSpec,
+    guest: &GuestFiles,
+    vmm: &Path,
+    tap: std::sync::Arc<std::fs::File>,
+    mac: [u8; 6],
+) -> Result<(), SandboxError> {
+    build_template_in(dir, spec, guest, vmm, None, Some((tap, mac)))
+}
+
+fn build_template_in(
+    dir: &Path,
+    spec: &TemplateSpec,
+    guest: &GuestFiles,
+    vmm: &Path,
+    jail: Option<&crate::jail::JailConfig>,
+    net: Option<(std::sync::Arc<std::fs::File>, [u8; 6])>,
+) -> Result<(), SandboxError> {
     let (mut boot, _) = template_boot(spec, guest, vmm)?;
     std::fs::create_dir_all(dir).map_err(|e| SandboxError::Io(dir.into(), e))?;
     // A scratch disk is booted freshly formatted and stays in the template
@@ -236,7 +262,11 @@ pub fn build_template(
         boot.upper_disk = Some(p);
     }
     boot.vsock_uds = Some(dir.join("boot.vsock"));
-    let res = template::make_jailed(&boot, vmm, dir, INIT_MARKER, Duration::from_secs(900), jail);
+    let t = Duration::from_secs(900);
+    let res = match net {
+        Some((tap, mac)) => template::make_with_net(&boot, vmm, dir, INIT_MARKER, t, tap, mac),
+        None => template::make_jailed(&boot, vmm, dir, INIT_MARKER, t, jail),
+    };
     let _ = std::fs::remove_file(dir.join("boot.vsock"));
     if let Err(e) = res {
         let _ = std::fs::remove_dir_all(dir);
@@ -325,6 +355,17 @@ impl Sandbox {
         tpl: &Path,
         detach: bool,
     ) -> Result<(Sandbox, Option<std::process::Child>), SandboxError> {
+        Self::start_with_net(tpl, detach, None)
+    }
+
+    /// [`Self::start`] from a networked template (see
+    /// [`crate::template::make_with_net`]), its net device on `net`'s TAP
+    /// with `net`'s MAC (`--restore-net`).
+    pub fn start_with_net(
+        tpl: &Path,
+        detach: bool,
+        net: Option<(std::sync::Arc<std::fs::File>, [u8; 6])>,
+    ) -> Result<(Sandbox, Option<std::process::Child>), SandboxError> {
         Self::reap_stale();
         let id = random_id();
         let dir = Self::root().join(&id);
@@ -357,6 +398,9 @@ impl Sandbox {
         let mut p = VmmProcess::restore(&vmm, tpl);
         if let Some(d) = disk {
             p = p.disk(Disk::rw(d));
+        }
+        if let Some((tap, mac)) = net {
+            p = p.net_tap(tap, mac, crate::vmm_net::NetLimits::default());
         }
         let spawned = p
             .api_sock(&sb.api_sock)

@@ -64,7 +64,7 @@ pub fn make_with(
     timeout: Duration,
     wait_idle: bool,
 ) -> Result<SnapshotInfo, TemplateError> {
-    make_in(spec, vmm, dir, ready, timeout, wait_idle, None)
+    make_in(spec, vmm, dir, ready, timeout, wait_idle, None, None)
 }
 
 /// [`make`] with the VMM in `jail` (None: unjailed): it sees `dir`
@@ -77,7 +77,24 @@ pub fn make_jailed(
     timeout: Duration,
     jail: Option<&JailConfig>,
 ) -> Result<SnapshotInfo, TemplateError> {
-    make_in(spec, vmm, dir, ready, timeout, true, jail)
+    make_in(spec, vmm, dir, ready, timeout, true, jail, None)
+}
+
+/// [`make`] with a virtio-net device on `tap` with `mac` (unjailed): a
+/// networked template. The guest's interface stays unconfigured (down) in
+/// the snapshot, so the boot sends nothing; each restore gives the device
+/// its own TAP and MAC (`--restore-net`) and the agent its address
+/// (`NetConfigure`).
+pub fn make_with_net(
+    spec: &BootSpec,
+    vmm: &Path,
+    dir: &Path,
+    ready: &str,
+    timeout: Duration,
+    tap: std::sync::Arc<std::fs::File>,
+    mac: [u8; 6],
+) -> Result<SnapshotInfo, TemplateError> {
+    make_in(spec, vmm, dir, ready, timeout, true, None, Some((tap, mac)))
 }
 
 /// The jail of a template boot of `spec` into `dir`.
@@ -110,6 +127,8 @@ fn boot_jail(
         .map_err(|e| TemplateError::NotReady(format!("jail: {e}")))
 }
 
+// One private helper behind the public variants (plain, jailed, networked).
+#[allow(clippy::too_many_arguments)]
 fn make_in(
     spec: &BootSpec,
     vmm: &Path,
@@ -118,10 +137,14 @@ fn make_in(
     timeout: Duration,
     wait_idle: bool,
     jail: Option<&JailConfig>,
+    net: Option<(std::sync::Arc<std::fs::File>, [u8; 6])>,
 ) -> Result<SnapshotInfo, TemplateError> {
     std::fs::create_dir_all(dir).map_err(|e| TemplateError::Io(dir.into(), e))?;
     let sock = dir.join("template-boot.sock");
     let mut p = spec.vmm_process(vmm);
+    if let Some((tap, mac)) = net {
+        p = p.net_tap(tap, mac, crate::vmm_net::NetLimits::default());
+    }
     if let Some(j) = jail {
         p = p.jail(boot_jail(spec, dir, j)?);
     }

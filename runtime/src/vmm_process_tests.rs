@@ -508,8 +508,8 @@ fn net_args() {
     assert_eq!(restore.kept_fds(), [10]);
 }
 
-/// MERGE: passes only once branch net-vmm (which adds `--net` and
-/// `--restore-net` to vmm/src/main.rs) is merged with this one.
+/// The net flags this builder emits are the ones `vmm/src/main.rs`
+/// declares.
 #[test]
 fn net_flags_are_the_vmms() {
     let (boot, restore) = net_procs();

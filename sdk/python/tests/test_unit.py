@@ -53,6 +53,7 @@ def test_mirrored_names_and_docstrings():
         (413, "payload_too_large", shoal.PayloadTooLarge),
         (429, "host_full", shoal.HostFull),
         (503, "host_memory_low", shoal.HostMemoryLow),
+        (503, "network_unavailable", shoal.NetworkUnavailable),
         (429, "sandbox_busy", shoal.SandboxBusy),
         (502, "sandbox_error", shoal.SandboxError),
         (504, "deadline_exceeded", shoal.Timeout),
@@ -65,7 +66,9 @@ def test_error_codes_map_to_classes(status, code, cls):
     e = error_from_response(status, body, "2")
     assert type(e) is cls and e.code == code and e.status == status and e.message == "m"
     assert e.retry_after == 2.0
-    assert isinstance(e, shoal.Retryable) == (status in (429, 503))
+    # What a host lacks for networking does not come back by waiting.
+    busy = status in (429, 503) and code != "network_unavailable"
+    assert isinstance(e, shoal.Retryable) == busy
     assert set(shoal.ERROR_CLASSES) >= {code}
 
 

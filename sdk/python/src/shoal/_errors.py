@@ -137,6 +137,14 @@ class HostMemoryLow(HostFull):
     code = "host_memory_low"
 
 
+class NetworkUnavailable(ShoalError):
+    """503 ``network_unavailable``: a sandbox asked for a network this
+    daemon cannot give (the host lacks what it needs, or networking is
+    off); the message says what. A create without ``network=`` works."""
+
+    code = "network_unavailable"
+
+
 class SandboxBusy(Retryable):
     """429 ``sandbox_busy``: the sandbox has as many calls in flight as it
     may; more are refused, never queued."""
@@ -219,6 +227,7 @@ ERROR_CLASSES: dict[str, type[ShoalError]] = {
     "payload_too_large": PayloadTooLarge,
     "host_full": HostFull,
     "host_memory_low": HostMemoryLow,
+    "network_unavailable": NetworkUnavailable,
     "sandbox_busy": SandboxBusy,
     "sandbox_error": SandboxError,
     "deadline_exceeded": Timeout,
