@@ -103,12 +103,14 @@ impl ErrorCode {
     }
 
     /// Whether the same request may succeed later (429, 503): the daemon
-    /// sends `Retry-After` with these. Not `network_unavailable`: what the
-    /// host lacks does not come back by waiting.
+    /// sends `Retry-After` with these.
     pub fn retryable(self) -> bool {
         matches!(
             self,
-            ErrorCode::HostFull | ErrorCode::HostMemoryLow | ErrorCode::SandboxBusy
+            ErrorCode::HostFull
+                | ErrorCode::HostMemoryLow
+                | ErrorCode::SandboxBusy
+                | ErrorCode::NetworkUnavailable
         )
     }
 }
@@ -158,8 +160,7 @@ mod tests {
             let v = serde_json::to_value(c).unwrap();
             assert_eq!(v, c.as_str());
             assert_eq!(serde_json::from_value::<ErrorCode>(v).unwrap(), c);
-            let busy = c.status() == 429 || c.status() == 503;
-            assert_eq!(c.retryable(), busy && c != ErrorCode::NetworkUnavailable);
+            assert_eq!(c.retryable(), c.status() == 429 || c.status() == 503);
         }
         let b = ErrorBody::new(ErrorCode::HostFull, "full");
         assert_eq!(

@@ -66,9 +66,7 @@ def test_error_codes_map_to_classes(status, code, cls):
     e = error_from_response(status, body, "2")
     assert type(e) is cls and e.code == code and e.status == status and e.message == "m"
     assert e.retry_after == 2.0
-    # What a host lacks for networking does not come back by waiting.
-    busy = status in (429, 503) and code != "network_unavailable"
-    assert isinstance(e, shoal.Retryable) == busy
+    assert isinstance(e, shoal.Retryable) == (status in (429, 503))
     assert set(shoal.ERROR_CLASSES) >= {code}
 
 

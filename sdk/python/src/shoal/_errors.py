@@ -137,10 +137,10 @@ class HostMemoryLow(HostFull):
     code = "host_memory_low"
 
 
-class NetworkUnavailable(ShoalError):
+class NetworkUnavailable(Retryable):
     """503 ``network_unavailable``: a sandbox asked for a network this
-    daemon cannot give (the host lacks what it needs, or networking is
-    off); the message says what. A create without ``network=`` works."""
+    daemon cannot give now (the message says why); a create without
+    ``network=`` works."""
 
     code = "network_unavailable"
 
