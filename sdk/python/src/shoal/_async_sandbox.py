@@ -16,7 +16,7 @@ from typing import (
 
 from . import _aio as _io
 from ._async_files import AsyncFiles
-from ._core import exec_body, exec_read_timeout, inline_stdin, network_body, signal_number
+from ._core import exec_body, exec_read_timeout, inline_stdin, signal_number
 from ._errors import (
     CommandFailed,
     CommandNotFound,
@@ -31,7 +31,6 @@ from ._types import (
     ExecEvent,
     ExecResult,
     Forked,
-    Network,
     SandboxInfo,
     TemplateInfo,
 )
@@ -148,12 +147,6 @@ class AsyncSandbox:
         if idle_timeout_s is not None:
             body["idle_timeout_s"] = int(idle_timeout_s)
         return self._update(await self._do("PATCH", "", json=body))
-
-    async def set_network(self, network: Network | Mapping[str, Any]) -> SandboxInfo:
-        """Replaces the egress policy of a sandbox created with a network,
-        at once (running or paused); :class:`Conflict` for one created
-        without (a network device cannot be added later)."""
-        return self._update(await self._do("PUT", "/network", json=network_body(network)))
 
     async def kill(self, *, missing_ok: bool = False) -> None:
         """Kills the sandbox and removes everything it had. A sandbox

@@ -241,8 +241,8 @@ class Shoal:
         the TTL (a resume gives it none until one is set). ``network``
         (a :class:`Network`) gives it a network device behind that egress
         policy; without it the sandbox has no network device at all (one
-        cannot be added later; the policy can be changed with
-        :meth:`Sandbox.set_network`).
+        cannot be added later). This daemon does not give sandboxes a
+        network yet: such a create raises :class:`NetworkUnavailable`.
 
         Raises :class:`HostFull` when the host has no room (retried when
         the client was made with ``retries``), :class:`BadRequest` for a

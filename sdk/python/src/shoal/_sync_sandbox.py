@@ -16,7 +16,7 @@ from typing import (
 
 from . import _sio as _io
 from ._sync_files import Files
-from ._core import exec_body, exec_read_timeout, inline_stdin, network_body, signal_number
+from ._core import exec_body, exec_read_timeout, inline_stdin, signal_number
 from ._errors import (
     CommandFailed,
     CommandNotFound,
@@ -31,7 +31,6 @@ from ._types import (
     ExecEvent,
     ExecResult,
     Forked,
-    Network,
     SandboxInfo,
     TemplateInfo,
 )
@@ -148,12 +147,6 @@ class Sandbox:
         if idle_timeout_s is not None:
             body["idle_timeout_s"] = int(idle_timeout_s)
         return self._update(self._do("PATCH", "", json=body))
-
-    def set_network(self, network: Network | Mapping[str, Any]) -> SandboxInfo:
-        """Replaces the egress policy of a sandbox created with a network,
-        at once (running or paused); :class:`Conflict` for one created
-        without (a network device cannot be added later)."""
-        return self._update(self._do("PUT", "/network", json=network_body(network)))
 
     def kill(self, *, missing_ok: bool = False) -> None:
         """Kills the sandbox and removes everything it had. A sandbox

@@ -29,8 +29,7 @@ def _decode(data: str | None, encoding: str | None) -> bytes:
 
 @dataclass
 class Network:
-    """A sandbox's egress policy (``network=`` of :meth:`AsyncShoal.create`,
-    :meth:`AsyncSandbox.set_network`). Everything out is dropped except
+    """A sandbox's egress policy (``network=`` of :meth:`AsyncShoal.create`). Everything out is dropped except
     what ``allow_out`` allows and ``deny_out`` does not deny; entries are
     ``CIDR[:port[-port]]`` (``"10.1.2.0/24:443"``), ``"domain"`` or
     ``"*.domain"`` (the addresses the sandbox's own DNS lookups of it
