@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 /// device yet, a 503 says so rather than creating one without.
 fn check_network(net: &shoal_api::NetworkSpec) -> ApiResult<()> {
     network_policy(net)?;
-    // integrator: take a slot here (`SlotPool::take`), apply the policy,
+    // Not wired yet (issue 18): take a slot here (`SlotPool::take`), apply the policy,
     // record it in the row's `net` and restore from the networked template
     // with the slot's TAP (`shoal_runtime` `NetAttach`).
     Err(ApiError::NetworkUnavailable(

@@ -3,37 +3,18 @@
 //! from the sandbox's slot in the daemon's address pool.
 
 use crate::db::SandboxRow;
+use agent_proto::NetConfigure;
 use shoal_hostnet::addr::LINK_PREFIX;
 use shoal_hostnet::AddrPool;
-use std::net::Ipv4Addr;
 
 /// The guest link's MTU.
 pub const GUEST_MTU: u16 = 1500;
 
-/// How the guest configures its network device: `agent_proto::NetConfigure`'s
-/// fields, field for field.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct GuestNet {
-    /// The device's MAC address (the one the VMM gives it).
-    pub mac: [u8; 6],
-    /// The guest's address.
-    pub addr: Ipv4Addr,
-    /// Its prefix length (the slot's `/30` link).
-    pub prefix_len: u8,
-    /// The default route (the slot's `tap0`).
-    pub gateway: Ipv4Addr,
-    /// The link's MTU.
-    pub mtu: u16,
-    /// The resolvers: the gateway, whose port 53 the slot's DNAT sends to
-    /// the daemon's DNS forwarder.
-    pub nameservers: Vec<Ipv4Addr>,
-}
-
-/// The guest's network of `row`, None for a sandbox without one, or
-/// whose recorded slot is not that address in `pool` (the daemon was
-/// restarted with another `--net-pool`: the guest must not be given
-/// another slot's address).
-pub fn guest_net(pool: &AddrPool, row: &SandboxRow) -> Option<GuestNet> {
+/// The agent's `NetConfigure` for `row`'s guest (its slot's link); None
+/// for a sandbox without a network, or whose recorded slot is not that
+/// address in `pool` (the daemon was restarted with another `--net-pool`:
+/// the guest must not be given another slot's address).
+pub fn guest_net(pool: &AddrPool, row: &SandboxRow) -> Option<NetConfigure> {
     let net = row.net.as_ref()?;
     let a = pool.slot(net.slot).ok()?;
     if a.guest != net.guest_addr {
@@ -46,7 +27,9 @@ pub fn guest_net(pool: &AddrPool, row: &SandboxRow) -> Option<GuestNet> {
         );
         return None;
     }
-    Some(GuestNet {
+    // The resolver is the gateway: the slot's DNAT sends its port 53 to
+    // the daemon's DNS forwarder.
+    Some(NetConfigure {
         mac: a.guest_mac.0,
         addr: a.guest,
         prefix_len: LINK_PREFIX,
@@ -62,6 +45,7 @@ mod tests {
     use crate::db::{SandboxNet, State};
     use shoal_api::NetworkSpec;
     use shoal_runtime::backend::Kind;
+    use std::net::Ipv4Addr;
 
     fn row(net: Option<SandboxNet>) -> SandboxRow {
         SandboxRow {

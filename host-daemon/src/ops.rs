@@ -139,7 +139,7 @@ pub async fn start_vmm_with(
                 if let Some(s) = s {
                     s.discard();
                 }
-                // integrator: a networked sandbox's `NetAttach` (its slot's
+                // Not wired yet (issue 18): a networked sandbox's `NetAttach` (its slot's
                 // netns and TAP) goes here.
                 backend.restore(&dir, &from, None)
             }
@@ -313,8 +313,8 @@ async fn connect(d: &Daemon, live: &Live) -> ApiResult<AsyncClient> {
             // The first connection after a restore: clones never share
             // randomness or a stale clock.
             c.post_restore(entropy(), unix_nanos()).await?;
-            // integrator: then, for a networked sandbox, its link:
-            // `crate::net_guest::guest_net(pool, &row)` gives the fields of
+            // Not wired yet (issue 18): then, for a networked sandbox, its link:
+            // `crate::net_guest::guest_net(pool, &row)` gives the
             // `agent_proto::NetConfigure` for `c.net_configure(..)`.
         }
         Ok::<_, ClientError>(c)
