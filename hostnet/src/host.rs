@@ -259,6 +259,13 @@ impl HostNet {
         Err(HostError::Exhausted(self.cfg.pool.net()))
     }
 
+    /// Takes `index` out of the free ones (a slot that exists already, a
+    /// restarted daemon's sandbox's; or an address kept for the daemon);
+    /// false if it is taken.
+    pub fn reserve_index(&self, index: u32) -> bool {
+        index < self.cfg.pool.capacity() && self.used().insert(index)
+    }
+
     /// Gives an index back.
     pub(crate) fn free_index(&self, index: u32) {
         self.used().remove(&index);

@@ -43,7 +43,7 @@ impl Inner {
 /// A pool of ready slots with TAP guest links.
 pub struct SlotPool {
     inner: Arc<Inner>,
-    filler: Option<JoinHandle<()>>,
+    filler: Mutex<Option<JoinHandle<()>>>,
 }
 
 impl std::fmt::Debug for SlotPool {
@@ -71,7 +71,7 @@ impl SlotPool {
             .spawn(move || fill(&i))?;
         Ok(SlotPool {
             inner,
-            filler: Some(filler),
+            filler: Mutex::new(Some(filler)),
         })
     }
 
@@ -108,14 +108,17 @@ impl SlotPool {
 
     /// Stops filling and removes every ready slot; reports the first
     /// removal that failed.
-    pub fn shutdown(mut self) -> Result<(), SlotError> {
+    pub fn shutdown(self) -> Result<(), SlotError> {
         self.stop()
     }
 
-    fn stop(&mut self) -> Result<(), SlotError> {
+    /// [`SlotPool::shutdown`] of a shared pool: no slot is made or handed
+    /// out after it.
+    pub fn stop(&self) -> Result<(), SlotError> {
         self.inner.lock().stopping = true;
         self.inner.cv.notify_all();
-        if let Some(f) = self.filler.take() {
+        let filler = self.filler.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(f) = filler {
             let _ = f.join();
         }
         let ready: Vec<Slot> = self.inner.lock().ready.drain(..).collect();

@@ -56,6 +56,18 @@ pub enum SlotError {
         #[source]
         source: std::io::Error,
     },
+    /// [`Slot::adopt`] of a slot whose netns or host link is not there.
+    #[error("slot {slot}: its netns or host link is gone")]
+    Gone {
+        /// The slot's netns.
+        slot: String,
+    },
+    /// [`Slot::adopt`] of a slot this process holds already.
+    #[error("slot {slot} is held already")]
+    Taken {
+        /// The slot's netns.
+        slot: String,
+    },
     /// An address the slot cannot use (IPv6: slots are IPv4 only).
     #[error("slot {slot}: {ip} is not an IPv4 address (slots are IPv4 only)")]
     NotV4 {
@@ -136,6 +148,41 @@ impl Slot {
         // On an error the slot drops here, which removes what was made.
         slot.build(link)?;
         Ok(slot)
+    }
+    /// Takes over slot `index`, made by an earlier process of this daemon
+    /// (its sandbox outlived a restart): its netns and host link must
+    /// exist; `policy` is applied again at once. Removing it or dropping
+    /// it removes the slot as for one made here.
+    pub fn adopt(net: &Arc<HostNet>, index: u32, policy: EgressPolicy) -> Result<Slot, SlotError> {
+        let addrs = net.config().pool.slot(index)?;
+        let (netns, link) = (net.netns_name(index), net.link_name(index));
+        let present = netns::path(&netns).exists()
+            && std::path::Path::new("/sys/class/net").join(&link).exists();
+        if !present {
+            return Err(SlotError::Gone { slot: netns });
+        }
+        if !net.reserve_index(index) {
+            return Err(SlotError::Taken { slot: netns });
+        }
+        let slot = Slot {
+            net: net.clone(),
+            addrs,
+            netns,
+            link,
+            policy: Mutex::new(EgressPolicy::default()),
+            removed: false,
+        };
+        match slot.set_policy(policy) {
+            Ok(()) => Ok(slot),
+            Err(e) => {
+                // Not ours to remove on a failure: the sandbox may still
+                // run; a restart tries again.
+                let mut slot = slot;
+                slot.removed = true;
+                net.free_index(index);
+                Err(e)
+            }
+        }
     }
 
     fn cmd_err(&self) -> impl Fn(CmdError) -> SlotError + '_ {
