@@ -54,6 +54,9 @@ pub struct TemplateSpec {
     pub layers: Vec<PathBuf>,
     /// The overlay's upper layer.
     pub upper: Upper,
+    /// A virtio-net device on this TAP at the boot: a networked template,
+    /// whose sandboxes each restore with their own (`NetAttach`).
+    pub net: Option<crate::vmm_net::BootNet>,
 }
 
 impl TemplateSpec {
@@ -65,6 +68,7 @@ impl TemplateSpec {
             memory_mib,
             layers: vec![],
             upper: Upper::default(),
+            net: None,
         }
     }
 }
@@ -223,7 +227,8 @@ pub fn build_template(
     vmm: &Path,
     jail: Option<&crate::jail::JailConfig>,
 ) -> Result<(), SandboxError> {
-    build_template_in(dir, spec, guest, vmm, jail, None)
+    let net = spec.net.clone().map(|n| (n.tap, n.mac));
+    build_template_in(dir, spec, guest, vmm, jail, net)
 }
 
 /// [`build_template`] of a networked template (unjailed): booted with a
@@ -264,7 +269,7 @@ fn build_template_in(
     boot.vsock_uds = Some(dir.join("boot.vsock"));
     let t = Duration::from_secs(900);
     let res = match net {
-        Some((tap, mac)) => template::make_with_net(&boot, vmm, dir, INIT_MARKER, t, tap, mac),
+        Some(net) => template::make_with_net(&boot, vmm, dir, INIT_MARKER, t, jail, net),
         None => template::make_jailed(&boot, vmm, dir, INIT_MARKER, t, jail),
     };
     let _ = std::fs::remove_file(dir.join("boot.vsock"));

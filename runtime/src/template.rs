@@ -80,8 +80,9 @@ pub fn make_jailed(
     make_in(spec, vmm, dir, ready, timeout, true, jail, None)
 }
 
-/// [`make`] with a virtio-net device on `tap` with `mac` (unjailed): a
-/// networked template. The guest's interface stays unconfigured (down) in
+/// [`make_jailed`] with a virtio-net device on `net`'s TAP with its MAC:
+/// a networked template (the TAP is passed as a descriptor, so the jail's
+/// own netns does not matter). The guest's interface stays unconfigured (down) in
 /// the snapshot, so the boot sends nothing; each restore gives the device
 /// its own TAP and MAC (`--restore-net`) and the agent its address
 /// (`NetConfigure`).
@@ -91,10 +92,10 @@ pub fn make_with_net(
     dir: &Path,
     ready: &str,
     timeout: Duration,
-    tap: std::sync::Arc<std::fs::File>,
-    mac: [u8; 6],
+    jail: Option<&JailConfig>,
+    net: (std::sync::Arc<std::fs::File>, [u8; 6]),
 ) -> Result<SnapshotInfo, TemplateError> {
-    make_in(spec, vmm, dir, ready, timeout, true, None, Some((tap, mac)))
+    make_in(spec, vmm, dir, ready, timeout, true, jail, Some(net))
 }
 
 /// The jail of a template boot of `spec` into `dir`.

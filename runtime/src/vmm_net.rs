@@ -88,6 +88,18 @@ pub struct NetAttach {
     pub limits: NetLimits,
 }
 
+/// The net device a template boots with (issue 18): a TAP the daemon
+/// lends for the boot (a slot's, denying everything) and a MAC no sandbox
+/// uses. The guest leaves the link down, so nothing is sent; each restore
+/// gets its own TAP and MAC.
+#[derive(Debug, Clone)]
+pub struct BootNet {
+    /// The TAP (opened inside its netns).
+    pub tap: Arc<File>,
+    /// The MAC in the snapshot.
+    pub mac: [u8; 6],
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
