@@ -82,6 +82,10 @@ pub struct CreateTemplate {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(minimum = 16, maximum = 1048576)]
     pub upper_disk_mib: Option<u32>,
+    /// Boot it with a network device: its sandboxes are created with a
+    /// `network` (each on its own slot), and only they use it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub network: bool,
 }
 
 impl CreateTemplate {
@@ -95,6 +99,7 @@ impl CreateTemplate {
             layers: Vec::new(),
             upper_size_mib: None,
             upper_disk_mib: None,
+            network: false,
         }
     }
 
@@ -188,6 +193,10 @@ pub struct Template {
     /// environment); null for the templates of built-in images.
     #[serde(default)]
     pub image: Option<String>,
+    /// Booted with a network device: sandboxes of it are created with a
+    /// `network`, each on its own slot.
+    #[serde(default)]
+    pub network: bool,
 }
 
 /// A warm pool: sandboxes of a template restored ahead of time.
@@ -239,9 +248,11 @@ mod tests {
             upper_size_mib: Some(64),
             upper_disk_mib: None,
             image: Some("sha256:ab".into()),
+            network: true,
         };
         let v = serde_json::to_value(&t).unwrap();
         assert_eq!(v["image"], "sha256:ab");
+        assert_eq!(v["network"], true);
         assert_eq!(v["dir"], "/d");
         assert_eq!(v["layers"], serde_json::json!([]));
         assert!(v["error"].is_null() && v["upper_disk_mib"].is_null(), "{v}");

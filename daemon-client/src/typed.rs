@@ -75,6 +75,12 @@ impl DaemonClient {
         self.call("POST", &format!("{}/pause", sandbox(id)), None::<&()>)
     }
 
+    /// `PUT /v1/sandboxes/{id}/network`: a networked sandbox's new egress
+    /// policy, in force at once.
+    pub fn set_network(&self, id: &str, net: &api::NetworkSpec) -> Result<api::Sandbox> {
+        self.call("PUT", &format!("{}/network", sandbox(id)), Some(net))
+    }
+
     /// `POST /v1/sandboxes/{id}/resume`.
     pub fn resume(&self, id: &str) -> Result<api::Sandbox> {
         self.call("POST", &format!("{}/resume", sandbox(id)), None::<&()>)

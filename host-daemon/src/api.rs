@@ -14,6 +14,7 @@ mod fncall_route;
 mod fork_route;
 mod handlers;
 mod images_route;
+mod net_route;
 pub(crate) mod wire;
 
 use crate::auth::{Principal, Tokens};
@@ -28,6 +29,7 @@ use fncall_route::*;
 use fork_route::*;
 use handlers::*;
 use images_route::*;
+use net_route::*;
 use std::sync::{Arc, OnceLock};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::OpenApi;
@@ -64,6 +66,7 @@ pub fn routes() -> OpenApiRouter<Arc<Daemon>> {
         .routes(routes!(fork))
         .routes(routes!(pause))
         .routes(routes!(resume))
+        .routes(routes!(set_network))
         .routes(routes!(tpl_create, tpl_list))
         .routes(routes!(tpl_get, tpl_delete))
         .routes(routes!(pool_list))

@@ -93,6 +93,7 @@ const V1: &[(&str, &str)] = &[
     ("get", "/v1/images"),
     ("get", "/v1/images/{image}"),
     ("delete", "/v1/images/{image}"),
+    ("put", "/v1/sandboxes/{id}/network"),
 ];
 
 #[tokio::test]
@@ -278,6 +279,13 @@ fn every_body_is_the_shared_type() {
             Some("application/json Sandbox"),
         ),
         (
+            "put",
+            "/v1/sandboxes/{id}/network",
+            Some("NetworkSpec"),
+            200,
+            Some("application/json Sandbox"),
+        ),
+        (
             "post",
             "/v1/sandboxes/{id}/resume",
             None,
@@ -433,6 +441,7 @@ fn every_body_is_the_shared_type() {
         // start a VMM.
         let may_restore = p.contains("{id}/")
             && !p.ends_with("/pause")
+            && !p.ends_with("/network")
             && !(*m == "get" && (p.ends_with("/commands") || p.ends_with("{cid}")))
             || *p == "/v1/sandboxes" && *m == "post";
         for c in t::ErrorCode::ALL {
@@ -551,6 +560,7 @@ fn every_field_is_documented() {
         upper_size_mib: Some(8),
         upper_disk_mib: Some(64),
         image: Some("sha256:ab".into()),
+        network: false,
     };
     let command = t::Command {
         id: "1".into(),

@@ -129,6 +129,7 @@ pub async fn oci_template(
     vcpus: u32,
     mem: u32,
     root: &RootRequest,
+    net: bool,
 ) -> ApiResult<(TemplateRow, ImageConfig)> {
     if !root.layers.is_empty() {
         return Err(ApiError::BadRequest(
@@ -194,7 +195,7 @@ pub async fn oci_template(
         })
         .await?;
     let id = img.image.id.clone();
-    let name = template_name(&id, vcpus, mem, root)?;
+    let name = crate::template_names::with_net(template_name(&id, vcpus, mem, root)?, net);
     let source = format!("{SOURCE}{id}");
     let vcpus8 = u8::try_from(vcpus)
         .map_err(|_| ApiError::BadRequest(format!("vcpus {vcpus}: too many")))?;
@@ -217,6 +218,7 @@ pub async fn oci_template(
                 upper_size_mib: upper.disk_mib().is_none().then(|| upper.tmpfs_mib(mem)),
                 upper_disk_mib: upper.disk_mib(),
             },
+            net,
         };
         let spec = TemplateSpec {
             upper,

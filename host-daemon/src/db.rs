@@ -11,7 +11,7 @@ use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 
 /// Current schema version (stored in `PRAGMA user_version`).
-pub const SCHEMA_VERSION: i64 = 7;
+pub const SCHEMA_VERSION: i64 = 8;
 
 /// Errors of the state database.
 #[derive(Debug, thiserror::Error)]
@@ -129,6 +129,10 @@ pub struct TemplateRow {
     /// actually used, `upper_disk_mib` the scratch disk's).
     #[serde(flatten)]
     pub root: RootRequest,
+    /// Booted with a virtio-net device: its sandboxes are the networked
+    /// ones, each restored onto its own slot (issue 18).
+    #[serde(default)]
+    pub net: bool,
 }
 
 /// Seconds since the epoch.
@@ -149,7 +153,7 @@ const SANDBOX_COLS: &str = "id, template, state, vcpus, memory_mib, pid, backend
      keep_running, kind, pause_at_ttl, net";
 
 const TEMPLATE_COLS: &str = "name, source, vcpus, memory_mib, dir, state, error, created_at, \
-     owned, layers, upper_size_mib, upper_disk_mib, kind, owner, image";
+     owned, layers, upper_size_mib, upper_disk_mib, kind, owner, image, net";
 
 /// A stored count or duration (never negative; SQLite has only i64).
 fn count(v: i64) -> u64 {
@@ -237,6 +241,7 @@ fn template_row(r: &Row<'_>) -> rusqlite::Result<TemplateRow> {
         kind: kind(r, 12)?,
         owner: r.get(13)?,
         image: r.get(14)?,
+        net: r.get(15)?,
     })
 }
 
@@ -508,7 +513,7 @@ impl Db {
         self.conn.execute(
             &format!(
                 "INSERT OR REPLACE INTO templates ({TEMPLATE_COLS})
-                 VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15)"
+                 VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16)"
             ),
             params![
                 t.name,
@@ -526,6 +531,7 @@ impl Db {
                 t.kind.as_str(),
                 t.owner,
                 t.image,
+                t.net,
             ],
         )?;
         Ok(())

@@ -29,6 +29,9 @@ pub(super) fn run(tx: &Transaction<'_>, from: i64) -> Result<()> {
     if from < 7 {
         v7(tx)?;
     }
+    if from < 8 {
+        v8(tx)?;
+    }
     Ok(())
 }
 
@@ -146,5 +149,11 @@ fn v6(tx: &Transaction<'_>) -> Result<()> {
 /// JSON (NULL: no network device, as every sandbox before this had).
 fn v7(tx: &Transaction<'_>) -> Result<()> {
     tx.execute_batch("ALTER TABLE sandboxes ADD COLUMN net TEXT;")?;
+    Ok(())
+}
+
+/// Templates booted with a network device (0 for every earlier one).
+fn v8(tx: &Transaction<'_>) -> Result<()> {
+    tx.execute_batch("ALTER TABLE templates ADD COLUMN net INTEGER NOT NULL DEFAULT 0;")?;
     Ok(())
 }

@@ -353,6 +353,7 @@ fn templates_pools_events() {
         owned: false,
         owner: Some("token:t".into()),
         image: Some("sha256:ab".into()),
+        net: false,
         root: shoal_api::RootRequest {
             layers: vec!["/l/kit.img".into(), "tiny".into()],
             upper_size_mib: None,
@@ -361,7 +362,16 @@ fn templates_pools_events() {
     };
     db.put_template(&t).unwrap();
     assert_eq!(db.template("t").unwrap(), Some(t.clone()));
-    assert_eq!(db.templates().unwrap(), vec![t]);
+    assert_eq!(db.templates().unwrap(), vec![t.clone()]);
+    // A networked template keeps its flag (schema 8).
+    let n = TemplateRow {
+        name: "n".into(),
+        net: true,
+        ..t
+    };
+    db.put_template(&n).unwrap();
+    assert!(db.template("n").unwrap().unwrap().net);
+    assert!(db.delete_template("n").unwrap());
     db.set_pool("t", 3).unwrap();
     assert_eq!(db.pools().unwrap(), vec![("t".to_string(), 3)]);
     assert!(db.delete_template("t").unwrap());
@@ -449,7 +459,10 @@ fn networks_round_trip_and_version_6_rows_have_none() {
         db.put_sandbox(&row("old", State::Running)).unwrap();
         // Back to what a version-6 daemon wrote: no `net` column.
         db.conn
-            .execute_batch("ALTER TABLE sandboxes DROP COLUMN net; PRAGMA user_version = 6;")
+            .execute_batch(
+                "ALTER TABLE sandboxes DROP COLUMN net; ALTER TABLE templates DROP COLUMN net; \
+                 PRAGMA user_version = 6;",
+            )
             .unwrap();
     }
     let db = Db::open(&p).unwrap();

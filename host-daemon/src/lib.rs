@@ -50,6 +50,8 @@ pub mod layer_files;
 pub mod lifecycle;
 pub mod listen;
 pub mod metrics;
+pub mod net;
+pub mod net_dns;
 pub mod net_guest;
 pub mod ops;
 pub mod pool;
@@ -103,6 +105,8 @@ pub struct Config {
     pub vmm_stock: usize,
     /// How pulls go and the image store's cap.
     pub images: images::ImageOptions,
+    /// How sandboxes get networks.
+    pub net: net::NetOptions,
 }
 
 #[cfg(test)]
@@ -140,6 +144,7 @@ impl Config {
             layers_dir: None,
             vmm_stock: 0,
             images: Default::default(),
+            net: Default::default(),
         }
     }
 }
@@ -456,6 +461,8 @@ pub struct Daemon {
     pub e2b: e2b::E2bState,
     /// VMMs started ahead of their sandboxes.
     pub stock: stock::Stock,
+    /// Sandbox networks.
+    pub net: net::Networks,
 }
 
 impl Daemon {
@@ -467,6 +474,7 @@ impl Daemon {
         let permits = cfg.max_restores.max(1);
         let e2b = e2b::E2bState::open(&cfg.state_dir)?;
         let cfg_stock = cfg.vmm_stock;
+        let net = net::Networks::new(cfg.net.clone());
         Ok(Arc::new(Daemon {
             cfg,
             backend,
@@ -478,6 +486,7 @@ impl Daemon {
             restores: tokio::sync::Semaphore::new(permits),
             e2b,
             stock: stock::Stock::new(cfg_stock),
+            net,
         }))
     }
 
@@ -615,6 +624,7 @@ pub async fn serve_until(
     supervisor::recover(&d).await;
     template_dirs::recover(&d);
     fork::recover(&d);
+    net::recover(&d).await;
     let unix =
         tokio::net::UnixListener::bind(&sock).map_err(|e| format!("{}: {e}", sock.display()))?;
     {
@@ -671,5 +681,6 @@ pub async fn serve_until(
     // Stocked VMMs belong to no sandbox: they end with the daemon.
     let stocked = d.stock.remove_all();
     let _ = tokio::task::spawn_blocking(move || stock::discard_now(stocked)).await;
+    d.net.shutdown().await;
     Ok(())
 }

@@ -18,30 +18,46 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Checks a create's network: its policy must parse (400 with hostnet's
-/// message), and then, since this daemon does not give sandboxes a network
-/// device yet, a 503 says so rather than creating one without.
-fn check_network(net: &shoal_api::NetworkSpec) -> ApiResult<()> {
-    network_policy(net)?;
-    // Not wired yet (issue 18): take a slot here (`SlotPool::take`), apply the policy,
-    // record it in the row's `net` and restore from the networked template
-    // with the slot's TAP (`shoal_runtime` `NetAttach`).
-    Err(ApiError::NetworkUnavailable(
-        "this daemon cannot give sandboxes a network yet (issue 18: slots are not wired in)".into(),
-    ))
+/// message) and be one this daemon can enforce (DNS needs its forwarder).
+fn check_network(
+    d: &Daemon,
+    net: &shoal_api::NetworkSpec,
+) -> ApiResult<shoal_hostnet::EgressPolicy> {
+    let p = network_policy(net)?;
+    d.net.check(&p)?;
+    Ok(p)
 }
 
-/// The egress policy of `net`, or a 400 with hostnet's message.
-pub fn network_policy(net: &shoal_api::NetworkSpec) -> ApiResult<shoal_hostnet::EgressPolicy> {
-    shoal_hostnet::EgressPolicy::parse(&net.allow_out, &net.deny_out, net.allow_dns)
-        .map_err(|e| ApiError::BadRequest(format!("network: {e}")))
+/// A template fits a create only with a network device exactly when the
+/// create asks for a network (each networked sandbox restores onto its
+/// own slot; a template without the device cannot get one).
+fn check_template_net(t: &TemplateRow, networked: bool) -> ApiResult<()> {
+    match (t.net, networked) {
+        (true, false) => Err(ApiError::BadRequest(format!(
+            "template '{}' has a network device: give 'network' (an empty allow_out \
+             reaches nothing)",
+            t.name
+        ))),
+        (false, true) => Err(ApiError::BadRequest(format!(
+            "template '{}' has no network device: create from an image with 'network', or \
+             from a template made with \"network\": true",
+            t.name
+        ))),
+        _ => Ok(()),
+    }
 }
+
+pub use super::net::network_policy;
 
 /// Creates a sandbox.
 pub async fn create(d: &Arc<Daemon>, mut req: CreateSandbox) -> ApiResult<SandboxView> {
     let t0 = Instant::now();
-    if let Some(net) = &req.network {
-        check_network(net)?;
-    }
+    let policy = match &req.network {
+        Some(net) => Some(check_network(d, net)?),
+        None => None,
+    };
+    let networked = policy.is_some();
+    let spec = req.network.clone();
     let root = req.root();
     let tpl = match (&req.template, &req.image) {
         (Some(_), Some(_)) => {
@@ -65,6 +81,7 @@ pub async fn create(d: &Arc<Daemon>, mut req: CreateSandbox) -> ApiResult<Sandbo
                 ));
             }
             let t = ready_template(d, t)?;
+            check_template_net(&t, networked)?;
             // A snapshot of a container sandbox: its image's env too.
             if t.image.is_some() {
                 if let Some(config) = super::containers::config_of(d, &t.name).await? {
@@ -77,13 +94,14 @@ pub async fn create(d: &Arc<Daemon>, mut req: CreateSandbox) -> ApiResult<Sandbo
         (None, Some(img)) if super::containers::is_builtin(img) => {
             let vcpus = req.vcpus.unwrap_or(1);
             let mem = req.memory_mib.unwrap_or(128);
-            super::templates::image_template(d, img, vcpus, mem, &root).await?
+            super::templates::image_template(d, img, vcpus, mem, &root, networked).await?
         }
         // An OCI image of the image store: its env under the request's.
         (None, Some(img)) => {
             let vcpus = req.vcpus.unwrap_or(1);
             let mem = req.memory_mib.unwrap_or(128);
-            let (t, config) = super::containers::oci_template(d, img, vcpus, mem, &root).await?;
+            let (t, config) =
+                super::containers::oci_template(d, img, vcpus, mem, &root, networked).await?;
             req.env = super::containers::merged_env(&config, std::mem::take(&mut req.env));
             super::inputs::check_map(&req.env, &super::inputs::ENV)?;
             t
@@ -118,6 +136,22 @@ pub async fn create(d: &Arc<Daemon>, mut req: CreateSandbox) -> ApiResult<Sandbo
         error: None,
         net: None,
     };
+    if let (Some(policy), Some(spec)) = (policy, spec) {
+        // No warm pool or VMM stock: each networked sandbox restores onto
+        // its own slot.
+        let slot = d.net.take(d, policy).await?;
+        row.net = Some(db::SandboxNet {
+            slot: slot.index(),
+            guest_addr: slot.guest_ip(),
+            policy: spec,
+        });
+        if let Err(e) = admit_and_insert(d, &row, true) {
+            super::net::remove_slot(slot).await;
+            return Err(e);
+        }
+        d.net.hold(&row.id, slot);
+        return restore_new(d, row, &tpl, None, t0).await;
+    }
     if let Some(r) = d.db(|db| db.take_pooled(&tpl.name, &row))? {
         if let Some(live) = d.live(&r.id) {
             live.keep_running.store(r.keep_running, Ordering::Release);
@@ -149,20 +183,41 @@ pub async fn create(d: &Arc<Daemon>, mut req: CreateSandbox) -> ApiResult<Sandbo
         super::stock::discard(stocked.into_iter().collect());
         return Err(e);
     }
+    restore_new(d, row, &tpl, stocked.map(|e| e.vm), t0).await
+}
+
+/// The end of a create that restores: the VMM from `tpl` (into `stocked`
+/// where given) for `row` (inserted); on a failure the row, the live side,
+/// the directory and the slot go.
+async fn restore_new(
+    d: &Arc<Daemon>,
+    row: SandboxRow,
+    tpl: &TemplateRow,
+    stocked: Option<Box<dyn shoal_runtime::backend::StockedVm>>,
+    t0: Instant,
+) -> ApiResult<SandboxView> {
     let id = row.id.clone();
     let from = Source::Template(tpl.dir.clone());
-    let r = match start_vmm_with(d, row, from, State::Running, true, stocked.map(|e| e.vm)).await {
+    let r = match start_vmm_with(d, row, from, State::Running, true, stocked).await {
         Ok(r) => r,
         Err(e) => {
             let _ = d.db(|db| db.delete_sandbox(&id));
             d.remove_live(&id);
+            d.net.release(&id).await;
             let dir = d.cfg.sandboxes_dir().join(&id);
             tokio::spawn(crate::remove_vm_dir(dir));
             return Err(e);
         }
     };
     d.metrics.create.observe(t0.elapsed().as_secs_f64());
-    d.event(&r.id, "created", &format!("restored from '{}'", r.template));
+    let how = match &r.net {
+        Some(n) => format!(
+            "restored from '{}' onto network slot {}",
+            r.template, n.slot
+        ),
+        None => format!("restored from '{}'", r.template),
+    };
+    d.event(&r.id, "created", &how);
     let mut v = SandboxView::from(r);
     v.from_pool = Some(false);
     Ok(v)
@@ -339,6 +394,9 @@ pub async fn snapshot(
         // A container sandbox's snapshot keeps its image (exec defaults).
         image: from.as_ref().and_then(|f| f.image.clone()),
         root: from.map(|f| f.root).unwrap_or_default(),
+        // A networked sandbox's snapshot has its net device: its sandboxes
+        // are networked ones, each on its own slot.
+        net: r.net.is_some(),
     };
     super::templates::insert_template(d, &t)?;
     let _g = live.op.lock().await;
@@ -409,7 +467,7 @@ mod tests {
 
     #[test]
     fn a_bad_policy_is_a_400_with_hostnets_message() {
-        let e = check_network(&NetworkSpec::allowing(["10.0.0.0/33"])).unwrap_err();
+        let e = network_policy(&NetworkSpec::allowing(["10.0.0.0/33"])).unwrap_err();
         assert_eq!(e.status(), 400, "{e}");
         assert!(e.to_string().starts_with("network: "), "{e}");
         assert!(e.to_string().contains("10.0.0.0/33"), "{e}");
@@ -419,11 +477,13 @@ mod tests {
             shoal_hostnet::policy::MAX_ENTRIES
         );
         let many = NetworkSpec::allowing(vec!["1.2.3.4"; shoal_api::MAX_POLICY_ENTRIES + 1]);
-        assert_eq!(check_network(&many).unwrap_err().status(), 400);
+        assert_eq!(network_policy(&many).unwrap_err().status(), 400);
     }
 
     #[test]
-    fn a_good_policy_is_a_clear_503_until_slots_are_wired_in() {
+    fn dns_needs_the_daemons_forwarder() {
+        use crate::net::{NetOptions, Networks};
+        use crate::net_dns::DnsListen;
         let spec = NetworkSpec {
             allow_out: vec![
                 "pypi.org".into(),
@@ -433,9 +493,21 @@ mod tests {
             deny_out: vec!["10.1.2.3".into()],
             allow_dns: true,
         };
-        assert!(network_policy(&spec).is_ok());
-        let e = check_network(&spec).unwrap_err();
-        assert_eq!(e.status(), 503, "{e}");
-        assert!(e.to_string().contains("network"), "{e}");
+        let p = network_policy(&spec).unwrap();
+        // A daemon with `--net-dns off` refuses DNS before anything is set
+        // up; with `auto` the set-up says whether the forwarder runs.
+        let off = Networks::new(NetOptions {
+            dns: DnsListen::Off,
+            ..NetOptions::default()
+        });
+        let e = off.check(&p).unwrap_err();
+        assert_eq!(e.status(), 400, "{e}");
+        assert!(e.to_string().contains("--net-dns off"), "{e}");
+        let no_dns = NetworkSpec {
+            allow_dns: false,
+            ..spec
+        };
+        assert!(off.check(&network_policy(&no_dns).unwrap()).is_ok());
+        assert!(Networks::new(NetOptions::default()).check(&p).is_ok());
     }
 }

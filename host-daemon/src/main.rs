@@ -8,6 +8,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+mod net_args;
+
 #[derive(Parser)]
 #[command(
     name = "shoald",
@@ -139,6 +141,8 @@ struct Args {
     /// they needed (default: no cap).
     #[arg(long, value_name = "BYTES")]
     image_store_max_bytes: Option<u64>,
+    #[command(flatten)]
+    net: net_args::NetArgs,
 }
 
 fn main() -> Result<()> {
@@ -228,6 +232,7 @@ fn main() -> Result<()> {
             auth_file: a.registry_auth_file,
             max_bytes: a.image_store_max_bytes,
         },
+        net: a.net.options()?,
     };
     let missing: Vec<String> = artifacts
         .status()

@@ -132,16 +132,21 @@ pub async fn start_vmm_with(
             ))
         })??;
     let (backend, dir) = (d.backend.clone(), row.dir.clone());
+    let (d2, id, networked) = (d.clone(), row.id.clone(), row.net.is_some());
     let res = blocking("restore", Duration::from_secs(90), move || {
+        // A networked sandbox restores onto its slot's TAP (never into a
+        // stocked VMM: those are made without a net device).
+        let net = match networked {
+            true => Some(d2.net.attach(&id)?),
+            false => None,
+        };
         let vm = match (stocked, &from) {
-            (Some(s), Source::Template(t)) => s.restore(t),
+            (Some(s), Source::Template(t)) if net.is_none() => s.restore(t),
             (s, _) => {
                 if let Some(s) = s {
                     s.discard();
                 }
-                // Not wired yet (issue 18): a networked sandbox's `NetAttach` (its slot's
-                // netns and TAP) goes here.
-                backend.restore(&dir, &from, None)
+                backend.restore(&dir, &from, net.as_ref())
             }
         }
         .map_err(|source| ApiError::Backend {
@@ -259,6 +264,7 @@ pub async fn kill(d: &Arc<Daemon>, id: &str, reason: &str) -> ApiResult<()> {
         }
         Ok(())
     })?;
+    d.net.release(id).await;
     let dir = r.dir.clone();
     crate::remove_vm_dir(dir).await;
     // The last sandbox of a deleted template lets its directory go.
@@ -302,6 +308,12 @@ pub async fn agent(d: &Daemon, live: &Live) -> ApiResult<AsyncClient> {
 
 async fn connect(d: &Daemon, live: &Live) -> ApiResult<AsyncClient> {
     let post = live.needs_post_restore.load(Ordering::Acquire);
+    let net = match post {
+        true => d
+            .db(|db| db.sandbox(&live.id))?
+            .and_then(|r| crate::net_guest::guest_net(&d.cfg.net.pool, &r)),
+        false => None,
+    };
     let t = d.cfg.agent_timeout;
     let transport = live
         .vm()
@@ -313,9 +325,11 @@ async fn connect(d: &Daemon, live: &Live) -> ApiResult<AsyncClient> {
             // The first connection after a restore: clones never share
             // randomness or a stale clock.
             c.post_restore(entropy(), unix_nanos()).await?;
-            // Not wired yet (issue 18): then, for a networked sandbox, its link:
-            // `crate::net_guest::guest_net(pool, &row)` gives the
-            // `agent_proto::NetConfigure` for `c.net_configure(..)`.
+            // Then a networked sandbox's link: its slot's MAC, address,
+            // route and resolver (a clone never keeps its template's).
+            if let Some(n) = &net {
+                c.net_configure(n).await?;
+            }
         }
         Ok::<_, ClientError>(c)
     };

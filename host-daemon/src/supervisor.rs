@@ -25,6 +25,7 @@ pub async fn sweep_loop(d: Arc<Daemon>) {
             }
         };
         let now = db::now();
+        d.net.sweep(&d).await;
         for r in rows {
             let d = d.clone();
             let ttl_reached =

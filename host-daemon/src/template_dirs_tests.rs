@@ -36,6 +36,7 @@ fn template(name: &str, dir: PathBuf, state: &str) -> TemplateRow {
         owned: true,
         owner: None,
         image: None,
+        net: false,
         root: shoal_api::RootRequest::default(),
     }
 }

@@ -42,9 +42,27 @@ pub fn derived_image(name: &str) -> Option<&'static str> {
             (parts.next(), parts.next()),
             (Some(c), Some(m)) if digits(c, 'c') && digits(m, 'm')
         );
-        let hash = parts.next().is_none_or(is_hex12);
-        shape && hash && parts.next().is_none()
+        // Then the root's hash, and `net` for a networked template, each
+        // optional, in this order.
+        let rest: Vec<&str> = parts.collect();
+        let rest = match rest.split_last() {
+            Some((&NET_SUFFIX, r)) => r,
+            _ => &rest[..],
+        };
+        shape && matches!(rest, [] | [_]) && rest.iter().all(|h| is_hex12(h))
     })
+}
+
+/// The last part of a networked derived template's name.
+pub const NET_SUFFIX: &str = "net";
+
+/// The derived name `name` of a networked template when `net`.
+pub fn with_net(name: String, net: bool) -> String {
+    if net {
+        format!("{name}-{NET_SUFFIX}")
+    } else {
+        name
+    }
 }
 
 fn is_hex12(h: &str) -> bool {

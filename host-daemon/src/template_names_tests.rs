@@ -10,6 +10,9 @@ fn derived_names_are_recognised() {
         "tiny-1c-128m-0123456789ab",
         "oci-0123456789ab-1c-128m",
         "oci-0123456789ab-2c-512m-0123456789ab",
+        "tiny-1c-128m-net",
+        "tiny-1c-128m-0123456789ab-net",
+        "oci-0123456789ab-1c-128m-net",
     ] {
         assert!(derived_image(n).is_some(), "{n}");
     }
@@ -21,6 +24,9 @@ fn derived_names_are_recognised() {
         "tiny-1c-128m-xyz",
         "tiny-1c-128m-0123456789abc",
         "tiny-1c-128m-0123456789ab-x",
+        "tiny-1c-128m-net-0123456789ab",
+        "tiny-1c-128m-net-net",
+        "tiny-1c-128m-0123456789ab-net-x",
         "other-1c-128m",
         "mytiny-1c-128m",
         "tiny-1c-128m.x",

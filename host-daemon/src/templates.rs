@@ -35,6 +35,7 @@ impl From<TemplateRow> for Template {
             upper_size_mib: t.root.upper_size_mib,
             upper_disk_mib: t.root.upper_disk_mib,
             image: t.image,
+            network: t.net,
         }
     }
 }
@@ -154,7 +155,10 @@ fn create_checked(
     let (vcpus, mem) = (req.vcpus.unwrap_or(1), req.memory_mib.unwrap_or(128));
     let root = req.root();
     // The name the daemon would give exactly this template.
-    let derived = opened_template_name(&req.image, vcpus, mem, &root, &checked);
+    let derived = template_names::with_net(
+        opened_template_name(&req.image, vcpus, mem, &root, &checked),
+        req.network,
+    );
     let owner = template_names::owner_for_create(who, &req.name, &derived)?;
     let upper = checked.upper;
     let t = TemplateRow {
@@ -175,6 +179,7 @@ fn create_checked(
             upper_size_mib: upper.disk_mib().is_none().then(|| upper.tmpfs_mib(mem)),
             upper_disk_mib: upper.disk_mib(),
         },
+        net: req.network,
     };
     let vcpus8 = u8::try_from(vcpus).map_err(|_| {
         ApiError::BadRequest(format!("vcpus {vcpus}: expected 1..={}", ops::MAX_VCPUS))
@@ -197,8 +202,8 @@ pub(crate) fn register_and_build(
     insert_template(d, &t)?;
     d.event(&t.name, "template_building", &t.source);
     let d2 = d.clone();
-    let (name, dir) = (t.name.clone(), t.dir.clone());
-    tokio::spawn(async move { build(d2, name, dir, spec, layers).await });
+    let (name, dir, net) = (t.name.clone(), t.dir.clone(), t.net);
+    tokio::spawn(async move { build(d2, name, dir, spec, layers, net).await });
     Ok(t)
 }
 
@@ -232,17 +237,40 @@ pub(crate) fn insert_template(d: &Daemon, t: &TemplateRow) -> ApiResult<()> {
     r
 }
 
-async fn build(d: Arc<Daemon>, name: String, dir: PathBuf, spec: TemplateSpec, layers: Vec<Layer>) {
+async fn build(
+    d: Arc<Daemon>,
+    name: String,
+    dir: PathBuf,
+    mut spec: TemplateSpec,
+    layers: Vec<Layer>,
+    net: bool,
+) {
     let _g = d.building.lock().await;
     let t0 = Instant::now();
-    tracing::info!(template = %name, dir = %dir.display(), "booting the template");
+    tracing::info!(template = %name, dir = %dir.display(), net, "booting the template");
+    // A networked template boots on a slot lent for the boot (it denies
+    // everything; the guest leaves its link down anyway).
+    let boot = match net {
+        true => d.net.boot_slot(&d).await.map(Some),
+        false => Ok(None),
+    };
     let (backend, dir2) = (d.backend.clone(), dir.clone());
-    let res =
-        tokio::task::spawn_blocking(move || backend.build_template(spec, &layers, &dir2)).await;
-    let res = match res {
-        Ok(Ok(())) => Ok(()),
-        Ok(Err(e)) => Err(e.to_string()),
+    let res = match boot {
         Err(e) => Err(e.to_string()),
+        Ok(boot) => tokio::task::spawn_blocking(move || {
+            if let Some(s) = &boot {
+                let tap = s.open_tap_fd().map_err(|e| e.to_string())?;
+                spec.net = Some(shoal_runtime::vmm_net::BootNet {
+                    tap: Arc::new(std::fs::File::from(tap)),
+                    mac: s.guest_mac().0,
+                });
+            }
+            let r = backend.build_template(spec, &layers, &dir2);
+            drop(boot);
+            r.map_err(|e| e.to_string())
+        })
+        .await
+        .unwrap_or_else(|e| Err(e.to_string())),
     };
     let r = d.db(|db| {
         // Deleted (or replaced) while it was built: nothing to record.
@@ -292,17 +320,20 @@ pub async fn image_template(
     vcpus: u32,
     mem: u32,
     root: &RootRequest,
+    net: bool,
 ) -> ApiResult<TemplateRow> {
     check_shape(image, vcpus, mem)?;
     crate::inputs::check_servable(&d.cfg.limits, vcpus, mem)?;
     let checked = open_root(d, root, mem).await?;
-    let name = opened_template_name(image, vcpus, mem, root, &checked);
+    let name =
+        template_names::with_net(opened_template_name(image, vcpus, mem, root, &checked), net);
     derived_template(d, &name, |d| {
         create_checked(
             d,
             CreateTemplate {
                 vcpus: Some(vcpus),
                 memory_mib: Some(mem),
+                network: net,
                 ..CreateTemplate::new(name.clone(), image)
             }
             .with_root(root.clone()),
@@ -584,6 +615,7 @@ mod tests {
             layers: vec![],
             upper_size_mib: None,
             upper_disk_mib: None,
+            network: false,
         };
         let t = create_template(&d, req, &Principal::Uid(0)).await.unwrap();
         assert_eq!(t.state, TemplateState::Building);
@@ -616,13 +648,13 @@ mod tests {
         // POST /v1/sandboxes with an image: its failed template is made again
         // (the artifacts may be there by now), and the reason is the answer.
         let root = RootRequest::default();
-        let first = image_template(&d, "tiny", 1, 128, &root)
+        let first = image_template(&d, "tiny", 1, 128, &root, false)
             .await
             .unwrap_err()
             .to_string();
         assert!(first.contains("is not installed"), "{first}");
         let row1 = d.db(|db| db.template("tiny-1c-128m")).unwrap().unwrap();
-        let again = image_template(&d, "tiny", 1, 128, &root)
+        let again = image_template(&d, "tiny", 1, 128, &root, false)
             .await
             .unwrap_err()
             .to_string();
@@ -653,10 +685,19 @@ mod tests {
             owned: false,
             owner: None,
             image: None,
+            net: false,
             root: shoal_api::RootRequest::default(),
         };
         d.db(|db| db.put_template(&squat)).unwrap();
-        let r = image_template(&d, "tiny", 1, 128, &shoal_api::RootRequest::default()).await;
+        let r = image_template(
+            &d,
+            "tiny",
+            1,
+            128,
+            &shoal_api::RootRequest::default(),
+            false,
+        )
+        .await;
         // Made again (here it fails: no artifacts), never the squatter's.
         let e = r.expect_err("the squatted template was handed out");
         assert!(e.to_string().contains("is not installed"), "{e}");

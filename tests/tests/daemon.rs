@@ -586,6 +586,7 @@ fn template_layers_and_upper_layers_end_to_end() {
             "layers",
             "memory_mib",
             "name",
+            "network",
             "owned",
             "owner",
             "source",

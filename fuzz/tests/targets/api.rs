@@ -194,6 +194,7 @@ fn world() -> &'static World {
                     layers_dir: None,
                     vmm_stock: 0,
                     images: Default::default(),
+                    net: Default::default(),
                 },
                 Arc::new(shoal_runtime::backend::microvm::MicroVm::new(
                     "/nonexistent/shoal-vmm",

@@ -38,7 +38,8 @@ pub(super) async fn healthz() -> Json<Health> {
     responses((status = 200, description = "Metrics", body = String,
         content_type = "text/plain; version=0.0.4"), Errors))]
 pub(super) async fn metrics_text(AxState(d): D) -> Res<impl IntoResponse> {
-    let text = d.metrics.render(&gauges(&d)?);
+    let mut text = d.metrics.render(&gauges(&d)?);
+    text.push_str(&crate::net::render_metrics(&d).await);
     Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text))
 }
 

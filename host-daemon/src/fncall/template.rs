@@ -127,7 +127,8 @@ pub async fn ensure(d: &Arc<Daemon>, spec: &'static Spec) -> ApiResult<Ready> {
     if let Some(r) = cached(d, spec) {
         return Ok(r);
     }
-    let base = templates::image_template(d, spec.image, 1, spec.memory_mib, &root(spec)?).await?;
+    let base =
+        templates::image_template(d, spec.image, 1, spec.memory_mib, &root(spec)?, false).await?;
     let ready = match spec.warm {
         None => Ready {
             template: base.name.clone(),

@@ -152,6 +152,12 @@ impl TestDaemon {
             layers_dir: None,
             vmm_stock: self.opts.vmm_stock,
             images: self.opts.images.clone(),
+            // No DNS forwarder: a networked create is refused before
+            // anything of the host's network is touched.
+            net: shoald::net::NetOptions {
+                dns: shoald::net_dns::DnsListen::Off,
+                ..Default::default()
+            },
         }
     }
 
