@@ -519,6 +519,22 @@ pub fn lifecycle(g: &Global, id: &str, op: &str) -> Result<i32> {
     print(g, &v, |v| format!("{id} {}", v.state))
 }
 
+/// `shoal net ID POLICY`.
+pub fn set_network(g: &Global, id: &str, policy: &str) -> Result<i32> {
+    let spec = crate::net_arg::parse_net(policy)?;
+    let c = connect(g.daemon.as_deref())?;
+    let v = c.set_network(id, &spec)?;
+    print(g, &v, |v| {
+        let n = v.network.as_ref();
+        format!(
+            "{id} allow_out={:?} deny_out={:?} dns={}",
+            n.map(|n| &n.allow_out),
+            n.map(|n| &n.deny_out),
+            n.is_some_and(|n| n.allow_dns)
+        )
+    })
+}
+
 /// `shoal rm ID...`.
 pub fn rm(g: &Global, ids: &[String]) -> Result<i32> {
     let c = connect(g.daemon.as_deref())?;

@@ -3,7 +3,7 @@
 //! - `shoal run [--image base|tiny] -- CMD...`: run CMD in a fresh sandbox
 //!   through the daemon (`shoald`, started on demand), stream its output,
 //!   exit with its exit code.
-//! - `shoal create|ls|exec|attach|cp|snapshot|fork|pause|resume|rm`, `shoal template
+//! - `shoal create|ls|exec|attach|cp|snapshot|fork|net|pause|resume|rm`, `shoal template
 //!   ...`, `shoal pool ...`, `shoal stats`: sandboxes through the daemon;
 //!   `shoal daemon start|stop|status`: the local daemon itself.
 //! - `shoal vm ...`: sandboxes without the daemon (one VMM process each).
@@ -212,6 +212,14 @@ enum Cmd {
     },
     /// Fork a running sandbox into N live clones (it keeps running); prints their ids.
     Fork(daemon_cmds::ForkArgs),
+    /// Change a networked sandbox's egress policy at once
+    /// (`allow=pypi.org,10.1.2.0/24:443,deny=10.1.2.3,dns=off`; `""`: nothing out).
+    Net {
+        /// Sandbox id.
+        id: String,
+        /// The new policy, as `shoal create --net` takes it.
+        policy: String,
+    },
     /// Pause a sandbox: its state goes to disk and its VMM ends.
     Pause {
         /// Sandbox id.
@@ -553,6 +561,7 @@ fn main() {
         Cmd::Cp { src, dst } => dc::cp(g, &src, &dst),
         Cmd::Snapshot { id, template } => dc::snapshot(g, &id, template.as_deref()),
         Cmd::Fork(a) => dc::fork(g, &a),
+        Cmd::Net { id, policy } => dc::set_network(g, &id, &policy),
         Cmd::Pause { id } => dc::lifecycle(g, &id, "pause"),
         Cmd::Resume { id } => dc::lifecycle(g, &id, "resume"),
         Cmd::Rm { ids } => dc::rm(g, &ids),
