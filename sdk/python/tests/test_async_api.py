@@ -209,6 +209,24 @@ async def test_pause_resume_snapshot_ttl(aclient, asandbox):
     assert info.ttl_s == 0 and info.idle_timeout_s == 600
 
 
+async def test_network_is_opt_in_and_its_policy_changes_live(aclient, asandbox):
+    # No device unless asked; one cannot be added later.
+    assert asandbox.info.network is None and asandbox.info.guest_addr is None
+    with pytest.raises(shoal.Conflict):
+        await asandbox.set_network(shoal.Network(allow_out=["192.0.2.1"], allow_dns=False))
+    first = shoal.Network(allow_out=["192.0.2.1:443"], allow_dns=False)
+    async with aclient.sandbox(image="tiny", network=first) as sb:
+        assert sb.info.network == first and sb.info.guest_addr
+        # The agent gave the guest its slot's address and resolver.
+        r = await sb.exec(["sh", "-c", "cat /etc/resolv.conf; ip -4 addr show eth0"])
+        assert b"nameserver" in r.stdout and sb.info.guest_addr.encode() in r.stdout
+        later = shoal.Network(allow_out=[], deny_out=["192.0.2.0/24"], allow_dns=False)
+        assert (await sb.set_network(later)).network == later
+        assert (await sb.refresh()).network == later
+        with pytest.raises(shoal.BadRequest):
+            await sb.set_network({"allow_out": ["10.0.0.0/33"], "allow_dns": False})
+
+
 async def test_errors_bad_ids_and_arguments(aclient):
     with pytest.raises(shoal.SandboxNotFound) as e:
         await aclient.get("000000000000")

@@ -241,8 +241,11 @@ class Shoal:
         the TTL (a resume gives it none until one is set). ``network``
         (a :class:`Network`) gives it a network device behind that egress
         policy; without it the sandbox has no network device at all (one
-        cannot be added later). This daemon does not give sandboxes a
-        network yet: such a create raises :class:`NetworkUnavailable`.
+        cannot be added later; :meth:`Sandbox.set_network` changes
+        the policy while it runs). :class:`NetworkUnavailable` when this
+        host cannot give sandboxes networks (the message says what it
+        lacks); ``allow_dns`` needs the daemon's DNS forwarder
+        (``shoald --net-dns``), else :class:`BadRequest`.
 
         Raises :class:`HostFull` when the host has no room (retried when
         the client was made with ``retries``), :class:`BadRequest` for a

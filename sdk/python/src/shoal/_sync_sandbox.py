@@ -16,7 +16,7 @@ from typing import (
 
 from . import _sio as _io
 from ._sync_files import Files
-from ._core import exec_body, exec_read_timeout, inline_stdin, signal_number
+from ._core import exec_body, exec_read_timeout, inline_stdin, network_body, signal_number
 from ._errors import (
     CommandFailed,
     CommandNotFound,
@@ -31,6 +31,7 @@ from ._types import (
     ExecEvent,
     ExecResult,
     Forked,
+    Network,
     SandboxInfo,
     TemplateInfo,
 )
@@ -102,6 +103,16 @@ class Sandbox:
     def resume(self) -> SandboxInfo:
         """Resumes a paused sandbox (any command or file call also does)."""
         return self._update(self._do("POST", "/resume"))
+
+    def set_network(self, network: Network | Mapping[str, Any]) -> SandboxInfo:
+        """Replaces the egress policy of a sandbox created with
+        ``network=``, in force at once: its next packet to a destination
+        no longer allowed is dropped, established connection or not.
+        Raises :class:`Conflict` for a sandbox without a network device
+        (one cannot be added to a running guest), :class:`BadRequest` for
+        a policy that does not parse."""
+        body = network_body(network)
+        return self._update(self._do("PUT", "/network", json=body))
 
     def snapshot(self, template: str | None = None) -> TemplateInfo:
         """Snapshots the running sandbox into a new template (named
