@@ -13,19 +13,10 @@ mod daemon_harness;
 
 use daemon_harness::{wait_for, Daemon};
 use shoal_client::api::{CreateSandbox, ErrorCode, NetworkSpec};
+use shoal_test_support::ip;
 use std::io::Write;
 use std::net::{Ipv4Addr, TcpListener, UdpSocket};
 use std::process::{Command, Stdio};
-
-fn ip(args: &[&str]) -> String {
-    let out = Command::new("ip").args(args).output().expect("run ip");
-    assert!(
-        out.status.success(),
-        "ip {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
 
 fn netns_list() -> Vec<String> {
     ip(&["netns", "list"])

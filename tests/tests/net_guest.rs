@@ -11,7 +11,7 @@
 use agent_client::ExitStatus;
 use agent_proto::NetConfigure;
 use shoal_runtime::sandbox::{build_net_template, GuestFiles, Sandbox, TemplateSpec};
-use shoal_test_support::{require_kvm, require_root, sh, RunningSandbox};
+use shoal_test_support::{ip, require_kvm, require_root, sh, RunningSandbox};
 use std::fs::File;
 use std::io::Write;
 use std::net::{Ipv4Addr, TcpListener};
@@ -23,16 +23,6 @@ const HOST: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 1);
 const GUEST: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 2);
 const PORT: u16 = 8080;
 const UP: Duration = Duration::from_secs(180);
-
-fn ip(args: &[&str]) -> String {
-    let out = Command::new("ip").args(args).output().expect("run ip");
-    assert!(
-        out.status.success(),
-        "ip {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
 
 /// A network namespace holding one TAP (`tap0`, host side HOST/24, up),
 /// removed on drop.
