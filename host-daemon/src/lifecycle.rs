@@ -139,7 +139,7 @@ pub async fn create(d: &Arc<Daemon>, mut req: CreateSandbox) -> ApiResult<Sandbo
     if let (Some(policy), Some(spec)) = (policy, spec) {
         // No warm pool or VMM stock: each networked sandbox restores onto
         // its own slot.
-        let slot = d.net.take(d, policy).await?;
+        let slot = d.net.take(d, &policy).await?;
         row.net = Some(db::SandboxNet {
             slot: slot.index(),
             guest_addr: slot.guest_ip(),
@@ -150,7 +150,22 @@ pub async fn create(d: &Arc<Daemon>, mut req: CreateSandbox) -> ApiResult<Sandbo
             return Err(e);
         }
         d.net.hold(&row.id, slot);
-        return restore_new(d, row, &tpl, None, t0).await;
+        // The policy goes in while the VM restores.
+        let id = row.id.clone();
+        let (applied, made) = tokio::join!(
+            d.net.set_policy(&id, policy),
+            restore_new(d, row, &tpl, None, t0)
+        );
+        return match (applied, made) {
+            (Ok(()), made) => made,
+            (Err(e), Ok(v)) => {
+                if let Err(k) = super::ops::kill(d, &v.id, &format!("network policy: {e}")).await {
+                    tracing::warn!(sandbox = %v.id, "{k}");
+                }
+                Err(e)
+            }
+            (Err(_), Err(e)) => Err(e),
+        };
     }
     if let Some(r) = d.db(|db| db.take_pooled(&tpl.name, &row))? {
         if let Some(live) = d.live(&r.id) {

@@ -186,13 +186,15 @@ impl Networks {
         Ok(())
     }
 
-    /// A slot with `policy` applied (from the pool, waiting a while if it
-    /// is empty), held by a sandbox once its row is recorded
-    /// ([`Networks::hold`]).
-    pub async fn take(&self, d: &Arc<Daemon>, policy: EgressPolicy) -> ApiResult<Arc<Slot>> {
-        self.check(&policy)?;
+    /// A slot for a sandbox that will have `policy` (from the pool,
+    /// waiting a while if it is empty), denying everything until
+    /// [`Networks::set_policy`] applies it (done while the VM restores:
+    /// the guest sends nothing before the agent configures its link);
+    /// held by the sandbox once its row is recorded ([`Networks::hold`]).
+    pub async fn take(&self, d: &Arc<Daemon>, policy: &EgressPolicy) -> ApiResult<Arc<Slot>> {
+        self.check(policy)?;
         let a = self.active(d).await?;
-        self.check(&policy)?;
+        self.check(policy)?;
         let a2 = a.clone();
         let slot = blocking("taking a network slot", SLOT_WAIT * 2, move || {
             let slot = a2
@@ -202,8 +204,6 @@ impl Networks {
                     Some(e) => unavailable(format!("no slot is ready ({e})")),
                     None => unavailable(format!("no slot was ready within {SLOT_WAIT:?}")),
                 })?;
-            slot.set_policy(policy)
-                .map_err(|e| ApiError::Internal(format!("applying the policy: {e}")))?;
             Ok(Arc::new(slot))
         })
         .await?;
