@@ -145,11 +145,6 @@ impl Networks {
         }
     }
 
-    /// The options.
-    pub fn options(&self) -> &NetOptions {
-        &self.opts
-    }
-
     /// Whether the host side is set up.
     pub fn is_active(&self) -> bool {
         self.active.initialized()
@@ -343,11 +338,6 @@ impl Networks {
         if let Ok(Err(e)) = r {
             tracing::warn!("removing the ready network slots: {e}");
         }
-    }
-
-    /// The forwarder's address, if it runs.
-    pub fn dns_addr(&self) -> Option<SocketAddr> {
-        self.active.get()?.dns.as_ref().map(|f| f.local_addr())
     }
 }
 

@@ -308,7 +308,9 @@ pub async fn agent(d: &Daemon, live: &Live) -> ApiResult<AsyncClient> {
 
 async fn connect(d: &Daemon, live: &Live) -> ApiResult<AsyncClient> {
     let post = live.needs_post_restore.load(Ordering::Acquire);
-    let net = match post {
+    // Only a sandbox holding a slot has a link to configure (no database
+    // read on the first connection of the others).
+    let net = match post && d.net.slot(&live.id).is_some() {
         true => d
             .db(|db| db.sandbox(&live.id))?
             .and_then(|r| crate::net_guest::guest_net(&d.cfg.net.pool, &r)),
