@@ -26,10 +26,11 @@
 //! create then gets 404 naming `shoal image pull`). The merge runs before,
 //! without the lock ([`ensure_merged`]), so that a removal waiting for a
 //! long merge does not hold back every other create; a removal during it
-//! leaves the create a 404, and the create's lookup under the lock prunes
-//! a merged file renamed into place after the removal's pruning (only a
-//! merge still running past the create's deadline can leave one, for the
-//! next removal to prune).
+//! leaves the create a 404, and the merge's own work, once the merge ends,
+//! looks the image up again under the lock and prunes a merged file renamed
+//! into place after the removal's pruning (so a merge still running after
+//! its create stopped waiting cleans up after itself too;
+//! `containers::merge_and_settle`).
 
 use crate::{ApiError, ApiResult};
 use image_store::{Store, StoredImage};

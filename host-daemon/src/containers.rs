@@ -155,16 +155,7 @@ pub async fn oci_template(
     let merged = crate::blocking(
         "merging the image's lowest layers",
         MERGE_DEADLINE,
-        move || {
-            // An image removed meanwhile (its files gone before they were
-            // opened) is the lookup's 404, not the failed open.
-            container_layers::ensure_merged(&s, &lookup(&s, &r)?, &m).map_err(|e| {
-                match lookup(&s, &r) {
-                    Err(gone @ ApiError::NotFound(_)) => gone,
-                    _ => e,
-                }
-            })
-        },
+        move || merge_and_settle(&s, &r, &m),
     )
     .await;
     match merged {
@@ -239,6 +230,35 @@ pub async fn oci_template(
         )));
     }
     Ok((t, img.image.config))
+}
+
+/// Makes the merged layer image `reference` needs (if any), then settles
+/// with a removal that ran meanwhile: under [`container_layers::use_lock`]
+/// (no removal in progress), if the image is gone, the merged layers no
+/// stored image needs are pruned (a merge renamed into place after the
+/// removal's pruning), and the answer is the lookup's 404, not whatever the
+/// merge met with the image's files gone. This runs in the merge's own
+/// blocking work, so a merge still running after its create stopped waiting
+/// for it (past [`MERGE_DEADLINE`]) cleans up after itself too. Blocking.
+fn merge_and_settle(store: &Store, reference: &str, merges: &Path) -> ApiResult<()> {
+    let made = lookup(store, reference)
+        .and_then(|img| container_layers::ensure_merged(store, &img, merges));
+    let lock = container_layers::use_lock();
+    let _no_removal = lock.blocking_read();
+    match lookup(store, reference) {
+        Err(gone @ ApiError::NotFound(_)) => {
+            match store.list() {
+                Ok(left) => {
+                    if let Err(e) = container_layers::prune_merges(merges, &left) {
+                        tracing::warn!("pruning merged layers after a removal: {e}");
+                    }
+                }
+                Err(e) => tracing::warn!("listing the image store to prune merged layers: {e}"),
+            }
+            Err(gone)
+        }
+        _ => made,
+    }
 }
 
 /// The sandbox environment of an image sandbox: the image's `Env`
@@ -327,6 +347,33 @@ mod tests {
         assert_eq!(env["B"], "x=y");
         assert_eq!(env["PATH"], "/usr/bin:/bin");
         assert_eq!(env.len(), 3, "{env:?}");
+    }
+
+    #[test]
+    fn a_merge_that_outlives_its_image_removes_what_it_made() {
+        // The image was removed while its merge ran and the merged file was
+        // renamed into place after the removal's pruning: the merge's own
+        // work finds the image gone, prunes the file and answers 404.
+        let state = tempfile::tempdir().unwrap();
+        let store = Store::new(&store_dir(state.path()));
+        let merges = container_layers::merges_dir(state.path());
+        std::fs::create_dir_all(&merges).unwrap();
+        let stray = merges.join(container_layers::merge_name(&["sha256:a", "sha256:b"]));
+        std::fs::write(&stray, b"merged").unwrap();
+        let r = merge_and_settle(&store, "127.0.0.1:5000/team/gone:1", &merges);
+        assert!(
+            matches!(r, Err(ApiError::NotFound(ref m)) if m.contains("shoal image pull")),
+            "{r:?}"
+        );
+        assert!(
+            !stray.exists(),
+            "the merged layer of a removed image is left"
+        );
+        // A reference that is no image name at all is a 400, and prunes nothing.
+        std::fs::write(&stray, b"merged").unwrap();
+        let r = merge_and_settle(&store, "Not A Ref", &merges);
+        assert!(matches!(r, Err(ApiError::BadRequest(_))), "{r:?}");
+        assert!(stray.exists());
     }
 
     #[test]
