@@ -157,6 +157,9 @@ pub struct FnCallBenchOpts {
     pub daemon_pid: Option<u32>,
     /// The host interpreter of the floor.
     pub host_python: String,
+    /// Replay every call's guest work on the host for its cost
+    /// ([`crate::fncall_cost`]); `None` skips it.
+    pub cost: Option<crate::fncall_cost::CostOpts>,
 }
 
 /// One call's outcome.
@@ -230,6 +233,9 @@ pub struct FnCallReport {
     pub goals: Goals,
     /// Host 1-minute load average at the end (other work skews CPU figures).
     pub load1: f64,
+    /// The guest's own work per call, replayed on the host (for
+    /// projecting to hardware KVM).
+    pub guest_cost: Option<crate::fncall_cost::GuestCost>,
 }
 
 /// Goals (issue 14).
@@ -495,7 +501,15 @@ pub fn run(
         log(&line(&h));
         levels.push(h);
     }
-    report(dataset, problems.len(), levels)
+    let mut r = report(dataset, problems.len(), levels);
+    r.guest_cost = o.cost.as_ref().map(|co| {
+        let programs: Vec<(String, String)> = problems
+            .iter()
+            .map(|p| (p.task_id.clone(), p.program.clone()))
+            .collect();
+        crate::fncall_cost::measure(&programs, co, log)
+    });
+    r
 }
 
 fn line(l: &SystemLevel) -> String {
@@ -562,6 +576,7 @@ pub fn report(dataset: &Path, problems: usize, levels: Vec<SystemLevel>) -> FnCa
             .ok()
             .and_then(|s| s.split_whitespace().next()?.parse().ok())
             .unwrap_or(0.0),
+        guest_cost: None,
     }
 }
 
@@ -603,6 +618,9 @@ impl FnCallReport {
             "goals: all pass {}, >= 10x restore+exec {:?}, p50 <= 100 ms {:?}\n",
             self.goals.all_pass, self.goals.ten_x_restore_exec, self.goals.p50_le_100ms
         ));
+        if let Some(c) = &self.guest_cost {
+            s.push_str(&c.render());
+        }
         s
     }
 }

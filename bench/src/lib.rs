@@ -5,6 +5,7 @@
 pub mod boot;
 pub mod exec;
 pub mod fncall;
+pub mod fncall_cost;
 mod fncall_plot;
 pub mod fork;
 pub mod hostmem;

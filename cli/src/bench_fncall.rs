@@ -35,6 +35,13 @@ pub struct FnCallArgs {
     /// Run timeout of each call (s).
     #[arg(long, default_value_t = 10.0)]
     pub timeout: f64,
+    /// Skip replaying each call's guest work on the host (syscalls, CPU
+    /// and page faults per call, for projecting to hardware KVM).
+    #[arg(long)]
+    pub no_guest_cost: bool,
+    /// The strace that counts the replayed calls' system calls.
+    #[arg(long, default_value = "strace")]
+    pub strace: PathBuf,
     /// Extra arguments of the private shoald the benchmark runs.
     #[arg(long, default_value = "")]
     pub daemon_args: String,
@@ -104,6 +111,12 @@ pub fn run(g: &crate::daemon_cmds::Global, a: &FnCallArgs, out: &Output) -> Resu
         memory_mib: memory,
         daemon_pid: Some(private.pid()),
         host_python: a.host_python.clone(),
+        cost: (!a.no_guest_cost).then(|| shoal_bench::fncall_cost::CostOpts {
+            python: a.host_python.clone(),
+            strace: a.strace.clone(),
+            runner: shoald::fncall::registry::PYTHON_RUNNER.to_string(),
+            timeout: std::time::Duration::from_secs_f64(a.timeout.max(10.0)),
+        }),
     };
     let report = fncall::run(&c, &path, &problems, &opts, &mut |l| eprintln!("{l}"));
     drop(private);
