@@ -1,0 +1,191 @@
+//! Giving guest pages back to the host: the [`GiveBack`] seam the VMM
+//! implements, and [`MappedRegions`], an implementation for guest memory
+//! whose regions are each anonymous, `MAP_PRIVATE` over a file, or shared.
+//!
+//! How a page is dropped depends on its mapping:
+//! - private anonymous: `madvise(MADV_DONTNEED)`; the next touch faults in
+//!   a zero page;
+//! - `MAP_PRIVATE` over a file (a clone over its template's memory file):
+//!   `MADV_DONTNEED` would drop the private copy and the page would read
+//!   the file's (the template's) content again, so the range is replaced by
+//!   fresh anonymous memory (`mmap(MAP_FIXED | MAP_ANONYMOUS |
+//!   MAP_PRIVATE)`): nothing until touched, zeros then. KVM follows the
+//!   new mapping (its slots hold host virtual addresses; the MMU notifier
+//!   drops the old translations);
+//! - shared (memfd, shared file): `madvise(MADV_REMOVE)` frees the backing
+//!   store itself (a hole punched in the file).
+
+use super::PageRange;
+use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
+
+/// Why a range could not be given back.
+#[derive(Debug, thiserror::Error)]
+pub enum GiveBackError {
+    /// The range is not inside one region this implementation knows.
+    #[error("guest range {addr:#x}+{len:#x} is not in a known memory region")]
+    NoRegion {
+        /// Start.
+        addr: u64,
+        /// Length.
+        len: u64,
+    },
+    /// The host refused (`madvise`, `mmap`).
+    #[error("giving back guest range {addr:#x}+{len:#x} with {what}: {source}")]
+    Host {
+        /// Start.
+        addr: u64,
+        /// Length.
+        len: u64,
+        /// Which call.
+        what: &'static str,
+        /// The OS error.
+        source: std::io::Error,
+    },
+}
+
+/// Releases the host memory behind guest ranges. The device calls it with
+/// page-aligned ranges it has checked lie inside one region of `mem`;
+/// afterwards the guest must read zeros there (never stale content).
+pub trait GiveBack: Send {
+    /// Gives back `range` of `mem`.
+    fn give_back(&mut self, mem: &GuestMemoryMmap, range: PageRange) -> Result<(), GiveBackError>;
+}
+
+/// How one guest memory region is mapped in the VMM.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backing {
+    /// `MAP_PRIVATE | MAP_ANONYMOUS`.
+    Anonymous,
+    /// `MAP_PRIVATE` over a file (a snapshot's memory file).
+    PrivateFile,
+    /// `MAP_SHARED` (memfd or file).
+    Shared,
+}
+
+/// [`GiveBack`] over guest memory whose regions' mappings are known.
+#[derive(Debug, Clone, Default)]
+pub struct MappedRegions {
+    regions: Vec<(u64, u64, Backing)>,
+}
+
+impl MappedRegions {
+    /// No regions (everything is refused) until [`MappedRegions::add`].
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Guest range `[start, start + len)` is mapped as `backing`.
+    pub fn add(&mut self, start: GuestAddress, len: u64, backing: Backing) -> &mut Self {
+        self.regions.push((start.0, len, backing));
+        self
+    }
+
+    fn backing(&self, r: PageRange) -> Option<Backing> {
+        let end = r.addr.checked_add(r.len)?;
+        self.regions
+            .iter()
+            .find(|&&(s, l, _)| r.addr >= s && s.checked_add(l).is_some_and(|e| end <= e))
+            .map(|&(_, _, b)| b)
+    }
+}
+
+impl GiveBack for MappedRegions {
+    fn give_back(&mut self, mem: &GuestMemoryMmap, r: PageRange) -> Result<(), GiveBackError> {
+        let no_region = || GiveBackError::NoRegion {
+            addr: r.addr,
+            len: r.len,
+        };
+        let backing = self.backing(r).ok_or_else(no_region)?;
+        // The whole range must be one mapping of `mem` (the device checked
+        // it; this implementation does not rely on that).
+        let slice = mem
+            .get_slice(
+                GuestAddress(r.addr),
+                usize::try_from(r.len).map_err(|_| no_region())?,
+            )
+            .map_err(|_| no_region())?;
+        let host = slice.ptr_guard_mut().as_ptr();
+        let len = slice.len();
+        let host_err = |what| GiveBackError::Host {
+            addr: r.addr,
+            len: r.len,
+            what,
+            source: std::io::Error::last_os_error(),
+        };
+        match backing {
+            Backing::Anonymous | Backing::Shared => {
+                let advice = if backing == Backing::Shared {
+                    libc::MADV_REMOVE
+                } else {
+                    libc::MADV_DONTNEED
+                };
+                // SAFETY: `host..host + len` is guest memory mapped by
+                // `mem` (get_slice checked it lies in one region); dropping
+                // its pages changes what the guest reads there to zeros,
+                // which is what the guest asked for, and nothing in the VMM
+                // holds references into it.
+                if unsafe { libc::madvise(host.cast(), len, advice) } != 0 {
+                    return Err(host_err(if backing == Backing::Shared {
+                        "madvise(MADV_REMOVE)"
+                    } else {
+                        "madvise(MADV_DONTNEED)"
+                    }));
+                }
+            }
+            Backing::PrivateFile => {
+                // SAFETY: as above, the range is inside one mapping `mem`
+                // owns; MAP_FIXED replaces exactly those pages with fresh
+                // anonymous memory of the same protection, so the mapping
+                // stays valid for `mem` (which unmaps the whole region,
+                // whatever backs its pages, when dropped).
+                let p = unsafe {
+                    libc::mmap(
+                        host.cast(),
+                        len,
+                        libc::PROT_READ | libc::PROT_WRITE,
+                        libc::MAP_FIXED
+                            | libc::MAP_PRIVATE
+                            | libc::MAP_ANONYMOUS
+                            | libc::MAP_NORESERVE,
+                        -1,
+                        0,
+                    )
+                };
+                if p == libc::MAP_FAILED {
+                    return Err(host_err("mmap(MAP_FIXED|MAP_ANONYMOUS)"));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges_outside_known_regions_are_refused() {
+        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x4000)]).unwrap();
+        let mut m = MappedRegions::new();
+        m.add(GuestAddress(0), 0x2000, Backing::Anonymous);
+        let r = |addr, len| PageRange { addr, len };
+        assert!(m.give_back(&mem, r(0, 0x2000)).is_ok());
+        for (a, l) in [
+            (0x1000, 0x2000),
+            (0x2000, 0x1000),
+            (u64::MAX - 0xfff, 0x1000),
+        ] {
+            assert!(matches!(
+                m.give_back(&mem, r(a, l)),
+                Err(GiveBackError::NoRegion { .. })
+            ));
+        }
+        // Known to the implementation but not mapped by `mem`.
+        m.add(GuestAddress(0x10000), 0x1000, Backing::Anonymous);
+        assert!(matches!(
+            m.give_back(&mem, r(0x10000, 0x1000)),
+            Err(GiveBackError::NoRegion { .. })
+        ));
+    }
+}
