@@ -61,9 +61,6 @@ pub enum BalloonError {
         /// virtio-queue's error.
         source: virtio_queue::Error,
     },
-    /// A saved stats buffer head outside its queue, or without a stats queue.
-    #[error("saved balloon stats buffer {0} does not fit the stats queue")]
-    StatsHead(u16),
     /// Re-activating the restored device failed.
     #[error("re-activating the restored balloon: {0}")]
     Activate(#[source] ActivateError),
@@ -157,15 +154,14 @@ impl BalloonHandle {
                 .flat_map(|a| a.queues.iter().map(|q| QueueState::from(q.state())))
                 .collect(),
             stats: inner.stats,
-            stats_head: inner.stats_head,
             counters: inner.counters,
         }
     }
 
-    /// Puts back the saved config, stats, counters and held stats buffer
-    /// into a device whose transport was restored (and re-activated) from
-    /// the same snapshot. Values above guest memory, and a held buffer
-    /// without an active stats queue or outside it, are refused.
+    /// Puts back the saved config, stats and counters into a device whose
+    /// transport was restored (and re-activated) from the same snapshot
+    /// (the held stats buffer is in the queue state). Values above guest
+    /// memory are refused.
     pub fn load(&self, state: &BalloonState) -> Result<(), BalloonError> {
         let mut inner = lock(&self.shared);
         let pages = inner.mem_pages;
@@ -176,20 +172,10 @@ impl BalloonHandle {
                 mem_pages: pages,
             });
         }
-        if let Some(h) = state.stats_head {
-            let fits = inner
-                .active
-                .as_ref()
-                .is_some_and(|a| a.layout.stats.is_some_and(|i| h < a.queues[i].size()));
-            if !fits {
-                return Err(BalloonError::StatsHead(h));
-            }
-        }
         inner.num_pages = state.num_pages;
         inner.actual = state.actual;
         inner.stats = state.stats;
         inner.counters = state.counters;
-        inner.stats_head = state.stats_head;
         Ok(())
     }
 
@@ -319,7 +305,7 @@ impl Persist for Balloon {
 
     /// A device with the saved config, features, stats and counters; if it
     /// was active, re-activated with its queues at their saved positions
-    /// and the stats buffer it held. Everything is checked against the
+    /// (the held stats buffer is the stats queue's next entry). Everything is checked against the
     /// device `args` describes and guest memory first.
     fn restore(args: BalloonArgs, state: &BalloonState) -> Result<Self, BalloonError> {
         let mut dev = Balloon::new(&args.config, &args.mem, args.give_back);

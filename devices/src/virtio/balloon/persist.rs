@@ -1,6 +1,7 @@
 //! What a balloon keeps across a snapshot: the host's target, the guest's
-//! balloon size, features and queue positions, the stats buffer it holds,
-//! the latest stats and its counters.
+//! balloon size, features and queue positions, the latest stats and its
+//! counters. The stats buffer the device holds needs nothing more: it
+//! stays the stats queue's next entry until the host asks for new stats.
 //!
 //! The VMM restores virtio devices through their MMIO transport (which
 //! re-activates a fresh device with the saved queues); the rest of this
@@ -31,8 +32,6 @@ pub struct BalloonState {
     pub queues: Vec<QueueState>,
     /// The latest stats.
     pub stats: BalloonStats,
-    /// The stats buffer the device held (its head descriptor).
-    pub stats_head: Option<u16>,
     /// Counters.
     pub counters: BalloonCounters,
 }

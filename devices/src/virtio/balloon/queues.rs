@@ -10,8 +10,9 @@ use super::{
 };
 use crate::virtio::{VirtioInterrupt, INT_USED_RING};
 use serde::{Deserialize, Serialize};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use virtio_queue::{DescriptorChain, Queue, QueueT};
+use virtio_queue::{DescriptorChain, Queue, QueueOwnedT, QueueT};
 use vm_memory::{Bytes, GuestMemoryMmap};
 
 /// Index of the inflate queue.
@@ -109,8 +110,9 @@ pub(super) struct Inner {
     pub active: Option<Active>,
     pub counters: BalloonCounters,
     pub stats: BalloonStats,
-    /// The stats buffer the device holds (returning it asks for new stats).
-    pub stats_head: Option<u16>,
+    /// Head of the held stats buffer (at the stats queue's next position)
+    /// once parsed, so another notification does not parse it again.
+    stats_parsed: Option<u16>,
     pub give_back: Box<dyn GiveBack>,
     /// Bytes read from one chain (PFNs or stats), preallocated.
     buf: Box<[u8]>,
@@ -160,7 +162,7 @@ impl Inner {
             active: None,
             counters: BalloonCounters::default(),
             stats: BalloonStats::default(),
-            stats_head: None,
+            stats_parsed: None,
             give_back,
             buf: vec![0; (MAX_PFNS_PER_CHAIN * 4).max(MAX_STATS_ENTRIES * STATS_ENTRY_LEN)]
                 .into_boxed_slice(),
@@ -172,7 +174,7 @@ impl Inner {
         self.active = None;
         self.acked = 0;
         self.actual = 0;
-        self.stats_head = None;
+        self.stats_parsed = None;
     }
 
     /// Serves queue `index` and interrupts the guest if it wants to hear.
@@ -196,17 +198,21 @@ impl Inner {
     /// new one; false when none is held (the guest has not sent one yet,
     /// or is still answering).
     pub fn request_stats(&mut self) -> bool {
-        let (Some(a), Some(head)) = (self.active.as_mut(), self.stats_head) else {
+        let Some(a) = self.active.as_mut() else {
             return false;
         };
         let Some(i) = a.layout.stats else {
             return false;
         };
-        self.stats_head = None;
-        if a.queues[i].add_used(&a.mem, head, 0).is_err() {
+        let q = &mut a.queues[i];
+        let Some(chain) = q.pop_descriptor_chain(&a.mem) else {
+            return false;
+        };
+        self.stats_parsed = None;
+        if q.add_used(&a.mem, chain.head_index(), 0).is_err() {
             return false;
         }
-        if a.queues[i].needs_notification(&a.mem).unwrap_or(true) {
+        if q.needs_notification(&a.mem).unwrap_or(true) {
             let _ = a.irq.signal(INT_USED_RING);
         }
         true
@@ -277,35 +283,52 @@ impl Inner {
         }
     }
 
-    /// Parses new stats buffers and holds the latest.
+    /// Parses new stats buffers and holds the latest one. The held buffer
+    /// stays in the avail ring (the queue position is not advanced past
+    /// it), so a snapshot's queue state carries it without more state and
+    /// [`Inner::request_stats`] finds it after a restore too. Earlier
+    /// buffers (a guest should post one at a time) are returned.
     fn process_stats(&mut self, a: &mut Active, index: usize) -> bool {
         let mut used = false;
         let cap = MAX_STATS_ENTRIES * STATS_ENTRY_LEN;
         for _ in 0..QUEUE_SIZE {
-            let Some(chain) = a.queues[index].pop_descriptor_chain(&a.mem) else {
+            let q = &mut a.queues[index];
+            let Some(chain) = q.pop_descriptor_chain(&a.mem) else {
                 break;
             };
             let head = chain.head_index();
-            let Ok(total) = read_chain(&a.mem, chain, &mut self.buf[..cap]) else {
-                self.counters.refused_chains += 1;
-                used |= a.queues[index].add_used(&a.mem, head, 0).is_ok();
-                continue;
-            };
-            // A guest that sends another buffer while one is held gets the
-            // old one back.
-            if let Some(old) = self.stats_head.replace(head) {
-                used |= a.queues[index].add_used(&a.mem, old, 0).is_ok();
+            let last = q
+                .avail_idx(&a.mem, Ordering::Acquire)
+                .map_or(true, |i| i.0 == q.next_avail());
+            let parsed = self.stats_parsed == Some(head);
+            let ok = parsed || self.parse_stats_chain(&a.mem, chain, cap);
+            if ok && last {
+                q.go_to_previous_position();
+                self.stats_parsed = Some(head);
+                break;
             }
-            let n = usize::try_from(total).unwrap_or(usize::MAX).min(cap);
-            let mut p = parse_stats(&self.buf[..n], &mut self.stats);
-            p.truncated |= total > cap as u64;
-            self.counters.stats_updates += 1;
-            self.counters.stats_unknown_tags += p.unknown as u64;
-            if p.truncated || p.partial {
-                self.counters.stats_malformed += 1;
-            }
+            self.stats_parsed = None;
+            used |= q.add_used(&a.mem, head, 0).is_ok();
         }
         used
+    }
+
+    /// Reads a stats chain into the latest values; false (counted) for a
+    /// device-writable descriptor or one outside guest memory.
+    fn parse_stats_chain(&mut self, mem: &GuestMemoryMmap, chain: Chain<'_>, cap: usize) -> bool {
+        let Ok(total) = read_chain(mem, chain, &mut self.buf[..cap]) else {
+            self.counters.refused_chains += 1;
+            return false;
+        };
+        let n = usize::try_from(total).unwrap_or(usize::MAX).min(cap);
+        let mut p = parse_stats(&self.buf[..n], &mut self.stats);
+        p.truncated |= total > cap as u64;
+        self.counters.stats_updates += 1;
+        self.counters.stats_unknown_tags += p.unknown as u64;
+        if p.truncated || p.partial {
+            self.counters.stats_malformed += 1;
+        }
+        true
     }
 
     /// Gives back each reported range (device-writable descriptors, page

@@ -16,6 +16,7 @@
 //!   store itself (a hole punched in the file).
 
 use super::PageRange;
+use std::sync::{Arc, Mutex, PoisonError};
 use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
 
 /// Why a range could not be given back.
@@ -62,101 +63,165 @@ pub enum Backing {
     Shared,
 }
 
-/// [`GiveBack`] over guest memory whose regions' mappings are known.
+/// [`GiveBack`] over guest memory whose mappings are known: spans of
+/// guest addresses, each with its [`Backing`] (a span set later overrides
+/// what it overlaps, so a file mapped over part of an anonymous region is
+/// one more [`MappedRegions::add`]). A range over several spans is given
+/// back piece by piece, each its own way; one not wholly covered is
+/// refused before anything is done.
 #[derive(Debug, Clone, Default)]
 pub struct MappedRegions {
-    regions: Vec<(u64, u64, Backing)>,
+    /// (start, end, backing), sorted, not overlapping.
+    spans: Vec<(u64, u64, Backing)>,
 }
 
 impl MappedRegions {
-    /// No regions (everything is refused) until [`MappedRegions::add`].
+    /// No spans (everything is refused) until [`MappedRegions::add`].
     pub fn new() -> Self {
         Self::default()
     }
 
-    /// Guest range `[start, start + len)` is mapped as `backing`.
+    /// Guest range `[start, start + len)` is mapped as `backing` (over
+    /// whatever was said of it before).
     pub fn add(&mut self, start: GuestAddress, len: u64, backing: Backing) -> &mut Self {
-        self.regions.push((start.0, len, backing));
+        let (ns, ne) = (start.0, start.0.saturating_add(len));
+        if ns >= ne {
+            return self;
+        }
+        let mut out = Vec::with_capacity(self.spans.len() + 2);
+        for &(s, e, b) in &self.spans {
+            if e <= ns || s >= ne {
+                out.push((s, e, b));
+                continue;
+            }
+            if s < ns {
+                out.push((s, ns, b));
+            }
+            if e > ne {
+                out.push((ne, e, b));
+            }
+        }
+        out.push((ns, ne, backing));
+        out.sort_by_key(|&(s, _, _)| s);
+        self.spans = out;
         self
     }
 
-    fn backing(&self, r: PageRange) -> Option<Backing> {
-        let end = r.addr.checked_add(r.len)?;
-        self.regions
-            .iter()
-            .find(|&&(s, l, _)| r.addr >= s && s.checked_add(l).is_some_and(|e| end <= e))
-            .map(|&(_, _, b)| b)
+    /// Forgets every span.
+    pub fn clear(&mut self) {
+        self.spans.clear();
     }
+
+    /// The pieces of `r`, each with its backing; `None` unless the spans
+    /// cover all of it.
+    fn pieces(&self, r: PageRange) -> Option<Vec<(PageRange, Backing)>> {
+        let end = r.addr.checked_add(r.len)?;
+        let mut pos = r.addr;
+        let mut out = Vec::new();
+        for &(s, e, b) in &self.spans {
+            if pos >= end {
+                break;
+            }
+            if e <= pos {
+                continue;
+            }
+            if s > pos {
+                return None;
+            }
+            let stop = e.min(end);
+            out.push((
+                PageRange {
+                    addr: pos,
+                    len: stop - pos,
+                },
+                b,
+            ));
+            pos = stop;
+        }
+        (pos >= end).then_some(out)
+    }
+}
+
+/// Drops the pages of `r` (inside one mapping of `mem`) as `backing` needs.
+fn release(mem: &GuestMemoryMmap, r: PageRange, backing: Backing) -> Result<(), GiveBackError> {
+    let no_region = || GiveBackError::NoRegion {
+        addr: r.addr,
+        len: r.len,
+    };
+    let slice = mem
+        .get_slice(
+            GuestAddress(r.addr),
+            usize::try_from(r.len).map_err(|_| no_region())?,
+        )
+        .map_err(|_| no_region())?;
+    let host = slice.ptr_guard_mut().as_ptr();
+    let len = slice.len();
+    let host_err = |what| GiveBackError::Host {
+        addr: r.addr,
+        len: r.len,
+        what,
+        source: std::io::Error::last_os_error(),
+    };
+    match backing {
+        Backing::Anonymous | Backing::Shared => {
+            let (advice, what) = if backing == Backing::Shared {
+                (libc::MADV_REMOVE, "madvise(MADV_REMOVE)")
+            } else {
+                (libc::MADV_DONTNEED, "madvise(MADV_DONTNEED)")
+            };
+            // SAFETY: `host..host + len` is guest memory mapped by `mem`
+            // (get_slice checked it lies in one region); dropping its pages
+            // changes what the guest reads there to zeros, which is what
+            // the guest asked for, and nothing in the VMM holds references
+            // into it.
+            if unsafe { libc::madvise(host.cast(), len, advice) } != 0 {
+                return Err(host_err(what));
+            }
+        }
+        Backing::PrivateFile => {
+            // SAFETY: as above, the range is inside one mapping `mem` owns;
+            // MAP_FIXED replaces exactly those pages with fresh anonymous
+            // memory of the same protection, so the mapping stays valid for
+            // `mem` (which unmaps the whole region, whatever backs its
+            // pages, when dropped).
+            let p = unsafe {
+                libc::mmap(
+                    host.cast(),
+                    len,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_FIXED | libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                    -1,
+                    0,
+                )
+            };
+            if p == libc::MAP_FAILED {
+                return Err(host_err("mmap(MAP_FIXED|MAP_ANONYMOUS)"));
+            }
+        }
+    }
+    Ok(())
 }
 
 impl GiveBack for MappedRegions {
     fn give_back(&mut self, mem: &GuestMemoryMmap, r: PageRange) -> Result<(), GiveBackError> {
-        let no_region = || GiveBackError::NoRegion {
+        let pieces = self.pieces(r).ok_or(GiveBackError::NoRegion {
             addr: r.addr,
             len: r.len,
-        };
-        let backing = self.backing(r).ok_or_else(no_region)?;
-        // The whole range must be one mapping of `mem` (the device checked
-        // it; this implementation does not rely on that).
-        let slice = mem
-            .get_slice(
-                GuestAddress(r.addr),
-                usize::try_from(r.len).map_err(|_| no_region())?,
-            )
-            .map_err(|_| no_region())?;
-        let host = slice.ptr_guard_mut().as_ptr();
-        let len = slice.len();
-        let host_err = |what| GiveBackError::Host {
-            addr: r.addr,
-            len: r.len,
-            what,
-            source: std::io::Error::last_os_error(),
-        };
-        match backing {
-            Backing::Anonymous | Backing::Shared => {
-                let advice = if backing == Backing::Shared {
-                    libc::MADV_REMOVE
-                } else {
-                    libc::MADV_DONTNEED
-                };
-                // SAFETY: `host..host + len` is guest memory mapped by
-                // `mem` (get_slice checked it lies in one region); dropping
-                // its pages changes what the guest reads there to zeros,
-                // which is what the guest asked for, and nothing in the VMM
-                // holds references into it.
-                if unsafe { libc::madvise(host.cast(), len, advice) } != 0 {
-                    return Err(host_err(if backing == Backing::Shared {
-                        "madvise(MADV_REMOVE)"
-                    } else {
-                        "madvise(MADV_DONTNEED)"
-                    }));
-                }
-            }
-            Backing::PrivateFile => {
-                // SAFETY: as above, the range is inside one mapping `mem`
-                // owns; MAP_FIXED replaces exactly those pages with fresh
-                // anonymous memory of the same protection, so the mapping
-                // stays valid for `mem` (which unmaps the whole region,
-                // whatever backs its pages, when dropped).
-                let p = unsafe {
-                    libc::mmap(
-                        host.cast(),
-                        len,
-                        libc::PROT_READ | libc::PROT_WRITE,
-                        libc::MAP_FIXED
-                            | libc::MAP_PRIVATE
-                            | libc::MAP_ANONYMOUS
-                            | libc::MAP_NORESERVE,
-                        -1,
-                        0,
-                    )
-                };
-                if p == libc::MAP_FAILED {
-                    return Err(host_err("mmap(MAP_FIXED|MAP_ANONYMOUS)"));
-                }
-            }
+        })?;
+        for (p, b) in pieces {
+            release(mem, p, b)?;
         }
         Ok(())
+    }
+}
+
+/// The VMM's form: spans it updates when it maps guest memory anew (a
+/// restore into a pre-warmed VM), shared with the device.
+impl GiveBack for Arc<Mutex<MappedRegions>> {
+    fn give_back(&mut self, mem: &GuestMemoryMmap, r: PageRange) -> Result<(), GiveBackError> {
+        self.lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .give_back(mem, r)
     }
 }
 
@@ -181,6 +246,20 @@ mod tests {
                 Err(GiveBackError::NoRegion { .. })
             ));
         }
+        // Spans override what they overlap and split a range.
+        m.add(GuestAddress(0x1000), 0x2000, Backing::PrivateFile);
+        assert_eq!(
+            m.pieces(r(0, 0x3000)).unwrap(),
+            vec![
+                (r(0, 0x1000), Backing::Anonymous),
+                (r(0x1000, 0x2000), Backing::PrivateFile)
+            ]
+        );
+        assert!(m.give_back(&mem, r(0, 0x3000)).is_ok());
+        assert!(m.pieces(r(0x2000, 0x2000)).is_none(), "past the spans");
+        m.clear();
+        assert!(m.give_back(&mem, r(0, 0x1000)).is_err());
+        m.add(GuestAddress(0), 0x2000, Backing::Anonymous);
         // Known to the implementation but not mapped by `mem`.
         m.add(GuestAddress(0x10000), 0x1000, Backing::Anonymous);
         assert!(matches!(
