@@ -7,6 +7,8 @@ use serde_json::{Map, Value};
 use std::fmt;
 use std::path::PathBuf;
 
+pub use crate::balloon::BalloonInfo;
+
 /// Longest line either side accepts, newline included.
 pub const MAX_LINE: usize = 64 * 1024;
 
@@ -45,6 +47,14 @@ pub enum Request {
     /// Where each vCPU is right now (instruction pointers; the vCPUs are
     /// stopped for a moment): a sampling profiler for the guest.
     Sample,
+    /// The balloon device: sets the host's target (guest memory the
+    /// balloon should take, in MiB) if given, asks the guest for new
+    /// memory statistics, and answers with the balloon's state.
+    Balloon {
+        /// New target in MiB (at most guest memory); none: unchanged.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        target_mib: Option<u64>,
+    },
 }
 
 impl Request {
@@ -58,6 +68,7 @@ impl Request {
             Self::Shutdown => "shutdown",
             Self::Stats => "stats",
             Self::Sample => "sample",
+            Self::Balloon { .. } => "balloon",
         }
     }
 
@@ -72,6 +83,7 @@ impl Request {
             Self::Sample => Reply::Sample(Sample::from_fields(fields)?),
             Self::Snapshot { .. } => Reply::Snapshot(SnapshotInfo::from_fields(fields)?),
             Self::Restore { .. } => Reply::Restore(RestoreInfo::from_fields(fields)?),
+            Self::Balloon { .. } => Reply::Balloon(BalloonInfo::from_fields(fields)?),
         })
     }
 }
@@ -264,6 +276,8 @@ pub enum Reply {
     Restore(RestoreInfo),
     /// To `sample`.
     Sample(Sample),
+    /// To `balloon`.
+    Balloon(BalloonInfo),
 }
 
 impl Serialize for Reply {
@@ -274,6 +288,7 @@ impl Serialize for Reply {
             Self::Snapshot(b) => Success(b).serialize(s),
             Self::Restore(b) => Success(b).serialize(s),
             Self::Sample(b) => Success(b).serialize(s),
+            Self::Balloon(b) => Success(b).serialize(s),
         }
     }
 }
@@ -335,6 +350,10 @@ pub(crate) mod tests {
             Request::Shutdown,
             Request::Stats,
             Request::Sample,
+            Request::Balloon {
+                target_mib: Some(1),
+            },
+            Request::Balloon { target_mib: None },
             Request::Snapshot {
                 dir: "/s".into(),
                 diff: true,
