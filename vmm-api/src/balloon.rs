@@ -1,10 +1,7 @@
-//! The `balloon` request's reply: the balloon device's target, the guest's
+//! The `balloon` request's reply (its wire form is in `wire`): the balloon device's target, the guest's
 //! balloon size, its latest memory statistics and what it gave back.
 
-use crate::wire::ReplyBody;
-use serde::ser::SerializeMap;
 use serde::{Deserialize, Serialize};
-use serde_json::{Map, Value};
 
 /// Reply to `balloon`: `{"ok":true,"balloon":{..}}`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -61,60 +58,4 @@ pub struct GuestMemoryStats {
     /// OOM kills.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub oom_kills: Option<u64>,
-}
-
-impl ReplyBody for BalloonInfo {
-    fn serialize_fields<M: SerializeMap>(&self, map: &mut M) -> Result<(), M::Error> {
-        map.serialize_entry("balloon", self)
-    }
-
-    fn from_fields(fields: Map<String, Value>) -> serde_json::Result<Self> {
-        #[derive(Deserialize)]
-        struct W {
-            balloon: BalloonInfo,
-        }
-        serde_json::from_value::<W>(Value::Object(fields)).map(|w| w.balloon)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::wire::{Reply, Request};
-
-    #[test]
-    fn request_and_reply_wire_format() {
-        let r = Request::Balloon {
-            target_mib: Some(64),
-        };
-        let s = serde_json::to_string(&r).unwrap();
-        assert_eq!(s, r#"{"op":"balloon","target_mib":64}"#);
-        assert_eq!(serde_json::from_str::<Request>(&s).unwrap(), r);
-        let read = serde_json::from_str::<Request>(r#"{"op":"balloon"}"#).unwrap();
-        assert_eq!(read, Request::Balloon { target_mib: None });
-        assert_eq!(serde_json::to_string(&read).unwrap(), r#"{"op":"balloon"}"#);
-        assert!(serde_json::from_str::<Request>(r#"{"op":"balloon","target_mib":-1}"#).is_err());
-
-        let info = BalloonInfo {
-            target_mib: 64,
-            actual_mib: 32,
-            stats: GuestMemoryStats {
-                free_memory: Some(1 << 20),
-                ..Default::default()
-            },
-            inflated_pages: 8192,
-            ..Default::default()
-        };
-        let line = String::from_utf8(crate::wire::success_line(&info)).unwrap();
-        assert!(
-            line.starts_with(
-                r#"{"ok":true,"balloon":{"target_mib":64,"actual_mib":32,"stats":{"free_memory":1048576},"#
-            ),
-            "{line}"
-        );
-        let Value::Object(m) = serde_json::to_value(Reply::Balloon(info)).unwrap() else {
-            panic!("not an object")
-        };
-        assert_eq!(read.decode_reply(m).unwrap(), Reply::Balloon(info));
-    }
 }

@@ -225,6 +225,21 @@ impl ReplyBody for Stats {
     }
 }
 
+/// `{"ok":true,"balloon":{..}}`.
+impl ReplyBody for BalloonInfo {
+    fn serialize_fields<M: SerializeMap>(&self, map: &mut M) -> Result<(), M::Error> {
+        map.serialize_entry("balloon", self)
+    }
+
+    fn from_fields(fields: Map<String, Value>) -> serde_json::Result<Self> {
+        #[derive(Deserialize)]
+        struct W {
+            balloon: BalloonInfo,
+        }
+        serde_json::from_value::<W>(Value::Object(fields)).map(|w| w.balloon)
+    }
+}
+
 /// `{"ok":true,"snapshot":{..}}`.
 impl ReplyBody for SnapshotInfo {
     fn serialize_fields<M: SerializeMap>(&self, map: &mut M) -> Result<(), M::Error> {
@@ -510,5 +525,42 @@ pub(crate) mod tests {
             assert_eq!(s.to_string(), n);
         }
         assert_eq!(format!("{:<8}|", VmState::Paused), "paused  |");
+    }
+
+    #[test]
+    fn balloon_request_and_reply_wire_format() {
+        use crate::balloon::GuestMemoryStats;
+        let r = Request::Balloon {
+            target_mib: Some(64),
+        };
+        let s = serde_json::to_string(&r).unwrap();
+        assert_eq!(s, r#"{"op":"balloon","target_mib":64}"#);
+        assert_eq!(serde_json::from_str::<Request>(&s).unwrap(), r);
+        let read = serde_json::from_str::<Request>(r#"{"op":"balloon"}"#).unwrap();
+        assert_eq!(read, Request::Balloon { target_mib: None });
+        assert_eq!(serde_json::to_string(&read).unwrap(), r#"{"op":"balloon"}"#);
+        assert!(serde_json::from_str::<Request>(r#"{"op":"balloon","target_mib":-1}"#).is_err());
+
+        let info = BalloonInfo {
+            target_mib: 64,
+            actual_mib: 32,
+            stats: GuestMemoryStats {
+                free_memory: Some(1 << 20),
+                ..Default::default()
+            },
+            inflated_pages: 8192,
+            ..Default::default()
+        };
+        let line = String::from_utf8(success_line(&info)).unwrap();
+        assert!(
+            line.starts_with(
+                r#"{"ok":true,"balloon":{"target_mib":64,"actual_mib":32,"stats":{"free_memory":1048576},"#
+            ),
+            "{line}"
+        );
+        let Value::Object(m) = serde_json::to_value(Reply::Balloon(info)).unwrap() else {
+            panic!("not an object")
+        };
+        assert_eq!(read.decode_reply(m).unwrap(), Reply::Balloon(info));
     }
 }
