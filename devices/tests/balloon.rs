@@ -122,6 +122,7 @@ fn features_follow_the_config_and_the_queues_shift_with_what_was_negotiated() {
         deflate_on_oom: true,
         stats: false,
         free_page_reporting: false,
+        stats_interval_s: 0,
     };
     assert_eq!(device(&cfg).0.avail_features(), V1 | OOM);
     for (f, n) in [
@@ -562,4 +563,24 @@ fn device_restore_checks_the_state() {
     inactive.queues.clear();
     let dev = restore(&inactive, BalloonConfig::new()).unwrap();
     assert!(!dev.handle().request_stats());
+}
+
+#[test]
+fn the_stats_timer_returns_the_held_buffer_every_interval() {
+    use event_manager::{EventManager, SubscriberOps};
+    use std::time::Duration;
+    let mut g = full();
+    g.d.mem
+        .write_slice(&stat(4, 1), GuestAddress(DATA))
+        .unwrap();
+    let h = g.d.push_chain_on(2, &[(DATA, 10, false)]);
+    g.d.notify_queue(2);
+    let timer = g.h.stats_timer(Duration::from_millis(20)).unwrap();
+    let mut em = EventManager::<Box<dyn event_manager::MutEventSubscriber + Send>>::new().unwrap();
+    em.add_subscriber(Box::new(timer));
+    em.run_with_timeout(2000).unwrap();
+    assert_eq!(g.d.take_used_on(2), vec![(u32::from(h), 0)]);
+    // Nothing held now: the next tick changes nothing.
+    em.run_with_timeout(2000).unwrap();
+    assert!(g.d.take_used_on(2).is_empty());
 }

@@ -230,3 +230,33 @@ fn inflate_and_reporting_drop_resident_pages_of_all_three_mappings() {
         (0, 0, 0)
     );
 }
+
+/// Past the replacement budget a private file range is dropped all the
+/// same, but reads the file again (and the fallback is counted).
+#[test]
+fn past_the_replacement_budget_private_pages_are_dropped_with_dontneed() {
+    let s = setup();
+    let p = host(&s.mem, PRIV);
+    let mut budgeted = MappedRegions::new().with_replace_budget(1);
+    budgeted.add(GuestAddress(PRIV), LEN, Backing::PrivateFile);
+    touch(&s.mem, PRIV, 2 * PAGE, 0x44);
+    for i in 0..2 {
+        budgeted
+            .give_back(
+                &s.mem,
+                PageRange {
+                    addr: PRIV + i * PAGE,
+                    len: PAGE,
+                },
+            )
+            .unwrap();
+    }
+    assert_eq!(budgeted.fallbacks(), 1);
+    assert_eq!(present_pages(p, 2 * PAGE), 0);
+    let mut b = [0u8; 2];
+    s.mem.read_slice(&mut b[..1], GuestAddress(PRIV)).unwrap();
+    s.mem
+        .read_slice(&mut b[1..], GuestAddress(PRIV + PAGE))
+        .unwrap();
+    assert_eq!(b, [0, 0xAB]);
+}

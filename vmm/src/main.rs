@@ -91,7 +91,8 @@ struct Args {
     net: Option<String>,
     /// virtio-balloon device (after the net device): `on` (statistics and
     /// free page reporting), or a comma list of `deflate_on_oom`,
-    /// `no_stats`, `no_reporting`. Its target is set over --api-sock
+    /// `no_stats`, `no_reporting`, `stats_s=N` (new guest stats every N
+    /// seconds). Its target is set over --api-sock
     /// (`{"op":"balloon","target_mib":N}`). None: no balloon.
     #[arg(long, value_name = "SPEC")]
     balloon: Option<String>,

@@ -24,7 +24,10 @@ fn config(balloon: bool) -> VmConfig {
         addr: 0x1000,
     };
     let mut c = small_config(boot, 16);
-    c.balloon = balloon.then(BalloonConfig::new);
+    c.balloon = balloon.then(|| BalloonConfig {
+        stats_interval_s: 1,
+        ..BalloonConfig::new()
+    });
     c
 }
 

@@ -22,9 +22,10 @@
 use super::{Vm, VmError};
 use crate::layout::HIGH_RAM_START;
 use devices::virtio::balloon::release::{Backing, MappedRegions};
-use devices::virtio::balloon::{Balloon, BalloonState, BalloonStats, PAGE_SIZE};
+use devices::virtio::balloon::{Balloon, BalloonEvents, BalloonState, BalloonStats, PAGE_SIZE};
 use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
 
 /// The balloon's state file in a snapshot directory.
@@ -63,12 +64,28 @@ impl Vm {
         *lock(&self.ram_spans) = spans(&self.mem, Backing::PrivateFile);
     }
 
-    /// A balloon device for this VM's memory, if the configuration has one.
-    pub(super) fn balloon_device(&mut self) -> Option<Balloon> {
-        let cfg = self.config.balloon?;
+    /// A balloon device for this VM's memory, if the configuration has
+    /// one, with its stats timer for the event thread if it asks for one.
+    pub(super) fn balloon_device(
+        &mut self,
+    ) -> Result<Option<(Balloon, Option<BalloonEvents>)>, VmError> {
+        let Some(cfg) = self.config.balloon else {
+            return Ok(None);
+        };
         let dev = Balloon::new(&cfg, &self.mem, Box::new(self.ram_spans.clone()));
-        self.balloon = Some(dev.handle());
-        Some(dev)
+        let h = dev.handle();
+        let timer = match cfg.stats_interval_s {
+            0 => None,
+            s => Some(
+                h.stats_timer(Duration::from_secs(u64::from(s)))
+                    .map_err(|source| VmError::Io {
+                        what: "balloon stats timer".into(),
+                        source,
+                    })?,
+            ),
+        };
+        self.balloon = Some(h);
+        Ok(Some((dev, timer)))
     }
 
     /// Writes the balloon's state beside a snapshot in `dir` (nothing

@@ -229,8 +229,11 @@ impl Vm {
             }
         }
         let balloon_index = net_index + usize::from(self.config.net.is_some());
-        if let Some(dev) = self.balloon_device() {
+        if let Some((dev, timer)) = self.balloon_device()? {
             args.push(self.add_virtio(Box::new(dev), balloon_index, saved)?);
+            if let Some(t) = timer {
+                self.add_subscriber(Box::new(t))?;
+            }
         }
         Ok(args)
     }

@@ -179,6 +179,12 @@ impl BalloonHandle {
         Ok(())
     }
 
+    /// A subscriber for the VMM's event thread that asks the guest for new
+    /// stats every `every` (a periodic timerfd).
+    pub fn stats_timer(&self, every: std::time::Duration) -> std::io::Result<super::BalloonEvents> {
+        super::BalloonEvents::new(self.clone(), every)
+    }
+
     /// Asks the guest for new statistics (returns the buffer it holds);
     /// they arrive asynchronously in [`BalloonHandle::stats`]. False when
     /// no buffer is held (stats not negotiated, not active, or the guest

@@ -25,12 +25,14 @@
 //! counted ([`BalloonCounters`]) and its buffer returned.
 
 mod device;
+mod events;
 mod parse;
 mod persist;
 mod queues;
 pub mod release;
 
 pub use device::{Balloon, BalloonError, BalloonHandle};
+pub use events::BalloonEvents;
 pub use parse::{BalloonStats, PageRange, RangeError, StatsParse};
 pub use persist::{BalloonArgs, BalloonState};
 pub use queues::{BalloonCounters, QueueLayout};
@@ -82,6 +84,10 @@ pub struct BalloonConfig {
     /// Offer VIRTIO_BALLOON_F_FREE_PAGE_REPORTING.
     #[serde(default = "yes")]
     pub free_page_reporting: bool,
+    /// Ask the guest for new stats every this many seconds (the VMM's
+    /// event thread does it); 0: only when the host asks.
+    #[serde(default)]
+    pub stats_interval_s: u32,
 }
 
 fn yes() -> bool {
@@ -95,6 +101,7 @@ impl BalloonConfig {
             deflate_on_oom: false,
             stats: true,
             free_page_reporting: true,
+            stats_interval_s: 0,
         }
     }
 
@@ -118,7 +125,7 @@ impl std::str::FromStr for BalloonConfig {
     type Err = String;
 
     /// `on` (stats and reporting), or a comma list of `deflate_on_oom`,
-    /// `no_stats`, `no_reporting`.
+    /// `no_stats`, `no_reporting`, `stats_s=N`.
     fn from_str(s: &str) -> Result<Self, String> {
         let mut c = BalloonConfig::new();
         for word in s.split(',').filter(|w| !w.is_empty()) {
@@ -127,11 +134,15 @@ impl std::str::FromStr for BalloonConfig {
                 "deflate_on_oom" => c.deflate_on_oom = true,
                 "no_stats" => c.stats = false,
                 "no_reporting" => c.free_page_reporting = false,
-                w => {
-                    return Err(format!(
-                        "unknown balloon option {w:?} (on, deflate_on_oom, no_stats, no_reporting)"
-                    ))
-                }
+                w => match w.strip_prefix("stats_s=").map(str::parse) {
+                    Some(Ok(n)) => c.stats_interval_s = n,
+                    _ => {
+                        return Err(format!(
+                            "unknown balloon option {w:?} (on, deflate_on_oom, no_stats, \
+                             no_reporting, stats_s=SECONDS)"
+                        ))
+                    }
+                },
             }
         }
         Ok(c)
@@ -158,5 +169,14 @@ mod tests {
             (1 << 32) | (1 << VIRTIO_BALLOON_F_DEFLATE_ON_OOM)
         );
         assert!("bogus".parse::<BalloonConfig>().is_err());
+        assert_eq!(
+            "stats_s=5"
+                .parse::<BalloonConfig>()
+                .unwrap()
+                .stats_interval_s,
+            5
+        );
+        assert!("stats_s=-1".parse::<BalloonConfig>().is_err());
+        assert!("stats_s=".parse::<BalloonConfig>().is_err());
     }
 }

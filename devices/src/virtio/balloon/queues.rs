@@ -83,7 +83,8 @@ pub struct BalloonCounters {
     /// Ranges the host failed to give back.
     pub give_back_errors: u64,
     /// Notifications that stopped at the per-notification cap (the rest
-    /// waits for the guest's next notification).
+    /// waits for the guest's next notification), and reported ranges past
+    /// it in one chain (returned without being given back).
     pub capped: u64,
 }
 
@@ -229,14 +230,13 @@ impl Inner {
     fn process_pfns(&mut self, a: &mut Active, index: usize) -> bool {
         let inflate = index == INFLATEQ;
         let (mut pages, mut chains, mut used) = (0u64, 0usize, false);
-        loop {
+        while let Some(chain) = a.queues[index].pop_descriptor_chain(&a.mem) {
             if pages >= MAX_PAGES_PER_NOTIFY || chains >= usize::from(QUEUE_SIZE) {
+                // Left for the guest's next notification.
+                a.queues[index].go_to_previous_position();
                 self.counters.capped += 1;
                 break;
             }
-            let Some(chain) = a.queues[index].pop_descriptor_chain(&a.mem) else {
-                break;
-            };
             chains += 1;
             let head = chain.head_index();
             let cap = MAX_PFNS_PER_CHAIN * 4;
@@ -335,22 +335,25 @@ impl Inner {
     /// aligned, inside one region) and returns the chain.
     fn process_reports(&mut self, a: &mut Active, index: usize) -> bool {
         let (mut pages, mut chains, mut used) = (0u64, 0usize, false);
-        loop {
+        while let Some(chain) = a.queues[index].pop_descriptor_chain(&a.mem) {
             if pages >= MAX_PAGES_PER_NOTIFY || chains >= usize::from(QUEUE_SIZE) {
+                a.queues[index].go_to_previous_position();
                 self.counters.capped += 1;
                 break;
             }
-            let Some(chain) = a.queues[index].pop_descriptor_chain(&a.mem) else {
-                break;
-            };
             chains += 1;
             let head = chain.head_index();
             for d in chain {
                 let len = u64::from(d.len());
-                pages += len / PAGE_SIZE;
-                let r = check_range(&a.mem, d.addr().0, len);
-                match r {
+                match check_range(&a.mem, d.addr().0, len) {
                     Ok(r) if d.is_write_only() => {
+                        // A chain can name all of guest memory many times
+                        // over: past the cap, ranges are returned untouched.
+                        if pages >= MAX_PAGES_PER_NOTIFY {
+                            self.counters.capped += 1;
+                            continue;
+                        }
+                        pages += r.len / PAGE_SIZE;
                         self.counters.reported_bytes += r.len;
                         self.give_back(&a.mem, r);
                     }

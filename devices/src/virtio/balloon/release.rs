@@ -69,16 +69,54 @@ pub enum Backing {
 /// one more [`MappedRegions::add`]). A range over several spans is given
 /// back piece by piece, each its own way; one not wholly covered is
 /// refused before anything is done.
-#[derive(Debug, Clone, Default)]
+///
+/// Each replacement of a private file range can split its mapping in two
+/// more VMAs, and a process has at most `vm.max_map_count` (65530 by
+/// default) of them; a guest giving back every other page would exhaust
+/// that and with it every later `mmap` of the VMM. So replacements are
+/// budgeted ([`MappedRegions::with_replace_budget`]); past the budget a
+/// private file range is dropped with `MADV_DONTNEED` (its pages then read
+/// the file's bytes again: no host memory, but not zeros) and counted
+/// ([`MappedRegions::fallbacks`]).
+#[derive(Debug, Clone)]
 pub struct MappedRegions {
     /// (start, end, backing), sorted, not overlapping.
     spans: Vec<(u64, u64, Backing)>,
+    /// Replacements left before falling back to `MADV_DONTNEED`.
+    replace_budget: u64,
+    fallbacks: u64,
 }
+
+impl Default for MappedRegions {
+    fn default() -> Self {
+        Self {
+            spans: Vec::new(),
+            replace_budget: DEFAULT_REPLACE_BUDGET,
+            fallbacks: 0,
+        }
+    }
+}
+
+/// Replacements of private file ranges allowed by default (each can add
+/// two VMAs; well under the default `vm.max_map_count` of 65530).
+pub const DEFAULT_REPLACE_BUDGET: u64 = 16384;
 
 impl MappedRegions {
     /// No spans (everything is refused) until [`MappedRegions::add`].
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// At most `n` private file ranges are replaced by fresh anonymous
+    /// memory; later ones fall back to `MADV_DONTNEED`.
+    pub fn with_replace_budget(mut self, n: u64) -> Self {
+        self.replace_budget = n;
+        self
+    }
+
+    /// Private file ranges dropped with `MADV_DONTNEED` for want of budget.
+    pub fn fallbacks(&self) -> u64 {
+        self.fallbacks
     }
 
     /// Guest range `[start, start + len)` is mapped as `backing` (over
@@ -163,6 +201,7 @@ fn release(mem: &GuestMemoryMmap, r: PageRange, backing: Backing) -> Result<(), 
         source: std::io::Error::last_os_error(),
     };
     match backing {
+        // (Anonymous also serves a private file range past the budget.)
         Backing::Anonymous | Backing::Shared => {
             let (advice, what) = if backing == Backing::Shared {
                 (libc::MADV_REMOVE, "madvise(MADV_REMOVE)")
@@ -208,7 +247,15 @@ impl GiveBack for MappedRegions {
             addr: r.addr,
             len: r.len,
         })?;
-        for (p, b) in pieces {
+        for (p, mut b) in pieces {
+            if b == Backing::PrivateFile {
+                if self.replace_budget == 0 {
+                    b = Backing::Anonymous;
+                    self.fallbacks += 1;
+                } else {
+                    self.replace_budget -= 1;
+                }
+            }
             release(mem, p, b)?;
         }
         Ok(())
