@@ -52,7 +52,7 @@ impl GiveBack for Checker {
         r: PageRange,
     ) -> Result<(), GiveBackError> {
         assert!(
-            r.len > 0 && r.addr % PAGE == 0 && r.len % PAGE == 0,
+            r.len > 0 && r.addr.is_multiple_of(PAGE) && r.len.is_multiple_of(PAGE),
             "{r:?}"
         );
         let end = r.addr.checked_add(r.len).expect("range wraps");
