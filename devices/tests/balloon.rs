@@ -584,3 +584,41 @@ fn the_stats_timer_returns_the_held_buffer_every_interval() {
     em.run_with_timeout(2000).unwrap();
     assert!(g.d.take_used_on(2).is_empty());
 }
+
+#[test]
+fn a_transport_saved_between_features_ok_and_driver_ok_restores_the_shifted_layout() {
+    let (dev, _) = device(&BalloonConfig::new());
+    let mut d = Driver::with_mem(Box::new(dev), holey_mem());
+    d.wr(0x70, status::ACKNOWLEDGE);
+    d.wr(0x70, status::ACKNOWLEDGE | status::DRIVER);
+    d.wr(0x24, 1);
+    d.wr(0x20, 1); // VERSION_1
+    d.wr(0x24, 0);
+    d.wr(0x20, u32_(REPORTING));
+    d.wr(
+        0x70,
+        status::ACKNOWLEDGE | status::DRIVER | status::FEATURES_OK,
+    );
+    let saved = d.t.save().unwrap();
+    assert_eq!(saved.queues.len(), 3, "inflate, deflate, reporting");
+
+    let rec = Recorder::default();
+    let fresh = Balloon::new(&BalloonConfig::new(), &d.mem, Box::new(rec.clone()));
+    let t = MmioTransport::restore(
+        MmioArgs {
+            device: Box::new(fresh),
+            mem: d.mem.clone(),
+            irq: IrqLine::new(5).unwrap(),
+        },
+        &saved,
+    )
+    .unwrap();
+    let mut d2 = Driver::with_mem(Box::new(device(&BalloonConfig::new()).0), d.mem.clone());
+    d2.t = t;
+    // The driver goes on: its queues, then DRIVER_OK.
+    let st = d2.set_up_queues(&[16, 16, 16]);
+    assert_ne!(st & status::DRIVER_OK, 0, "status {st:#x}");
+    d2.push_chain_on(2, &[(HIGH, 4096, true)]);
+    d2.notify_queue(2);
+    assert_eq!(rec.take(), vec![page(HIGH, 1)], "reporting is queue 2");
+}
