@@ -24,6 +24,7 @@ fn linux(cmd: String, initrd: Option<std::path::PathBuf>, disks: Vec<DiskConfig>
         vsock: None,
         pmem: vec![],
         net: None,
+        balloon: None,
     }
 }
 

@@ -1,7 +1,9 @@
 //! The client: one connection per call, one deadline per call (connect,
 //! send and reply together), replies capped at [`MAX_LINE`].
 
-use crate::wire::{Reply, ReplyBody, Request, RestoreInfo, Sample, SnapshotInfo, Stats, MAX_LINE};
+use crate::wire::{
+    BalloonInfo, Reply, ReplyBody, Request, RestoreInfo, Sample, SnapshotInfo, Stats, MAX_LINE,
+};
 use serde_json::{Map, Value};
 use std::io::{self, ErrorKind, Read, Write};
 use std::os::fd::{FromRawFd, OwnedFd};
@@ -126,6 +128,12 @@ impl Client {
     /// Counters.
     pub fn stats(&self) -> Result<Stats, ApiError> {
         self.typed(&Request::Stats)
+    }
+
+    /// The balloon: sets its target (MiB) if given, asks the guest for new
+    /// stats, and returns its state.
+    pub fn balloon(&self, target_mib: Option<u64>) -> Result<BalloonInfo, ApiError> {
+        self.typed(&Request::Balloon { target_mib })
     }
 
     /// Writes a snapshot into `dir`; the VM stays paused.

@@ -15,6 +15,7 @@
 //! | `{"op":"sample"}` | `{"ok":true,"rips":[..]}` ([`Sample`]) |
 //! | `{"op":"snapshot","dir":"/d","diff":false}` | `{"ok":true,"snapshot":{..}}` ([`SnapshotInfo`]) |
 //! | `{"op":"restore","dir":"/d","disks":["/f"]}` | `{"ok":true,"restore_ms":1.5}` ([`RestoreInfo`]) |
+//! | `{"op":"balloon","target_mib":64}` | `{"ok":true,"balloon":{..}}` ([`BalloonInfo`]) |
 //!
 //! A refused request is answered `{"ok":false,"error":"why"}`. The client
 //! gives every call one deadline (connect, send and reply together).
@@ -22,11 +23,13 @@
 //! [`cmdline`] holds the convention for the kernel command line the VMM is
 //! started with, which launchers share with the VMM.
 
+mod balloon;
 mod client;
 pub mod cmdline;
 mod server;
 mod wire;
 
+pub use balloon::{BalloonInfo, GuestMemoryStats};
 pub use client::{ApiError, Client, ReplyError};
 pub use server::{
     serve, serve_with, Command, Responder, ServeOptions, ServerThread, ThreadInit, IDLE_TIMEOUT,

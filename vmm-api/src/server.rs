@@ -6,8 +6,8 @@
 //! the reply line.
 
 use crate::wire::{
-    refusal_line, success_line, ReplyBody, Request, RestoreInfo, Sample, SnapshotInfo, Stats,
-    MAX_LINE,
+    refusal_line, success_line, BalloonInfo, ReplyBody, Request, RestoreInfo, Sample, SnapshotInfo,
+    Stats, MAX_LINE,
 };
 use std::fmt::Display;
 use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
@@ -67,6 +67,13 @@ pub enum Command {
     Stats(Responder<Stats>),
     /// See [`Request::Sample`].
     Sample(Responder<Sample>),
+    /// See [`Request::Balloon`].
+    Balloon {
+        /// New target in MiB, if any.
+        target_mib: Option<u64>,
+        /// The answer.
+        reply: Responder<BalloonInfo>,
+    },
     /// See [`Request::Snapshot`].
     Snapshot {
         /// Target directory.
@@ -95,6 +102,10 @@ impl Command {
             Request::Shutdown => Self::Shutdown(Responder::new(tx)),
             Request::Stats => Self::Stats(Responder::new(tx)),
             Request::Sample => Self::Sample(Responder::new(tx)),
+            Request::Balloon { target_mib } => Self::Balloon {
+                target_mib,
+                reply: Responder::new(tx),
+            },
             Request::Snapshot { dir, diff } => Self::Snapshot {
                 dir,
                 diff,
@@ -114,6 +125,7 @@ impl Command {
             Self::Pause(r) | Self::Resume(r) | Self::Shutdown(r) => r.refuse(why),
             Self::Stats(r) => r.refuse(why),
             Self::Sample(r) => r.refuse(why),
+            Self::Balloon { reply, .. } => reply.refuse(why),
             Self::Snapshot { reply, .. } => reply.refuse(why),
             Self::Restore { reply, .. } => reply.refuse(why),
         }

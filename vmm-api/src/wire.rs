@@ -7,6 +7,8 @@ use serde_json::{Map, Value};
 use std::fmt;
 use std::path::PathBuf;
 
+pub use crate::balloon::BalloonInfo;
+
 /// Longest line either side accepts, newline included.
 pub const MAX_LINE: usize = 64 * 1024;
 
@@ -45,6 +47,14 @@ pub enum Request {
     /// Where each vCPU is right now (instruction pointers; the vCPUs are
     /// stopped for a moment): a sampling profiler for the guest.
     Sample,
+    /// The balloon device: sets the host's target (guest memory the
+    /// balloon should take, in MiB) if given, asks the guest for new
+    /// memory statistics, and answers with the balloon's state.
+    Balloon {
+        /// New target in MiB (at most guest memory); none: unchanged.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        target_mib: Option<u64>,
+    },
 }
 
 impl Request {
@@ -58,6 +68,7 @@ impl Request {
             Self::Shutdown => "shutdown",
             Self::Stats => "stats",
             Self::Sample => "sample",
+            Self::Balloon { .. } => "balloon",
         }
     }
 
@@ -72,6 +83,7 @@ impl Request {
             Self::Sample => Reply::Sample(Sample::from_fields(fields)?),
             Self::Snapshot { .. } => Reply::Snapshot(SnapshotInfo::from_fields(fields)?),
             Self::Restore { .. } => Reply::Restore(RestoreInfo::from_fields(fields)?),
+            Self::Balloon { .. } => Reply::Balloon(BalloonInfo::from_fields(fields)?),
         })
     }
 }
@@ -213,6 +225,21 @@ impl ReplyBody for Stats {
     }
 }
 
+/// `{"ok":true,"balloon":{..}}`.
+impl ReplyBody for BalloonInfo {
+    fn serialize_fields<M: SerializeMap>(&self, map: &mut M) -> Result<(), M::Error> {
+        map.serialize_entry("balloon", self)
+    }
+
+    fn from_fields(fields: Map<String, Value>) -> serde_json::Result<Self> {
+        #[derive(Deserialize)]
+        struct W {
+            balloon: BalloonInfo,
+        }
+        serde_json::from_value::<W>(Value::Object(fields)).map(|w| w.balloon)
+    }
+}
+
 /// `{"ok":true,"snapshot":{..}}`.
 impl ReplyBody for SnapshotInfo {
     fn serialize_fields<M: SerializeMap>(&self, map: &mut M) -> Result<(), M::Error> {
@@ -264,6 +291,8 @@ pub enum Reply {
     Restore(RestoreInfo),
     /// To `sample`.
     Sample(Sample),
+    /// To `balloon`.
+    Balloon(BalloonInfo),
 }
 
 impl Serialize for Reply {
@@ -274,6 +303,7 @@ impl Serialize for Reply {
             Self::Snapshot(b) => Success(b).serialize(s),
             Self::Restore(b) => Success(b).serialize(s),
             Self::Sample(b) => Success(b).serialize(s),
+            Self::Balloon(b) => Success(b).serialize(s),
         }
     }
 }
@@ -335,6 +365,10 @@ pub(crate) mod tests {
             Request::Shutdown,
             Request::Stats,
             Request::Sample,
+            Request::Balloon {
+                target_mib: Some(1),
+            },
+            Request::Balloon { target_mib: None },
             Request::Snapshot {
                 dir: "/s".into(),
                 diff: true,
@@ -491,5 +525,42 @@ pub(crate) mod tests {
             assert_eq!(s.to_string(), n);
         }
         assert_eq!(format!("{:<8}|", VmState::Paused), "paused  |");
+    }
+
+    #[test]
+    fn balloon_request_and_reply_wire_format() {
+        use crate::balloon::GuestMemoryStats;
+        let r = Request::Balloon {
+            target_mib: Some(64),
+        };
+        let s = serde_json::to_string(&r).unwrap();
+        assert_eq!(s, r#"{"op":"balloon","target_mib":64}"#);
+        assert_eq!(serde_json::from_str::<Request>(&s).unwrap(), r);
+        let read = serde_json::from_str::<Request>(r#"{"op":"balloon"}"#).unwrap();
+        assert_eq!(read, Request::Balloon { target_mib: None });
+        assert_eq!(serde_json::to_string(&read).unwrap(), r#"{"op":"balloon"}"#);
+        assert!(serde_json::from_str::<Request>(r#"{"op":"balloon","target_mib":-1}"#).is_err());
+
+        let info = BalloonInfo {
+            target_mib: 64,
+            actual_mib: 32,
+            stats: GuestMemoryStats {
+                free_memory: Some(1 << 20),
+                ..Default::default()
+            },
+            inflated_pages: 8192,
+            ..Default::default()
+        };
+        let line = String::from_utf8(success_line(&info)).unwrap();
+        assert!(
+            line.starts_with(
+                r#"{"ok":true,"balloon":{"target_mib":64,"actual_mib":32,"stats":{"free_memory":1048576},"#
+            ),
+            "{line}"
+        );
+        let Value::Object(m) = serde_json::to_value(Reply::Balloon(info)).unwrap() else {
+            panic!("not an object")
+        };
+        assert_eq!(read.decode_reply(m).unwrap(), Reply::Balloon(info));
     }
 }

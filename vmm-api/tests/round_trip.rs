@@ -7,8 +7,8 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 use tempfile::TempDir;
 use vmm_api::{
-    serve, ApiError, Client, Command, Reply, Request, RestoreInfo, Sample, SnapshotInfo, Stats,
-    VmState,
+    serve, ApiError, BalloonInfo, Client, Command, Reply, Request, RestoreInfo, Sample,
+    SnapshotInfo, Stats, VmState,
 };
 
 const T: Duration = Duration::from_secs(5);
@@ -31,6 +31,15 @@ fn stats() -> Stats {
         pid: 7,
         pmem_guest_writes: 0,
         net: None,
+    }
+}
+
+fn balloon() -> BalloonInfo {
+    BalloonInfo {
+        target_mib: 16,
+        actual_mib: 8,
+        inflated_pages: 2048,
+        ..Default::default()
     }
 }
 
@@ -83,6 +92,10 @@ fn vmm() -> (TempDir, Client, Arc<Mutex<Vec<String>>>) {
                 log.push(format!("restore {} {disks:?}", dir.display()));
                 reply.send(Ok::<_, String>(RestoreInfo { restore_ms: 2.5 }))
             }
+            Command::Balloon { target_mib, reply } => {
+                log.push(format!("balloon {target_mib:?}"));
+                reply.ok(balloon())
+            }
         }
         true
     })
@@ -103,6 +116,7 @@ fn every_request_round_trips_through_the_server() {
         c.restore(s, &["/d0".into()]).unwrap(),
         RestoreInfo { restore_ms: 2.5 }
     );
+    assert_eq!(c.balloon(Some(16)).unwrap(), balloon());
     match c.resume().unwrap_err() {
         ApiError::Refused { request, message } => {
             assert_eq!((request, message.as_str()), ("resume", "not paused"))
@@ -118,6 +132,7 @@ fn every_request_round_trips_through_the_server() {
             "sample",
             "snapshot /snap/x true",
             "restore /snap/x [\"/d0\"]",
+            "balloon Some(16)",
             "resume"
         ]
     );

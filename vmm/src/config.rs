@@ -146,6 +146,11 @@ pub struct VmConfig {
     /// guest has no network device at all.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub net: Option<crate::net_config::NetDeviceConfig>,
+    /// One virtio-balloon device (after the net device): the host can ask
+    /// the guest for memory back, the guest reports the pages it frees and
+    /// its memory statistics. None: no balloon.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub balloon: Option<devices::virtio::balloon::BalloonConfig>,
 }
 
 fn one() -> u8 {
@@ -179,6 +184,7 @@ impl VmConfig {
             vsock: None,
             pmem: vec![],
             net: None,
+            balloon: None,
         }
     }
 
@@ -266,12 +272,14 @@ impl VmConfig {
         u64::from(self.memory_mib) << 20
     }
 
-    /// Number of virtio-mmio devices: disks, then vsock, then pmem, then net.
+    /// Number of virtio-mmio devices: disks, then vsock, then pmem, then
+    /// net, then balloon.
     pub fn virtio_devices(&self) -> usize {
         self.disks.len()
             + usize::from(self.vsock.is_some())
             + self.pmem.len()
             + usize::from(self.net.is_some())
+            + usize::from(self.balloon.is_some())
     }
 }
 
@@ -299,6 +307,18 @@ mod tests {
         assert!(c.disks[0].read_only);
         assert_eq!(c.cpu_profile, Some(CpuProfile::Pvm));
         assert!(c.pmem.is_empty(), "pmem defaults to none");
+        assert!(c.balloon.is_none(), "no balloon unless asked");
+        let c: VmConfig = serde_json::from_str(
+            r#"{"boot":{"type":"linux","kernel":"/k"},"balloon":{"deflate_on_oom":true}}"#,
+        )
+        .unwrap();
+        let b = c.balloon.unwrap();
+        assert!(b.deflate_on_oom && b.stats && b.free_page_reporting);
+        assert_eq!(c.virtio_devices(), 1);
+        assert!(serde_json::from_str::<VmConfig>(
+            r#"{"boot":{"type":"linux","kernel":"/k"},"balloon":{"stats_secs":1}}"#
+        )
+        .is_err());
         let c: VmConfig = serde_json::from_str(
             r#"{"boot":{"type":"linux","kernel":"/k"},"pmem":[{"path":"/a.img"},{"path":"/b"}]}"#,
         )

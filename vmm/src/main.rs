@@ -29,10 +29,10 @@ struct Args {
     #[arg(long, requires = "check_host")]
     json: bool,
     /// Whole VM configuration as a JSON file (excludes the flags below).
-    #[arg(long, conflicts_with_all = ["kernel", "cmdline", "initrd", "disk", "pmem", "restore", "net"])]
+    #[arg(long, conflicts_with_all = ["kernel", "cmdline", "initrd", "disk", "pmem", "restore", "net", "balloon"])]
     config: Option<PathBuf>,
     /// Start from the snapshot in this directory instead of booting.
-    #[arg(long, conflicts_with_all = ["kernel", "cmdline", "initrd", "disk", "pmem", "net"])]
+    #[arg(long, conflicts_with_all = ["kernel", "cmdline", "initrd", "disk", "pmem", "net", "balloon"])]
     restore: Option<PathBuf>,
     /// With --restore: the file for the snapshot's next virtio-blk disk, in
     /// place of the saved path (repeatable: /dev/vda, /dev/vdb, ...). A
@@ -52,7 +52,7 @@ struct Args {
     api_sock: Option<PathBuf>,
     /// Create an empty VM (--memory, --vcpus) and wait on --api-sock for a
     /// `restore` request; keep the VM for further restores when the guest stops.
-    #[arg(long, requires = "api_sock", conflicts_with_all = ["kernel", "config", "restore", "pmem", "net"])]
+    #[arg(long, requires = "api_sock", conflicts_with_all = ["kernel", "config", "restore", "pmem", "net", "balloon"])]
     prewarm: bool,
     /// With --prewarm: end when the first restored guest stops, as a VMM
     /// restored with --restore does (a sandbox's VMM made ahead), instead of
@@ -89,6 +89,13 @@ struct Args {
     /// frames per second). None: the guest has no network device.
     #[arg(long, value_name = "SPEC")]
     net: Option<String>,
+    /// virtio-balloon device (after the net device): `on` (statistics and
+    /// free page reporting), or a comma list of `deflate_on_oom`,
+    /// `no_stats`, `no_reporting`, `stats_s=N` (new guest stats every N
+    /// seconds). Its target is set over --api-sock
+    /// (`{"op":"balloon","target_mib":N}`). None: no balloon.
+    #[arg(long, value_name = "SPEC")]
+    balloon: Option<String>,
     /// With --restore or --prewarm: the TAP, MAC and limits of the
     /// snapshot's net device (same syntax as --net). Required for a
     /// snapshot with a net device, refused for one without.
@@ -239,6 +246,11 @@ fn build_config(a: &Args) -> Result<VmConfig> {
         uds_path,
     });
     c.net = a.net.as_deref().map(parse_net).transpose()?;
+    c.balloon = a
+        .balloon
+        .as_deref()
+        .map(|s| s.parse().map_err(|e| anyhow::anyhow!("--balloon {s}: {e}")))
+        .transpose()?;
     c.cpu_profile = match a.cpu_profile.as_str() {
         "auto" => None,
         p => Some(p.parse::<CpuProfile>().map_err(anyhow::Error::msg)?),

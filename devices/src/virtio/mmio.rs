@@ -141,6 +141,14 @@ impl MmioTransport {
         } else {
             if added == FEATURES_OK {
                 self.device.set_acked_features(self.acked_features);
+                // The queues the driver sets up now are those its features
+                // call for (no queue register was writable before).
+                let sizes = self.device.queue_max_sizes();
+                let n = self
+                    .device
+                    .queue_count(self.acked_features)
+                    .min(sizes.len());
+                self.queues = make_queues(&sizes[..n]);
             }
             self.status = v;
         }
@@ -184,11 +192,7 @@ impl MmioTransport {
                     _ => 0,
                 }
             }
-            0x034 => self
-                .device
-                .queue_max_sizes()
-                .get(self.queue_sel as usize)
-                .map_or(0, |&s| u32::from(s)),
+            0x034 => self.queue_num_max(),
             0x044 if self.activated => 1,
             0x044 => self
                 .queues
@@ -246,6 +250,21 @@ impl MmioTransport {
             0x0a4 => self.with_queue(|q| q.set_used_ring_address(None, Some(v))),
             _ => {}
         }
+    }
+
+    /// QueueNumMax of the selected queue: 0 for a queue the negotiated
+    /// features do not call for (once FEATURES_OK is set).
+    fn queue_num_max(&self) -> u32 {
+        let sel = self.queue_sel as usize;
+        if self.status & status::FEATURES_OK != 0
+            && sel >= self.device.queue_count(self.acked_features)
+        {
+            return 0;
+        }
+        self.device
+            .queue_max_sizes()
+            .get(sel)
+            .map_or(0, |&s| u32::from(s))
     }
 
     fn with_queue(&mut self, f: impl FnOnce(&mut Queue)) {

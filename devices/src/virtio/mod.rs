@@ -1,5 +1,6 @@
 //! Virtio devices behind the MMIO transport (virtio 1.x, modern registers only).
 
+pub mod balloon;
 pub mod blk;
 pub mod mmio;
 pub mod net;
@@ -91,6 +92,15 @@ pub trait VirtioDevice: Send {
     fn device_type(&self) -> u32;
     /// Maximum size of each queue; its length is the number of queues.
     fn queue_max_sizes(&self) -> &[u16];
+    /// How many of the queues of [`VirtioDevice::queue_max_sizes`] (the
+    /// first ones) a driver that accepted `features` sets up. Most devices
+    /// have a fixed set; one whose optional queues come and go with
+    /// features (balloon: its stats and reporting queues shift down when
+    /// not negotiated) says so here.
+    fn queue_count(&self, features: u64) -> usize {
+        let _ = features;
+        self.queue_max_sizes().len()
+    }
     /// Features the device offers.
     fn avail_features(&self) -> u64;
     /// Records the features the driver accepted (a subset of the offer).

@@ -267,7 +267,14 @@ impl MmioTransport {
                 configured,
             });
         }
-        let n = self.device.queue_max_sizes().len();
+        // A driver past FEATURES_OK set up the queues its features call
+        // for (check_state refuses features the device does not offer).
+        let n = if s.status & super::mmio::status::FEATURES_OK != 0 {
+            let sizes = self.device.queue_max_sizes().len();
+            self.device.queue_count(s.acked_features).min(sizes)
+        } else {
+            self.device.queue_max_sizes().len()
+        };
         if s.queues.len() != n {
             return Err(MmioRestoreError::QueueCount {
                 saved: s.queues.len(),
@@ -289,8 +296,12 @@ impl MmioTransport {
         self.queue_sel = s.queue_sel;
         self.config_generation = s.config_generation;
         self.interrupt.set_status(s.interrupt_status);
-        if s.activated {
+        if s.status & super::mmio::status::FEATURES_OK != 0 {
+            // As the driver's FEATURES_OK write did (also for a device
+            // restored between FEATURES_OK and DRIVER_OK).
             self.device.set_acked_features(s.acked_features);
+        }
+        if s.activated {
             self.device
                 .activate(self.mem.clone(), self.interrupt.clone(), queues)?;
             self.activated = true;

@@ -118,6 +118,16 @@ impl Driver {
             0x70,
             status::ACKNOWLEDGE | status::DRIVER | status::FEATURES_OK,
         );
+        self.set_up_queues(sizes)
+    }
+
+    /// After FEATURES_OK: sets up one queue per entry of `sizes` and sets
+    /// DRIVER_OK. Returns the final status register.
+    pub fn set_up_queues(&mut self, sizes: &[u16]) -> u32 {
+        assert!(
+            sizes.len() <= MAX_QUEUES,
+            "test layout holds {MAX_QUEUES} queues"
+        );
         self.queues.clear();
         for (i, &qsize) in sizes.iter().enumerate() {
             assert!(i == 0 || qsize <= 256, "extra queues hold 256 entries");

@@ -5,6 +5,7 @@
 mod agent_frames;
 mod agent_messages;
 mod api;
+mod balloon;
 mod blk;
 mod e2b_envd;
 mod mmio;

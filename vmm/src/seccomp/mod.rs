@@ -303,6 +303,75 @@ mod tests {
         st
     }
 
+    /// Where the balloon test's two mappings are (set before forking).
+    static ANON: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    static PRIVATE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+    fn map(flags: libc::c_int, fd: libc::c_int) -> usize {
+        // SAFETY: a new 2-page mapping at an address the kernel picks.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                8192,
+                libc::PROT_READ | libc::PROT_WRITE,
+                flags,
+                fd,
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED);
+        p as usize
+    }
+
+    /// What the balloon does on a vCPU thread when the guest gives pages
+    /// back: `MADV_DONTNEED` on anonymous RAM, fresh anonymous memory
+    /// mapped over a private file mapping. The VMM never maps guest RAM
+    /// shared, so `MADV_REMOVE` (which punches holes in files) stays
+    /// forbidden.
+    #[test]
+    fn the_vcpu_role_lets_the_balloon_give_pages_back_and_no_more() {
+        use std::sync::atomic::Ordering::SeqCst;
+        // SAFETY: a memfd with a constant name; checked below.
+        let fd = unsafe { libc::memfd_create(c"seccomp-balloon".as_ptr(), 0) };
+        assert!(fd >= 0);
+        // SAFETY: sizes the memfd just made.
+        assert_eq!(unsafe { libc::ftruncate(fd, 8192) }, 0);
+        ANON.store(map(libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1), SeqCst);
+        PRIVATE.store(map(libc::MAP_PRIVATE, fd), SeqCst);
+        let f = Filters::new(Violation::Kill).unwrap();
+        let st = in_child(&f, Role::Vcpu, || {
+            // SAFETY: the child's copies of the mappings made above; only
+            // their pages change.
+            unsafe {
+                let a = ANON.load(SeqCst) as *mut libc::c_void;
+                if libc::madvise(a, 8192, libc::MADV_DONTNEED) != 0 {
+                    libc::_exit(2);
+                }
+                let p = PRIVATE.load(SeqCst) as *mut libc::c_void;
+                let flags =
+                    libc::MAP_FIXED | libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE;
+                let prot = libc::PROT_READ | libc::PROT_WRITE;
+                if libc::mmap(p, 8192, prot, flags, -1, 0) != p {
+                    libc::_exit(3);
+                }
+            }
+        });
+        assert!(libc::WIFEXITED(st) && libc::WEXITSTATUS(st) == 0, "{st:#x}");
+        let st = in_child(&f, Role::Vcpu, || {
+            // SAFETY: as above; the filter kills the child first.
+            unsafe {
+                let p = PRIVATE.load(SeqCst) as *mut libc::c_void;
+                libc::madvise(p, 8192, libc::MADV_REMOVE);
+            }
+        });
+        assert!(
+            libc::WIFSIGNALED(st) && libc::WTERMSIG(st) == libc::SIGSYS,
+            "{st:#x}"
+        );
+        // SAFETY: closes the memfd made above (the mappings stay valid).
+        unsafe { libc::close(fd) };
+    }
+
     #[test]
     fn a_forbidden_call_kills_the_process_with_sigsys_and_allowed_ones_pass() {
         let f = Filters::new(Violation::Kill).unwrap();

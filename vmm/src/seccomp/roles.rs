@@ -55,8 +55,11 @@ fn every_thread() -> R {
     let no_exec = arg_masked_in(2, int(libc::PROT_EXEC), &[0])?;
     t.allow_when(sys!(SYS_mmap), no_exec.clone());
     t.allow_when(sys!(SYS_mprotect), no_exec);
-    // Freeing memory (malloc, thread stacks), and keeping guest memory out
-    // of core dumps.
+    // Freeing memory (malloc, thread stacks; the balloon's pages of
+    // anonymous guest RAM: a private file mapping's are replaced by a new
+    // anonymous mapping instead, through the mmap rule above), and keeping
+    // guest memory out of core dumps. Never MADV_REMOVE: guest RAM is never
+    // shared, so nothing needs a hole punched in a file.
     t.allow_when(
         sys!(SYS_madvise),
         arg_in(

@@ -91,6 +91,7 @@ impl Vm {
             .as_slice()
             .to_vec();
         let xsave = kvm.check_extension(kvm_ioctls::Cap::Xsave);
+        let ram_spans = super::balloon_dev::anonymous_spans(&mem);
         let vm = Vm {
             config: cfg.clone(),
             vm_fd,
@@ -117,6 +118,8 @@ impl Vm {
             pmem: vec![],
             net: None,
             net_override: None,
+            balloon: None,
+            ram_spans,
         };
         Ok((vm, kvm))
     }
@@ -146,7 +149,7 @@ impl Vm {
 
     /// (Re)creates the device set on fresh buses: i8042, COM1 (it keeps the
     /// current console sink), and the configured virtio devices in MMIO slot
-    /// order: disks, vsock, pmem, net (the pmem images must be mapped already,
+    /// order: disks, vsock, pmem, net, balloon (the pmem images must be mapped already,
     /// see `pmem_dev`). With `saved`, COM1 and the virtio transports are
     /// restored from it ([`Persist::restore`]; activated devices are
     /// re-activated at their saved queue positions). Returns the kernel
@@ -167,6 +170,7 @@ impl Vm {
         self.virtio.clear();
         self.vsock = None;
         self.net = None;
+        self.balloon = None;
         let i8042 = I8042::new(self.reset_evt.try_clone().map_err(io_err("eventfd"))?);
         self.pio
             .insert(Arc::new(Mutex::new(i8042)), I8042_PORT, I8042_PORT_LEN)?;
@@ -222,6 +226,13 @@ impl Vm {
             args.push(self.add_virtio(Box::new(dev), net_index, saved)?);
             if let Some(e) = events {
                 self.add_subscriber(Box::new(e))?;
+            }
+        }
+        let balloon_index = net_index + usize::from(self.config.net.is_some());
+        if let Some((dev, timer)) = self.balloon_device()? {
+            args.push(self.add_virtio(Box::new(dev), balloon_index, saved)?);
+            if let Some(t) = timer {
+                self.add_subscriber(Box::new(t))?;
             }
         }
         Ok(args)
@@ -336,6 +347,7 @@ impl Vm {
             } => {
                 let mem_bytes = cfg.mem_bytes();
                 let k = boot::load_kernel(&vm.mem, kernel)?;
+                vm.ram_booted(k.end);
                 let initrd = initrd
                     .as_ref()
                     .map(|p| boot::load_initrd(&vm.mem, mem_bytes, k.end, p))

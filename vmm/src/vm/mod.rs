@@ -1,6 +1,7 @@
 //! Building a VM from a [`VmConfig`] (boot), from a snapshot (restore, or
 //! reload into an existing VM), and running it.
 
+mod balloon_dev;
 mod build;
 mod diff;
 mod net_dev;
@@ -210,6 +211,11 @@ pub struct Vm {
     /// The TAP and MAC a pre-warmed VM gives the net device of the
     /// snapshot it reloads (`--restore-net`).
     net_override: Option<crate::net_config::NetDeviceConfig>,
+    /// Handle of the balloon device, if any.
+    balloon: Option<devices::virtio::balloon::BalloonHandle>,
+    /// How each span of guest RAM is mapped now, shared with the balloon
+    /// device (which gives pages back by it); see `balloon_dev`.
+    ram_spans: Arc<Mutex<devices::virtio::balloon::release::MappedRegions>>,
 }
 
 /// What a restore may change about the saved VM.

@@ -216,6 +216,7 @@ impl Vm {
         vm.map_pmem_saved(&st.pmem)?;
         vm.finish_shell()?;
         vm.load_state(&st)?;
+        vm.load_balloon(dir)?;
         vm.memory_base = Some(mem_dir);
         Ok(vm)
     }
@@ -246,6 +247,7 @@ impl Vm {
             vsock: None,
             pmem: vec![],
             net: None,
+            balloon: None,
         };
         cfg.validate()?;
         let mem = anonymous_memory(&cfg)?;
@@ -335,12 +337,15 @@ impl Vm {
         }
         self.config = cfg;
         self.profile = default_profile(&self.config);
-        self.load_state(&st)
+        self.load_state(&st)?;
+        self.load_balloon(dir)
     }
 
     /// Loads devices, VM-wide and vCPU state into the shell.
     fn load_state(&mut self, st: &SnapshotState) -> Result<(), VmError> {
         self.loaded = false;
+        // Guest RAM is the snapshot's memory file, mapped privately.
+        self.ram_from_snapshot();
         // Pmem images first: their devices are built from the mappings.
         self.map_pmem_saved(&st.pmem)?;
         self.attach_devices(Some(st))?;
@@ -459,6 +464,7 @@ impl Vm {
             diff_base,
             diff_pages,
         };
+        self.save_balloon(dir)?;
         let state_path = dir.join("state");
         snapshot::save(&state_path, &state)?;
         let state_bytes = std::fs::metadata(&state_path).map(|m| m.len()).unwrap_or(0);

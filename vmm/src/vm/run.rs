@@ -271,6 +271,7 @@ impl Vm {
                     Err(e) => r.refuse(format!("sample failed: {e}")),
                 }
             }
+            Command::Balloon { target_mib, reply } => reply.send(self.balloon_request(target_mib)),
             Command::Shutdown(r) => {
                 ctl.exit = Some(ExitReason::Stopped);
                 r.ok(())

@@ -23,6 +23,7 @@ pub fn small_config(boot: BootSource, memory_mib: u32) -> VmConfig {
         vsock: None,
         pmem: vec![],
         net: None,
+        balloon: None,
     }
 }
 
