@@ -156,6 +156,31 @@ async def level(c: shoal.AsyncShoal, who: str, conc: int, cycles: int, pool: int
     return {"cycle_ms": cyc, "create_ms": create, "errors": errors, "wall_s": wall}
 
 
+async def burst(c: shoal.AsyncShoal, who: str, conc: int, pool: int) -> dict:
+    """``conc`` creates at once from a pool refilled to ``min(pool, conc)``
+    (nothing else running): the create latency the issue's goal names.
+    Every sandbox made is killed afterwards, outside the timing."""
+    await c.wait_pool(TEMPLATE, min(pool, conc), timeout=900)
+    made: list = []
+    ms: list[float] = []
+    errors: list[str] = []
+
+    async def one() -> None:
+        t0 = time.perf_counter()
+        try:
+            if who == "e2b":
+                made.append(await AsyncSandbox.create(TEMPLATE, timeout=300))
+            else:
+                made.append(await c.create(template=TEMPLATE))
+            ms.append((time.perf_counter() - t0) * 1000)
+        except Exception as e:  # counted, reported
+            errors.append(f"{type(e).__name__}: {e}"[:300])
+
+    await asyncio.gather(*(one() for _ in range(conc)))
+    await asyncio.gather(*(sb.kill() for sb in made), return_exceptions=True)
+    return {"create_ms": ms, "errors": errors}
+
+
 async def run_code_rounds(c: shoal.AsyncShoal, n: int) -> dict:
     from e2b_code_interpreter import AsyncSandbox as CodeSandbox
 
@@ -199,11 +224,15 @@ async def run(d: Daemon, levels: list[int], cycles: int, pool: int, memory: int,
             n = max(cycles, conc)
             order = ("e2b", "shoal") if i % 2 == 0 else ("shoal", "e2b")
             res[str(conc)] = {who: await level(c, who, conc, n, pool) for who in order}
+        bursts: dict = {}
+        for i, conc in enumerate(levels):
+            order = ("e2b", "shoal") if i % 2 == 0 else ("shoal", "e2b")
+            bursts[str(conc)] = {who: await burst(c, who, conc, pool) for who in order}
         code = None
         if code_n:
             code = await run_code_rounds(c, code_n)
         await c.set_pool(TEMPLATE, 0)
-    return {"levels": res, "run_code": code}
+    return {"levels": res, "bursts": bursts, "run_code": code}
 
 
 def summarize(r: dict) -> dict:
@@ -237,12 +266,27 @@ def summarize(r: dict) -> dict:
             "samples": len(rc["e2b"]),
             "errors": rc["errors"][:5],
         }
+    out["bursts"] = {
+        conc: {
+            who: {
+                "create_p50_ms": pct(v["create_ms"], 0.5),
+                "create_p99_ms": pct(v["create_ms"], 0.99),
+                "ok": len(v["create_ms"]),
+                "errors": len(v["errors"]),
+                "first_errors": v["errors"][:3],
+            }
+            for who, v in by.items()
+        }
+        for conc, by in r.get("bursts", {}).items()
+    }
     top = max(r["levels"], key=int)
     out["goal"] = (
-        f"create p99 at {top} concurrent (E2B SDK) <= 50 ms; E2B cycle p50 <= 1.10 x the Shoal SDK's"
+        f"create p99 at {top} concurrent from a warm pool (E2B SDK, a burst of creates alone) "
+        "<= 50 ms; E2B cycle p50 <= 1.10 x the Shoal SDK's"
     )
+    tb = out["bursts"].get(top, {}).get("e2b")
     out["goal_met"] = {
-        "create_p99": out["levels"][top]["e2b"]["create_p99_ms"] <= 50,
+        "create_p99": tb is not None and tb["errors"] == 0 and tb["create_p99_ms"] <= 50,
         "overhead": all(v["ratio_cycle_p50"] <= 1.10 for v in out["levels"].values()),
     }
     return out
@@ -280,6 +324,17 @@ def document(r: dict, s: dict) -> dict:
                 [int(c), s["levels"][c][who]["create_p99_ms"]]
                 for c in r["levels"]
                 if s["levels"][c][who]["create_p99_ms"] == s["levels"][c][who]["create_p99_ms"]
+            ],
+        }
+        for who in ("e2b", "shoal")
+    ]
+    xy += [
+        {
+            "label": f"{'E2B SDK' if who == 'e2b' else 'Shoal SDK'} create p99, burst from a warm pool",
+            "points": [
+                [int(c), b[who]["create_p99_ms"]]
+                for c, b in s.get("bursts", {}).items()
+                if b[who]["create_p99_ms"] == b[who]["create_p99_ms"]
             ],
         }
         for who in ("e2b", "shoal")
