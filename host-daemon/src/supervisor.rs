@@ -191,6 +191,9 @@ pub async fn recover(d: &Arc<Daemon>) -> Recovery {
                         keep_dirs.insert(r.dir.clone());
                         tracked.insert(vm.pid());
                         d.event(&r.id, "reattached", &format!("VMM pid {}", vm.pid()));
+                        // Its threads kept their policy; its cgroup's
+                        // weight is written again, and threads checked.
+                        super::cpu_class::reapply(d, &live, r.priority).await;
                         watch(d.clone(), live, vm);
                         rec.reattached += 1;
                     }

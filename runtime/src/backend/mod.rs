@@ -244,6 +244,17 @@ pub trait SandboxVm: Send + Sync + std::fmt::Debug {
     fn reap(&self) -> Option<std::process::ExitStatus>;
     /// Its last messages (why it ended, for error reports).
     fn last_words(&self) -> String;
+    /// Schedules every thread of its process by `class`
+    /// ([`crate::sched::apply`] on [`Self::vmm_pid`]): after each start
+    /// (the policy and cookie are inherited by threads started later, and
+    /// kept across freeze/thaw and a daemon restart) and when the class
+    /// changes.
+    fn set_class(
+        &self,
+        class: crate::sched::Class,
+    ) -> Result<crate::sched::Applied, crate::sched::SchedError> {
+        crate::sched::apply(self.vmm_pid(), class)
+    }
 }
 
 /// A VM process started ahead for one sandbox of one template, before
