@@ -77,7 +77,7 @@ impl std::fmt::Display for SandboxState {
 }
 
 /// How a sandbox's VMM is scheduled on the host's CPUs.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Priority {
     /// Normal scheduling, the normal CPU weight (more while it serves a
@@ -111,6 +111,28 @@ impl Priority {
     /// Whether it is the default ([`Priority::Latency`]).
     pub fn is_latency(&self) -> bool {
         *self == Priority::Latency
+    }
+}
+
+/// By hand, so that a bad value (a number, an unknown name) is refused
+/// naming the choices.
+impl<'de> Deserialize<'de> for Priority {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Priority, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = Priority;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a priority: \"latency\" or \"best_effort\"")
+            }
+            fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<Priority, E> {
+                Priority::parse(s).ok_or_else(|| {
+                    E::custom(format!(
+                        "unknown priority {s:?}: use \"latency\" or \"best_effort\""
+                    ))
+                })
+            }
+        }
+        d.deserialize_str(V)
     }
 }
 
@@ -450,7 +472,15 @@ mod tests {
             .contains(r#""priority":"best_effort""#));
         let e = serde_json::from_str::<CreateSandbox>(r#"{"template":"t","priority":"high"}"#)
             .unwrap_err();
-        assert!(e.to_string().contains("unknown variant"), "{e}");
+        assert!(
+            e.to_string().contains(r#"use "latency" or "best_effort""#),
+            "{e}"
+        );
+        let e = serde_json::from_str::<UpdateSandbox>(r#"{"priority":3}"#).unwrap_err();
+        assert!(
+            e.to_string().contains(r#""latency" or "best_effort""#),
+            "{e}"
+        );
         let u: UpdateSandbox = serde_json::from_str(r#"{"priority":"latency"}"#).unwrap();
         assert_eq!(u.priority, Some(Priority::Latency));
         assert_eq!(
