@@ -26,7 +26,7 @@
 //! a latency sandbox's create says `smt_isolation: false` and why, as do
 //! `/metrics` (`shoal_smt_isolation`) and `shoal doctor`.
 
-use super::{ApiResult, Daemon, Live};
+use super::{ApiError, ApiResult, Daemon, Live};
 use shoal_api::{Priority, Sandbox as SandboxView};
 use shoal_runtime::backend::SandboxVm;
 use shoal_runtime::sched::{self, Class};
@@ -106,7 +106,10 @@ pub fn annotate(d: &Daemon, v: &mut SandboxView) {
 /// sandbox's VMM (a paused one gets it when it resumes), serialized with
 /// its lifecycle operations.
 pub async fn set_priority(d: &Arc<Daemon>, id: &str, p: Priority) -> ApiResult<()> {
-    let r = super::ops::row(d, id)?;
+    let r = match d.db(|db| db.sandbox(id))? {
+        Some(r) if r.state != super::db::State::Pooled => r,
+        _ => return Err(ApiError::NotFound(format!("no sandbox '{id}'"))),
+    };
     if r.priority == p {
         return Ok(());
     }

@@ -333,6 +333,13 @@ pub trait SandboxBackend: Send + Sync {
     /// Ends the VM processes of this kind that belong under `root` (the
     /// sandboxes' directories) but not to `keep`; returns how many.
     fn reclaim_strays(&self, root: &Path, keep: &dyn Fn(i32) -> bool) -> usize;
+    /// Removes the cgroups VMMs of this kind left behind (their jailer was
+    /// killed before it could remove them) that are older than `age` (a
+    /// younger one may be one a VMM start made and has not joined yet);
+    /// one with tasks is never removed. Returns how many went.
+    fn sweep_cgroups(&self, _age: Duration) -> usize {
+        0
+    }
 }
 
 /// A process identified by pid and start time, so a recycled pid is never
