@@ -56,6 +56,12 @@ pub enum SchedError {
         #[source]
         source: std::io::Error,
     },
+    /// A jailed VMM's own process was not found under its jailer.
+    #[error("no VMM process under jailer {jailer}")]
+    NoVmm {
+        /// The jailer's pid.
+        jailer: i32,
+    },
     /// Threads kept appearing with the old policy.
     #[error("pid {pid}: threads still changing after {passes} passes")]
     Unsettled {

@@ -23,9 +23,9 @@ fn vmm_pid(d: &Daemon, sb: &Sandbox) -> i32 {
         .unwrap_or_else(|| panic!("no VMM under jailer {jailer}: is the daemon jailing?"))
 }
 
-/// The VMM cgroup's CPU weight, on the v2 scale (v1 `cpu.shares` mapped
-/// back: 1024 per 100).
-fn cgroup_weight(id: &str) -> u64 {
+/// The VMM cgroup's CPU weight file's value, in the v2 scale's terms:
+/// (what it holds, what `weight` would be there).
+fn cgroup_weight(id: &str, weight: u64) -> (u64, u64) {
     let spec = shoal_jailer::CgroupSpec {
         cpu_weight: Some(100),
         ..Default::default()
@@ -42,8 +42,8 @@ fn cgroup_weight(id: &str) -> u64 {
         .parse()
         .unwrap();
     match file.ends_with("cpu.shares") {
-        true => v * 100 / 1024,
-        false => v,
+        true => (v, shoal_jailer::cgroup::shares_of_weight(weight)),
+        false => (v, weight),
     }
 }
 
@@ -58,16 +58,19 @@ fn assert_class(d: &Daemon, sb: &Sandbox, p: Priority, when: &str) -> usize {
         policies.len() >= 2 && policies.iter().all(|x| *x == want),
         "{when}: VMM {pid} ({p}) threads' policies {policies:?}, want all {want}"
     );
-    let w = cgroup_weight(&sb.id);
-    match p {
-        Priority::BestEffort => assert_eq!(
-            w,
-            shoald::cpu_share::BEST_EFFORT_WEIGHT,
-            "{when}: {p} cgroup weight"
-        ),
+    let w = match p {
+        Priority::BestEffort => {
+            let (w, want) = cgroup_weight(&sb.id, shoald::cpu_share::BEST_EFFORT_WEIGHT);
+            assert_eq!(w, want, "{when}: {p} cgroup weight");
+            w
+        }
         // The normal weight, or more while a request is fresh.
-        Priority::Latency => assert!(w >= 100, "{when}: {p} cgroup weight {w}"),
-    }
+        Priority::Latency => {
+            let (w, normal) = cgroup_weight(&sb.id, shoal_runtime::jail::CPU_WEIGHT);
+            assert!(w >= normal, "{when}: {p} cgroup weight {w} < {normal}");
+            w
+        }
+    };
     eprintln!(
         "{when}: {} VMM {pid}: {} threads, policy {want}, cgroup weight {w}",
         sb.id,

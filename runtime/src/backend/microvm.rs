@@ -493,6 +493,22 @@ impl SandboxVm for MicroVmSandbox {
         }
     }
 
+    fn set_class(
+        &self,
+        class: crate::sched::Class,
+    ) -> Result<crate::sched::Applied, crate::sched::SchedError> {
+        // Never the jailer's threads in the VMM's place.
+        let pid = match self.jailed {
+            true => jail::vmm_pid(self.proc.pid, &self.paths.dir).ok_or(
+                crate::sched::SchedError::NoVmm {
+                    jailer: self.proc.pid,
+                },
+            )?,
+            false => self.proc.pid,
+        };
+        crate::sched::apply(pid, class)
+    }
+
     fn state(&self) -> BackendState {
         BackendState::encode(&Saved::Running {
             pid: self.proc.pid,
