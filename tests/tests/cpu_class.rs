@@ -4,6 +4,8 @@
 //! normal one, after create, after pause+resume (a new VMM), after a
 //! fork (new VMMs from the source's snapshot), after a daemon restart and
 //! after a change of class; its create says whether SMT isolation is on.
+//! And a daemon crash during which a VMM and its jailer die: the
+//! restarted daemon removes that VMM's cgroup and keeps the survivors'.
 //!
 //! Each guest exec costs ~1 s on PVM hosts, so execs are few.
 
@@ -45,6 +47,18 @@ fn cgroup_weight(id: &str, weight: u64) -> (u64, u64) {
         true => (v, shoal_jailer::cgroup::shares_of_weight(weight)),
         false => (v, weight),
     }
+}
+
+/// The directories of jail `id`'s cgroup (memory, pids, cpu).
+fn cgroup_dirs(id: &str) -> Vec<std::path::PathBuf> {
+    let spec = shoal_jailer::CgroupSpec {
+        memory_bytes: Some(1 << 30),
+        pids_max: Some(1),
+        cpu_weight: Some(100),
+    };
+    shoal_jailer::cgroup::plan_here(id, &spec)
+        .expect("a cgroup hierarchy")
+        .dirs
 }
 
 /// Asserts `sb`'s VMM is scheduled as `p` says: every thread's policy and
@@ -131,9 +145,29 @@ fn best_effort_vmms_run_sched_idle_at_a_low_weight_on_every_path() {
         "fork source",
     );
 
-    // A daemon restart (SIGKILL): the VMMs go on, and keep their class.
+    // A daemon crash (SIGKILL) during which the clone's jailer is killed
+    // too (its VMM dies with it): nothing removes the clone's cgroup then.
     d.kill9();
+    let clone = &f.sandboxes[0];
+    let clone_vmm = vmm_pid(&d, clone);
+    let clone_cg = cgroup_dirs(&clone.id);
+    assert!(clone_cg.iter().all(|p| p.is_dir()), "{clone_cg:?}");
+    // SAFETY: kill(2) on the jailer's pid the API reported.
+    assert_eq!(unsafe { libc::kill(clone.pid.unwrap(), libc::SIGKILL) }, 0);
+    daemon_harness::wait_for("the clone's VMM to die with its jailer", 30, || {
+        sched::threads(clone_vmm).is_err()
+    });
+    // The restarted daemon removes the gone VMM's cgroup and keeps those of
+    // the VMMs that survived.
     d.spawn();
+    daemon_harness::wait_for("the dead clone's cgroup removed", 30, || {
+        clone_cg.iter().all(|p| !p.exists())
+    });
+    for sb in [&be, &lat] {
+        let dirs = cgroup_dirs(&sb.id);
+        assert!(dirs.iter().all(|p| p.is_dir()), "a survivor's {dirs:?}");
+    }
+    // And the survivors keep their class.
     assert_class(
         &d,
         &d.get(&be.id).unwrap(),
