@@ -53,7 +53,7 @@ pub use fork::{ForkRequest, Forked, MAX_FORK_COUNT};
 pub use images::{Image, ImageList, PullImage};
 pub use network::{NetworkSpec, MAX_POLICY_ENTRIES};
 pub use sandbox::{
-    CreateSandbox, ListFilter, Sandbox, SandboxState, SnapshotRequest, UpdateSandbox,
+    CreateSandbox, ListFilter, Priority, Sandbox, SandboxState, SnapshotRequest, UpdateSandbox,
 };
 pub use stats::{Event, EventQuery, HostStats, Limits, Stats, Usage};
 pub use templates::{CreateTemplate, Pool, RootRequest, SetPool, Template, TemplateState};

@@ -76,6 +76,72 @@ impl std::fmt::Display for SandboxState {
     }
 }
 
+/// How a sandbox's VMM is scheduled on the host's CPUs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Priority {
+    /// Normal scheduling, the normal CPU weight (more while it serves a
+    /// fresh request), and, where the host kernel has core scheduling, its
+    /// vCPUs kept off SMT siblings running other sandboxes.
+    #[default]
+    Latency,
+    /// Runs only on CPU time no latency sandbox wants: every VMM thread
+    /// `SCHED_IDLE` and a low CPU weight for its cgroup (batch work:
+    /// rollouts nobody waits on).
+    BestEffort,
+}
+
+impl Priority {
+    /// Every priority.
+    pub const ALL: [Priority; 2] = [Priority::Latency, Priority::BestEffort];
+
+    /// Name as on the wire and stored.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Priority::Latency => "latency",
+            Priority::BestEffort => "best_effort",
+        }
+    }
+
+    /// Parses a name.
+    pub fn parse(s: &str) -> Option<Priority> {
+        Priority::ALL.into_iter().find(|x| x.as_str() == s)
+    }
+
+    /// Whether it is the default ([`Priority::Latency`]).
+    pub fn is_latency(&self) -> bool {
+        *self == Priority::Latency
+    }
+}
+
+/// By hand, so that a bad value (a number, an unknown name) is refused
+/// naming the choices.
+impl<'de> Deserialize<'de> for Priority {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Priority, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = Priority;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a priority: \"latency\" or \"best_effort\"")
+            }
+            fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<Priority, E> {
+                Priority::parse(s).ok_or_else(|| {
+                    E::custom(format!(
+                        "unknown priority {s:?}: use \"latency\" or \"best_effort\""
+                    ))
+                })
+            }
+        }
+        d.deserialize_str(V)
+    }
+}
+
+impl std::fmt::Display for Priority {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// `POST /v1/sandboxes`: a sandbox from a template, or from an image
 /// (whose template, booted once and cached, is used). 429/503 when the
 /// host is full.
@@ -147,6 +213,10 @@ pub struct CreateSandbox {
     /// be changed: `PUT /v1/sandboxes/{id}/network`). Sent only when set.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<NetworkSpec>,
+    /// CPU class: `latency` (default) or `best_effort`. Sent only when
+    /// not the default (a daemon before it refuses the field).
+    #[serde(default, skip_serializing_if = "Priority::is_latency")]
+    pub priority: Priority,
 }
 
 fn is_false(b: &bool) -> bool {
@@ -231,6 +301,19 @@ pub struct Sandbox {
     /// Served from a warm pool (only in the reply to a create).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub from_pool: Option<bool>,
+    /// CPU class.
+    #[serde(default)]
+    pub priority: Priority,
+    /// Whether its vCPUs are kept off SMT siblings that run other
+    /// sandboxes' threads (only in the reply to a create or a priority
+    /// change; `false` says why in `warnings`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub smt_isolation: Option<bool>,
+    /// What the host could not give it as asked (only in the reply to a
+    /// create or a priority change): e.g. no SMT isolation on a kernel
+    /// without core scheduling.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
 }
 
 /// `PATCH /v1/sandboxes/{id}`: new limits (each optional; what is left
@@ -245,6 +328,10 @@ pub struct UpdateSandbox {
     /// Paused after this many seconds without API activity (0: never).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idle_timeout_s: Option<u64>,
+    /// A new CPU class, applied at once to a running sandbox's VMM (a
+    /// paused one gets it when it resumes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<Priority>,
 }
 
 /// `GET /v1/sandboxes` filters (all must match).
@@ -347,8 +434,13 @@ mod tests {
             network: None,
             guest_addr: None,
             from_pool: None,
+            priority: Priority::Latency,
+            smt_isolation: None,
+            warnings: vec![],
         };
         let v = serde_json::to_value(&s).unwrap();
+        assert_eq!(v["priority"], "latency", "{v}");
+        assert!(v.get("smt_isolation").is_none() && v.get("warnings").is_none());
         assert!(v["pid"].is_null() && v["error"].is_null(), "{v}");
         assert!(v["network"].is_null() && v["guest_addr"].is_null(), "{v}");
         assert!(v.get("from_pool").is_none(), "{v}");
@@ -362,6 +454,39 @@ mod tests {
         assert_eq!(v["guest_addr"], "10.213.0.2", "{v}");
         assert_eq!(v["network"]["allow_out"][0], "pypi.org", "{v}");
         assert_eq!(serde_json::from_value::<Sandbox>(v).unwrap(), s);
+    }
+
+    #[test]
+    fn priority_is_sent_only_when_best_effort_and_checked() {
+        for p in Priority::ALL {
+            assert_eq!(Priority::parse(p.as_str()), Some(p));
+            assert_eq!(serde_json::to_value(p).unwrap(), p.as_str());
+        }
+        let c = CreateSandbox::from_template("t");
+        assert!(!serde_json::to_string(&c).unwrap().contains("priority"));
+        let c: CreateSandbox =
+            serde_json::from_str(r#"{"template":"t","priority":"best_effort"}"#).unwrap();
+        assert_eq!(c.priority, Priority::BestEffort);
+        assert!(serde_json::to_string(&c)
+            .unwrap()
+            .contains(r#""priority":"best_effort""#));
+        let e = serde_json::from_str::<CreateSandbox>(r#"{"template":"t","priority":"high"}"#)
+            .unwrap_err();
+        assert!(
+            e.to_string().contains(r#"use "latency" or "best_effort""#),
+            "{e}"
+        );
+        let e = serde_json::from_str::<UpdateSandbox>(r#"{"priority":3}"#).unwrap_err();
+        assert!(
+            e.to_string().contains(r#""latency" or "best_effort""#),
+            "{e}"
+        );
+        let u: UpdateSandbox = serde_json::from_str(r#"{"priority":"latency"}"#).unwrap();
+        assert_eq!(u.priority, Some(Priority::Latency));
+        assert_eq!(
+            serde_json::to_string(&UpdateSandbox::default()).unwrap(),
+            "{}"
+        );
     }
 
     #[test]

@@ -61,6 +61,10 @@ pub enum BenchCmd {
     /// restore+exec python3+remove and a host python3: passes, calls/s,
     /// p50/p99, host CPU per call.
     Fncall(crate::bench_fncall::FnCallArgs),
+    /// CPU classes: a latency sandbox's exec latency beside sandboxes
+    /// burning CPU, the burners best_effort vs latency (the peer: no
+    /// classes) vs none, in one run; JSON + CDF.
+    Classes(crate::bench_classes::ClassesArgs),
     /// An OCI image from a loopback registry: pull + convert vs skopeo +
     /// tar + mkfs.erofs, the first and next sandboxes, idle density, host
     /// memory of N sandboxes reading the same files (pmem layers vs
@@ -227,6 +231,9 @@ pub fn run(g: &crate::daemon_cmds::Global, a: BenchArgs) -> Result<i32> {
         )
         .map(|_| 0),
         BenchCmd::Fork(f) => bench::fork(g, &f, &bench::Output::new(&f.out, plot)).map(|_| 0),
+        BenchCmd::Classes(c) => {
+            crate::bench_classes::run(g, &c, &bench::Output::new(&c.out, plot)).map(|_| 0)
+        }
         BenchCmd::Fncall(f) => {
             crate::bench_fncall::run(g, &f, &bench::Output::new(&f.out, plot)).map(|_| 0)
         }

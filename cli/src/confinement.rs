@@ -152,6 +152,18 @@ pub fn report(vmm: &Path) -> Vec<Item> {
             "stocked VMMs (shoald --vmm-stock) run as unconfined as the others".to_string()
         },
     ));
+    v.push(item(
+        "cpu class",
+        true,
+        format!(
+            "create --priority latency (default: normal policy, cpu weight {CPU_WEIGHT}) or \
+             best_effort (every VMM thread SCHED_IDLE, cpu weight {}), set by the daemon \
+             after every start, pool or stock take, reattach and change",
+            shoald::cpu_share::BEST_EFFORT_WEIGHT
+        ),
+    ));
+    let core = shoal_runtime::sched::core_sched();
+    v.push(item("smt", core.isolates(), core.describe()));
     v
 }
 
@@ -187,12 +199,19 @@ mod tests {
                 "rlimits",
                 "cgroup",
                 "seccomp",
-                "stock"
+                "stock",
+                "cpu class",
+                "smt"
             ]
         );
         let seccomp = items.iter().find(|i| i.name == "seccomp").unwrap();
         if seccomp.applied {
             assert!(seccomp.detail.contains("vcpu "), "{}", seccomp.detail);
+        }
+        let smt = items.iter().find(|i| i.name == "smt").unwrap();
+        assert_eq!(smt.applied, shoal_runtime::sched::core_sched().isolates());
+        if !smt.applied {
+            assert!(smt.detail.starts_with("off: "), "{}", smt.detail);
         }
         let t = text(&items);
         assert!(t.starts_with("Confinement of each VMM:\n"), "{t}");

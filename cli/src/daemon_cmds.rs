@@ -204,6 +204,27 @@ pub enum Pull {
     Never,
 }
 
+/// `shoal create --priority`: the sandbox's CPU class.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum PriorityArg {
+    /// Normal scheduling; SMT isolation where the host kernel has core
+    /// scheduling.
+    #[default]
+    Latency,
+    /// Only CPU time latency sandboxes leave (SCHED_IDLE, low CPU weight).
+    #[value(name = "best_effort", alias = "best-effort")]
+    BestEffort,
+}
+
+impl From<PriorityArg> for api::Priority {
+    fn from(p: PriorityArg) -> api::Priority {
+        match p {
+            PriorityArg::Latency => api::Priority::Latency,
+            PriorityArg::BestEffort => api::Priority::BestEffort,
+        }
+    }
+}
+
 /// Pulls OCI image `reference` through the daemon as `policy` says.
 fn pull_first(c: &DaemonClient, reference: &str, policy: Pull) -> Result<()> {
     let pull = match policy {
@@ -330,6 +351,10 @@ pub struct CreateArgs {
     /// When to pull an OCI `--image` first, as `docker run --pull`.
     #[arg(long, value_enum, default_value_t = Pull::Missing)]
     pub pull: Pull,
+    /// CPU class: latency, or best_effort (runs on what latency sandboxes
+    /// leave: its VMM's threads SCHED_IDLE, a low CPU weight).
+    #[arg(long, value_enum, default_value_t = PriorityArg::Latency)]
+    pub priority: PriorityArg,
 }
 
 /// `shoal create`.
@@ -346,6 +371,7 @@ pub fn create(g: &Global, a: &CreateArgs) -> Result<i32> {
             .as_deref()
             .map(crate::net_arg::parse_net)
             .transpose()?,
+        priority: a.priority.into(),
         ..Default::default()
     };
     let root = a.root.request()?;
@@ -372,6 +398,12 @@ pub fn create(g: &Global, a: &CreateArgs) -> Result<i32> {
         pull_first(&c, img, a.pull)?;
     }
     let sb = create_sandbox(g, &c, &req)?;
+    // What the host could not give it, on stderr (stdout is the id).
+    if !g.json {
+        for w in &sb.warnings {
+            eprintln!("shoal: warning: {w}");
+        }
+    }
     print(g, &sb, |s| s.id.clone())
 }
 
@@ -408,13 +440,14 @@ pub fn ls(g: &Global, state: Option<&str>, template: Option<&str>, meta: &[Strin
                 age(now - s.created_at),
                 s.pid.map_or_else(|| "-".into(), |p| p.to_string()),
                 s.guest_addr.map_or_else(|| "-".into(), |a| a.to_string()),
+                s.priority.to_string(),
                 meta.join(","),
             ]
         })
         .collect();
     table(
         &[
-            "ID", "STATE", "TEMPLATE", "CPU/MEM", "AGE", "PID", "NET", "METADATA",
+            "ID", "STATE", "TEMPLATE", "CPU/MEM", "AGE", "PID", "NET", "PRIORITY", "METADATA",
         ],
         &rows,
     );

@@ -21,6 +21,7 @@
 
 mod artifacts_cmd;
 mod bench;
+mod bench_classes;
 mod bench_cmd;
 mod bench_fncall;
 mod bench_image;

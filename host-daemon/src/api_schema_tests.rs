@@ -16,6 +16,7 @@ fn shared_schemas() -> BTreeMap<String, Value> {
         schema::<t::CreateSandbox>(),
         schema::<t::Sandbox>(),
         schema::<t::SandboxState>(),
+        schema::<t::Priority>(),
         schema::<t::SnapshotRequest>(),
         schema::<t::ForkRequest>(),
         schema::<t::Forked>(),

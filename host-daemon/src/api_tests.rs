@@ -508,6 +508,7 @@ fn every_field_is_documented() {
         keep_running: true,
         pause_at_ttl: true,
         network: Some(t::NetworkSpec::allowing(["pypi.org"])),
+        priority: t::Priority::BestEffort,
     };
     let template = t::CreateTemplate {
         vcpus: Some(1),
@@ -544,6 +545,9 @@ fn every_field_is_documented() {
         network: Some(t::NetworkSpec::allowing(["pypi.org"])),
         guest_addr: Some(std::net::Ipv4Addr::new(10, 0, 0, 2)),
         from_pool: Some(true),
+        priority: t::Priority::BestEffort,
+        smt_isolation: Some(false),
+        warnings: vec!["w".into()],
     };
     let tpl = t::Template {
         name: "t".into(),
@@ -587,7 +591,10 @@ fn every_field_is_documented() {
         ("SetPool", json!({"target": 1})),
         ("Sandbox", full(&view)),
         ("Template", full(&tpl)),
-        ("UpdateSandbox", json!({"ttl_s": 1, "idle_timeout_s": 2})),
+        (
+            "UpdateSandbox",
+            json!({"ttl_s": 1, "idle_timeout_s": 2, "priority": "latency"}),
+        ),
         ("RenameRequest", json!({"from": "/a", "to": "/b"})),
         ("SignalCommand", json!({"signal": 15, "group": true})),
         ("Command", full(&command)),

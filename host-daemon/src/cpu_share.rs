@@ -15,6 +15,10 @@
 //! each request is a sandbox ahead of them. A guest cannot raise its own
 //! weight; only requests to it (an API caller's) do.
 //!
+//! A best-effort sandbox ([`shoal_api::Priority::BestEffort`]) has
+//! [`BEST_EFFORT_WEIGHT`] whatever its requests: with its VMM's threads
+//! `SCHED_IDLE` ([`crate::cpu_class`]) it runs on what the others leave.
+//!
 //! The weight is written on transitions only: when a request arrives
 //! ([`CpuShare::on_request`], from [`crate::freeze::busy`]) and from
 //! [`run`]'s tick once the sandbox is no longer fresh. A sandbox whose VMM
@@ -23,7 +27,7 @@
 use super::Daemon;
 use shoal_runtime::jail::{CgroupSpec, CPU_WEIGHT};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -32,14 +36,19 @@ pub const FRESH: Duration = Duration::from_secs(1);
 /// The weight of a sandbox serving a fresh request (cgroup v2 scale; the
 /// normal one is [`CPU_WEIGHT`]).
 pub const REQUEST_WEIGHT: u64 = 4 * CPU_WEIGHT;
+/// The weight of a best-effort sandbox, requests or not (v1: `cpu.shares`
+/// 10, against 1024 for a normal one).
+pub const BEST_EFFORT_WEIGHT: u64 = 1;
 /// How often [`run`] looks for sandboxes to demote.
 pub const TICK: Duration = Duration::from_millis(250);
 
 /// The weight a sandbox should have: [`REQUEST_WEIGHT`] while it has
 /// operations in flight (`busy`) and `now_ms` is before `fresh_until_ms`
 /// (the last request's arrival plus [`FRESH`]), else the normal one.
-pub fn wanted(busy: usize, now_ms: u64, fresh_until_ms: u64) -> u64 {
-    if busy > 0 && now_ms < fresh_until_ms {
+pub fn wanted(busy: usize, now_ms: u64, fresh_until_ms: u64, best_effort: bool) -> u64 {
+    if best_effort {
+        BEST_EFFORT_WEIGHT
+    } else if busy > 0 && now_ms < fresh_until_ms {
         REQUEST_WEIGHT
     } else {
         CPU_WEIGHT
@@ -101,6 +110,10 @@ pub struct CpuShare {
     /// The weight last written (0: unknown, a new VMM's cgroup); the lock
     /// also orders writes.
     written: Mutex<u64>,
+    /// Best effort: [`BEST_EFFORT_WEIGHT`] always.
+    best_effort: AtomicBool,
+    /// Why its class could not be applied to its VMM's threads, last time.
+    class_error: Mutex<Option<String>>,
 }
 
 impl CpuShare {
@@ -115,6 +128,8 @@ impl CpuShare {
             file,
             fresh_until_ms: AtomicU64::new(0),
             written: Mutex::new(0),
+            best_effort: AtomicBool::new(false),
+            class_error: Mutex::new(None),
         }
     }
 
@@ -123,13 +138,38 @@ impl CpuShare {
         *self.written.lock().unwrap_or_else(|e| e.into_inner()) = 0;
     }
 
+    /// Its class: best effort or not; the weight it gives (with `busy`
+    /// operations in flight at `now_ms`) is written at once.
+    pub fn set_best_effort(&self, best_effort: bool, busy: usize, now_ms: u64) {
+        self.best_effort.store(best_effort, Ordering::Release);
+        self.tick(busy, now_ms);
+    }
+
+    /// Records why its class could not be applied (`None`: it was).
+    pub fn set_class_error(&self, e: Option<String>) {
+        *self.class_error.lock().unwrap_or_else(|e| e.into_inner()) = e;
+    }
+
+    /// Why its class could not be applied, last time.
+    pub fn class_error(&self) -> Option<String> {
+        self.class_error
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Whether it is best effort.
+    pub fn best_effort(&self) -> bool {
+        self.best_effort.load(Ordering::Acquire)
+    }
+
     /// A request arrived at `now_ms` (its operation is counted busy
     /// already): [`REQUEST_WEIGHT`] for [`FRESH`].
     pub fn on_request(&self, now_ms: u64) {
         let fresh = u64::try_from(FRESH.as_millis()).unwrap_or(u64::MAX);
         self.fresh_until_ms
             .fetch_max(now_ms.saturating_add(fresh), Ordering::AcqRel);
-        self.set(REQUEST_WEIGHT);
+        self.set(wanted(1, now_ms, u64::MAX, self.best_effort()));
     }
 
     /// Re-evaluates the weight with `busy` operations in flight at `now_ms`.
@@ -138,6 +178,7 @@ impl CpuShare {
             busy,
             now_ms,
             self.fresh_until_ms.load(Ordering::Acquire),
+            self.best_effort(),
         ));
     }
 
@@ -191,10 +232,47 @@ mod tests {
 
     #[test]
     fn above_normal_only_while_a_fresh_request_is_in_flight() {
-        assert_eq!(wanted(1, 100, 200), REQUEST_WEIGHT);
-        assert_eq!(wanted(0, 100, 200), CPU_WEIGHT, "idle");
-        assert_eq!(wanted(1, 200, 200), CPU_WEIGHT, "no longer fresh");
-        assert_eq!(wanted(3, 5_000, 200), CPU_WEIGHT);
+        assert_eq!(wanted(1, 100, 200, false), REQUEST_WEIGHT);
+        assert_eq!(wanted(0, 100, 200, false), CPU_WEIGHT, "idle");
+        assert_eq!(wanted(1, 200, 200, false), CPU_WEIGHT, "no longer fresh");
+        assert_eq!(wanted(3, 5_000, 200, false), CPU_WEIGHT);
+    }
+
+    #[test]
+    fn best_effort_stays_low_whatever_its_requests() {
+        assert_eq!(wanted(1, 100, 200, true), BEST_EFFORT_WEIGHT);
+        assert_eq!(wanted(0, 100, 200, true), BEST_EFFORT_WEIGHT);
+        let dir = tempfile::tempdir().unwrap();
+        for v1 in [false, true] {
+            let path = dir
+                .path()
+                .join(if v1 { "cpu.shares" } else { "cpu.weight" });
+            std::fs::write(&path, "100").unwrap();
+            let s = CpuShare::with_file(Some(WeightFile {
+                path: path.clone(),
+                v1,
+            }));
+            let read = || std::fs::read_to_string(&path).unwrap();
+            let (low, normal, fresh) = if v1 {
+                ("10", "1024", "4096")
+            } else {
+                ("1", "100", "400")
+            };
+            // Written at once when the class is set.
+            s.set_best_effort(true, 0, 1_000);
+            assert!(s.best_effort());
+            assert_eq!(read(), low);
+            // A request does not raise it.
+            s.on_request(1_000);
+            assert_eq!(read(), low);
+            s.tick(1, 1_001);
+            assert_eq!(read(), low);
+            // Back to latency: normal, boosted by the fresh request.
+            s.set_best_effort(false, 1, 1_002);
+            assert_eq!(read(), fresh);
+            s.set_best_effort(false, 0, 1_003);
+            assert_eq!(read(), normal);
+        }
     }
 
     #[test]

@@ -4,14 +4,14 @@
 
 use rusqlite::{params, Connection, OptionalExtension, Row};
 use serde::{Deserialize, Serialize};
-use shoal_api::{NetworkSpec, RootRequest};
+use shoal_api::{NetworkSpec, Priority, RootRequest};
 use shoal_runtime::backend::{BackendState, Kind};
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 
 /// Current schema version (stored in `PRAGMA user_version`).
-pub const SCHEMA_VERSION: i64 = 8;
+pub const SCHEMA_VERSION: i64 = 9;
 
 /// Errors of the state database.
 #[derive(Debug, thiserror::Error)]
@@ -76,6 +76,8 @@ pub struct SandboxRow {
     pub error: Option<String>,
     /// Its network (None: it has no network device).
     pub net: Option<SandboxNet>,
+    /// Its CPU class.
+    pub priority: Priority,
 }
 
 /// A networked sandbox's slot and egress policy, stored as JSON in its
@@ -150,7 +152,7 @@ pub struct Db {
 
 const SANDBOX_COLS: &str = "id, template, state, vcpus, memory_mib, pid, backend_state, dir, \
      created_at, last_active, ttl_s, idle_timeout_s, metadata, env, needs_post_restore, error, \
-     keep_running, kind, pause_at_ttl, net";
+     keep_running, kind, pause_at_ttl, net, priority";
 
 const TEMPLATE_COLS: &str = "name, source, vcpus, memory_mib, dir, state, error, created_at, \
      owned, layers, upper_size_mib, upper_disk_mib, kind, owner, image, net";
@@ -212,6 +214,16 @@ fn sandbox_row(r: &Row<'_>) -> rusqlite::Result<SandboxRow> {
                 })
             })
             .transpose()?,
+        priority: {
+            let p: String = r.get(20)?;
+            Priority::parse(&p).ok_or_else(|| {
+                rusqlite::Error::FromSqlConversionFailure(
+                    20,
+                    rusqlite::types::Type::Text,
+                    format!("unknown priority {p:?}").into(),
+                )
+            })?
+        },
     })
 }
 
@@ -248,7 +260,7 @@ fn template_row(r: &Row<'_>) -> rusqlite::Result<TemplateRow> {
 fn put(conn: &Connection, s: &SandboxRow) -> Result<()> {
     conn.prepare_cached(&format!(
         "INSERT OR REPLACE INTO sandboxes ({SANDBOX_COLS}) \
-         VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,?18,?19,?20)"
+         VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,?18,?19,?20,?21)"
     ))?
     .execute(params![
         s.id,
@@ -273,6 +285,7 @@ fn put(conn: &Connection, s: &SandboxRow) -> Result<()> {
         s.net
             .as_ref()
             .map(|n| serde_json::to_string(n).unwrap_or_default()),
+        s.priority.as_str(),
     ])?;
     Ok(())
 }
@@ -409,6 +422,25 @@ impl Db {
             params![id, int(ttl_s), int(idle_s)],
         )?;
         Ok(())
+    }
+
+    /// Sets a sandbox's CPU class.
+    pub fn set_priority(&self, id: &str, p: Priority) -> Result<()> {
+        self.conn.execute(
+            "UPDATE sandboxes SET priority = ?2 WHERE id = ?1",
+            params![id, p.as_str()],
+        )?;
+        Ok(())
+    }
+
+    /// Sandboxes holding a VMM, per CPU class (for the metrics).
+    pub fn by_priority(&self) -> Result<Vec<(String, u64)>> {
+        let mut st = self.conn.prepare_cached(
+            "SELECT priority, COUNT(*) FROM sandboxes
+             WHERE state IN ('pooled', 'starting', 'running', 'pausing') GROUP BY priority",
+        )?;
+        let rows = st.query_map([], |r| Ok((r.get::<_, String>(0)?, count(r.get(1)?))))?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
     }
 
     /// Records activity on a sandbox.

@@ -32,6 +32,9 @@ pub(super) fn run(tx: &Transaction<'_>, from: i64) -> Result<()> {
     if from < 8 {
         v8(tx)?;
     }
+    if from < 9 {
+        v9(tx)?;
+    }
     Ok(())
 }
 
@@ -155,5 +158,11 @@ fn v7(tx: &Transaction<'_>) -> Result<()> {
 /// Templates booted with a network device (0 for every earlier one).
 fn v8(tx: &Transaction<'_>) -> Result<()> {
     tx.execute_batch("ALTER TABLE templates ADD COLUMN net INTEGER NOT NULL DEFAULT 0;")?;
+    Ok(())
+}
+
+/// Sandboxes' CPU classes (`latency` for every earlier one).
+fn v9(tx: &Transaction<'_>) -> Result<()> {
+    tx.execute_batch("ALTER TABLE sandboxes ADD COLUMN priority TEXT NOT NULL DEFAULT 'latency';")?;
     Ok(())
 }

@@ -25,6 +25,7 @@ fn row(id: &str, state: State) -> SandboxRow {
         pause_at_ttl: false,
         error: None,
         net: None,
+        priority: shoal_api::Priority::Latency,
     }
 }
 
@@ -461,7 +462,7 @@ fn networks_round_trip_and_version_6_rows_have_none() {
         db.conn
             .execute_batch(
                 "ALTER TABLE sandboxes DROP COLUMN net; ALTER TABLE templates DROP COLUMN net; \
-                 PRAGMA user_version = 6;",
+                 ALTER TABLE sandboxes DROP COLUMN priority; PRAGMA user_version = 6;",
             )
             .unwrap();
     }
@@ -490,4 +491,49 @@ fn networks_round_trip_and_version_6_rows_have_none() {
         )
         .unwrap();
     assert!(db.sandbox("new").is_err());
+}
+
+#[test]
+fn priorities_round_trip_and_version_8_rows_are_latency() {
+    use shoal_api::Priority;
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("state.db");
+    {
+        let db = Db::open(&p).unwrap();
+        db.put_sandbox(&row("old", State::Running)).unwrap();
+        // Back to what a version-8 daemon wrote: no `priority` column.
+        db.conn
+            .execute_batch("ALTER TABLE sandboxes DROP COLUMN priority; PRAGMA user_version = 8;")
+            .unwrap();
+    }
+    let db = Db::open(&p).unwrap();
+    assert_eq!(db.version().unwrap(), SCHEMA_VERSION);
+    assert_eq!(
+        db.sandbox("old").unwrap().unwrap().priority,
+        Priority::Latency
+    );
+    let mut r = row("be", State::Running);
+    r.priority = Priority::BestEffort;
+    db.put_sandbox(&r).unwrap();
+    assert_eq!(
+        db.sandbox("be").unwrap().unwrap().priority,
+        Priority::BestEffort
+    );
+    db.set_priority("old", Priority::BestEffort).unwrap();
+    assert_eq!(
+        db.by_priority().unwrap(),
+        vec![("best_effort".to_string(), 2)]
+    );
+    db.set_priority("be", Priority::Latency).unwrap();
+    let mut counts = db.by_priority().unwrap();
+    counts.sort();
+    assert_eq!(
+        counts,
+        vec![("best_effort".to_string(), 1), ("latency".to_string(), 1)]
+    );
+    // A priority this daemon does not know fails to load.
+    db.conn
+        .execute("UPDATE sandboxes SET priority = 'high' WHERE id = 'be'", [])
+        .unwrap();
+    assert!(db.sandbox("be").is_err());
 }

@@ -90,6 +90,7 @@ fn clone_row(d: &Daemon, src: &SandboxRow, req: &ForkRequest, now: f64) -> Sandb
         // A clone of a networked sandbox would need its own slot: `run`
         // refuses to fork one.
         net: None,
+        priority: src.priority,
     }
 }
 

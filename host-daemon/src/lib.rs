@@ -35,6 +35,7 @@ pub mod command_output;
 pub mod commands;
 pub mod container_layers;
 pub mod containers;
+pub mod cpu_class;
 pub mod cpu_share;
 pub mod db;
 pub mod e2b;

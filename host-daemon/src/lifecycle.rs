@@ -135,6 +135,7 @@ pub async fn create(d: &Arc<Daemon>, mut req: CreateSandbox) -> ApiResult<Sandbo
         pause_at_ttl: req.pause_at_ttl,
         error: None,
         net: None,
+        priority: req.priority,
     };
     if let (Some(policy), Some(spec)) = (policy, spec) {
         // No warm pool or VMM stock: each networked sandbox restores onto
@@ -169,6 +170,8 @@ pub async fn create(d: &Arc<Daemon>, mut req: CreateSandbox) -> ApiResult<Sandbo
     }
     if let Some(r) = d.db(|db| db.take_pooled(&tpl.name, &row))? {
         if let Some(live) = d.live(&r.id) {
+            // Restored before its class was known.
+            super::cpu_class::reapply(d, &live, r.priority).await;
             live.keep_running.store(r.keep_running, Ordering::Release);
             if r.keep_running {
                 drop(super::freeze::busy(&live).await?);
@@ -184,6 +187,7 @@ pub async fn create(d: &Arc<Daemon>, mut req: CreateSandbox) -> ApiResult<Sandbo
         );
         let mut v = SandboxView::from(r);
         v.from_pool = Some(true);
+        super::cpu_class::annotate(d, &mut v);
         return Ok(v);
     }
     d.metrics.pool_misses.fetch_add(1, Ordering::Relaxed);
@@ -235,6 +239,7 @@ async fn restore_new(
     d.event(&r.id, "created", &how);
     let mut v = SandboxView::from(r);
     v.from_pool = Some(false);
+    super::cpu_class::annotate(d, &mut v);
     Ok(v)
 }
 
@@ -471,7 +476,9 @@ pub fn update_limits(
     .into_iter()
     .flatten()
     .collect();
-    d.event(id, "limits", &detail.join(", "));
+    if !detail.is_empty() {
+        d.event(id, "limits", &detail.join(", "));
+    }
     Ok(SandboxView::from(row(d, id)?))
 }
 

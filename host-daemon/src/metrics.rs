@@ -65,6 +65,8 @@ pub struct Metrics {
     pub pool_misses: AtomicU64,
     /// VMMs that died unexpectedly.
     pub vmm_deaths: AtomicU64,
+    /// CPU classes that could not be applied to a VMM's threads.
+    pub class_failures: AtomicU64,
     /// Connections of the Unix socket listener.
     pub unix_conns: std::sync::Arc<Conns>,
     /// Connections of the TCP listener.
@@ -99,6 +101,11 @@ pub struct Gauges {
     /// The VMM stock ([`crate::stock`]): VMMs ready, creates served from
     /// it, creates that found it empty, entries found dead.
     pub stock: (u64, u64, u64, u64),
+    /// Sandboxes holding a VMM per CPU class.
+    pub by_priority: Vec<(&'static str, u64)>,
+    /// Whether latency sandboxes are kept off each other's SMT siblings,
+    /// and the reason code when not (`no_sched_core`, `prctl_error`).
+    pub smt_isolation: (bool, &'static str),
 }
 
 impl Metrics {
@@ -146,6 +153,22 @@ impl Metrics {
         for (t, target, _) in &g.pools {
             let _ = writeln!(o, "shoal_pool_target{{template=\"{t}\"}} {target}");
         }
+        let _ = writeln!(
+            o,
+            "# HELP shoal_sandboxes_by_priority Sandboxes holding a VMM per CPU class.\n\
+             # TYPE shoal_sandboxes_by_priority gauge"
+        );
+        for (p, n) in &g.by_priority {
+            let _ = writeln!(o, "shoal_sandboxes_by_priority{{priority=\"{p}\"}} {n}");
+        }
+        let (iso, why) = g.smt_isolation;
+        let _ = writeln!(
+            o,
+            "# HELP shoal_smt_isolation Whether latency sandboxes' vCPUs are kept off SMT \
+             siblings running other sandboxes (core scheduling); 0 says why in `reason`.\n\
+             # TYPE shoal_smt_isolation gauge\nshoal_smt_isolation{{reason=\"{why}\"}} {}",
+            u8::from(iso)
+        );
         let gauge = |o: &mut String, name: &str, help: &str, v: u64| {
             let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
         };
@@ -251,6 +274,12 @@ impl Metrics {
         );
         counter(
             &mut o,
+            "shoal_cpu_class_failures_total",
+            "CPU classes (SCHED_IDLE, normal policy) that could not be applied to a VMM's threads.",
+            self.class_failures.load(Ordering::Relaxed),
+        );
+        counter(
+            &mut o,
             "shoal_vmm_deaths_total",
             "VMM processes that died unexpectedly.",
             self.vmm_deaths.load(Ordering::Relaxed),
@@ -324,6 +353,8 @@ mod tests {
             budget: (1000, 100),
             frozen: 0,
             stock: (1, 2, 3, 0),
+            by_priority: vec![("latency", 2), ("best_effort", 1)],
+            smt_isolation: (false, "no_sched_core"),
         };
         let t = m.render(&g);
         assert!(t.contains("shoal_sandboxes{state=\"running\"} 3"));
@@ -335,5 +366,8 @@ mod tests {
         assert!(t.contains("shoal_http_responses_total{status=\"429\"} 1"));
         assert!(t.contains("\nshoal_vmm_stock 1\n"));
         assert!(t.contains("shoal_vmm_stock_misses_total 3"));
+        assert!(t.contains("shoal_sandboxes_by_priority{priority=\"best_effort\"} 1"));
+        assert!(t.contains("\nshoal_smt_isolation{reason=\"no_sched_core\"} 0\n"));
+        assert!(t.contains("\nshoal_cpu_class_failures_total 0\n"));
     }
 }

@@ -69,6 +69,7 @@ mod tests {
             pause_at_ttl: false,
             error: None,
             net,
+            priority: shoal_api::Priority::Latency,
         }
     }
 

@@ -43,6 +43,9 @@ impl From<SandboxRow> for SandboxView {
             guest_addr: r.net.as_ref().map(|n| n.guest_addr),
             network: r.net.map(|n| n.policy),
             from_pool: None,
+            priority: r.priority,
+            smt_isolation: None,
+            warnings: vec![],
         }
     }
 }
@@ -133,6 +136,7 @@ pub async fn start_vmm_with(
         })??;
     let (backend, dir) = (d.backend.clone(), row.dir.clone());
     let (d2, id, networked) = (d.clone(), row.id.clone(), row.net.is_some());
+    let priority = row.priority;
     let res = blocking("restore", Duration::from_secs(90), move || {
         // A networked sandbox restores onto its slot's TAP (never into a
         // stocked VMM: those are made without a net device).
@@ -153,12 +157,15 @@ pub async fn start_vmm_with(
             context: "restore failed",
             source,
         })?;
+        // Its class before it runs anything asked of it (a stocked VMM's
+        // threads were made before the class was known).
+        let class = super::cpu_class::apply_vm(vm.as_ref(), priority);
         let frozen = freeze && vm.freeze().is_ok();
-        Ok((vm, frozen))
+        Ok((vm, frozen, class))
     })
     .await;
     drop(permit);
-    let (vm, frozen) = match res {
+    let (vm, frozen, class) = match res {
         Ok(p) => p,
         Err(e) => {
             d.event(&row.id, "restore_failed", &e.to_string());
@@ -170,6 +177,7 @@ pub async fn start_vmm_with(
         .live(&row.id)
         .unwrap_or_else(|| Arc::new(Live::new(&row.id, &row.dir, None, true)));
     live.set_vm(Some(vm.clone()));
+    super::cpu_class::settle(d, &live, priority, class);
     *live.frozen.lock().await = frozen;
     // Nothing runs in a fresh guest until it is asked to: it may be frozen
     // at once (the next request continues it in ~1 ms).

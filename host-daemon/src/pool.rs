@@ -109,6 +109,9 @@ async fn fill_one(d: &Arc<Daemon>, tpl: &str) -> bool {
         pause_at_ttl: false,
         error: None,
         net: None,
+        // Pooled sandboxes run at the default class; a create that
+        // takes one gives it its own (`cpu_class::reapply`).
+        priority: shoal_api::Priority::Latency,
     };
     let admitted = ops::admit_and_insert(d, &row, false);
     let stocked = match admitted {

@@ -13,10 +13,29 @@ use std::sync::Arc;
 /// Failed sandboxes are listed this long, then forgotten.
 const FAILED_KEPT_S: f64 = 3600.0;
 
-/// Enforces TTLs and idle timeouts, forever.
+/// How often the sweep looks for left-over VMM cgroups.
+pub const CGROUP_SWEEP: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Enforces TTLs and idle timeouts (and removes left-over VMM cgroups),
+/// forever.
 pub async fn sweep_loop(d: Arc<Daemon>) {
+    let mut cgroups_swept = std::time::Instant::now();
     loop {
         tokio::time::sleep(d.cfg.sweep_interval).await;
+        // VMM cgroups left by jailers killed while this daemon runs (at a
+        // start, a restart's recovery removes them at once).
+        if cgroups_swept.elapsed() >= CGROUP_SWEEP {
+            cgroups_swept = std::time::Instant::now();
+            let b = d.backend.clone();
+            let n = tokio::task::spawn_blocking(move || {
+                b.sweep_cgroups(shoal_runtime::backend::microvm::CGROUP_AGE)
+            })
+            .await
+            .unwrap_or(0);
+            if n > 0 {
+                tracing::info!(removed = n, "left-over VMM cgroups removed");
+            }
+        }
         let rows = match d.db(|db| db.list_sandboxes(&db::Filter::default())) {
             Ok(r) => r,
             Err(e) => {
@@ -191,6 +210,9 @@ pub async fn recover(d: &Arc<Daemon>) -> Recovery {
                         keep_dirs.insert(r.dir.clone());
                         tracked.insert(vm.pid());
                         d.event(&r.id, "reattached", &format!("VMM pid {}", vm.pid()));
+                        // Its threads kept their policy; its cgroup's
+                        // weight is written again, and threads checked.
+                        super::cpu_class::reapply(d, &live, r.priority).await;
                         watch(d.clone(), live, vm);
                         rec.reattached += 1;
                     }

@@ -63,6 +63,7 @@ fn sandbox(id: &str, template: &str) -> SandboxRow {
         pause_at_ttl: false,
         error: None,
         net: None,
+        priority: shoal_api::Priority::Latency,
     }
 }
 

@@ -4,12 +4,14 @@
 //! its HTTP API. What it checks: operations and lifecycle, fork, pools,
 //! supervision, admission, the VMM stock, TTL and idle timeouts, recovery
 //! on restart; background commands, mkdir and rename, limits changed after
-//! creation; OCI image references of creates; the image API.
+//! creation; CPU classes; OCI image references of creates; the image API.
 
 #[path = "fake_daemon/commands.rs"]
 mod commands;
 #[path = "fake_daemon/containers.rs"]
 mod containers;
+#[path = "fake_daemon/cpu_class.rs"]
+mod cpu_class;
 #[path = "fake_daemon/e2b_control.rs"]
 mod e2b_control;
 #[path = "fake_daemon/e2b_proxy.rs"]

@@ -248,6 +248,32 @@ pub struct Jail {
     pub netns: Option<Arc<std::fs::File>>,
 }
 
+impl Jail {
+    /// The directories of the VMM's cgroup (one per hierarchy): those made
+    /// ahead, or those the jailer will make (the same plan: it inherits
+    /// this process's cgroups); empty when it has none.
+    pub fn cgroup_dirs(&self) -> Vec<PathBuf> {
+        if !self.spec.cgroup_dirs.is_empty() {
+            return self.spec.cgroup_dirs.clone();
+        }
+        self.spec
+            .cgroup
+            .and_then(|c| shoal_jailer::cgroup::plan_here(&self.spec.id, &c).ok())
+            .map(|p| p.dirs)
+            .unwrap_or_default()
+    }
+}
+
+/// Removes the cgroup directories of a VMM that is gone (those of one
+/// whose jailer was killed before it could); a directory that still has
+/// tasks (its VMM runs) is kept, as `rmdir` refuses it. Returns how many
+/// went.
+pub fn remove_cgroups(dirs: &[PathBuf]) -> usize {
+    dirs.iter()
+        .filter(|d| d.starts_with(shoal_jailer::cgroup::ROOT) && std::fs::remove_dir(d).is_ok())
+        .count()
+}
+
 impl PartialEq for Jail {
     fn eq(&self, o: &Jail) -> bool {
         self.jailer == o.jailer && self.spec == o.spec

@@ -15,6 +15,7 @@ pub mod jail_prep;
 pub mod launch;
 pub mod ready;
 pub mod sandbox;
+pub mod sched;
 pub mod template;
 pub mod vm;
 pub mod vmm_net;

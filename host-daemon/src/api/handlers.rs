@@ -69,6 +69,23 @@ fn gauges(d: &Daemon) -> Res<metrics::Gauges> {
             d.stock.misses.load(std::sync::atomic::Ordering::Relaxed),
             d.stock.dead.load(std::sync::atomic::Ordering::Relaxed),
         ),
+        by_priority: {
+            let counts = d.db(|db| db.by_priority())?;
+            shoal_api::Priority::ALL
+                .iter()
+                .map(|p| {
+                    let n = counts
+                        .iter()
+                        .find(|(s, _)| s == p.as_str())
+                        .map_or(0, |c| c.1);
+                    (p.as_str(), n)
+                })
+                .collect()
+        },
+        smt_isolation: {
+            let c = shoal_runtime::sched::core_sched();
+            (c.isolates(), c.code())
+        },
     })
 }
 
@@ -193,16 +210,25 @@ pub(super) async fn kill(AxState(d): D, Path(id): Path<String>) -> Res<StatusCod
     Ok(StatusCode::NO_CONTENT)
 }
 
-/// Set a sandbox's TTL (from now) and idle timeout.
+/// Set a sandbox's TTL (from now), idle timeout and CPU class.
 ///
 /// Each field is optional; `ttl_s` counts from this call (the sandbox is
 /// killed that many seconds from now; 0: never). Kept across restarts.
+/// A new `priority` applies at once to a running sandbox's VMM (its reply
+/// then has `smt_isolation` and `warnings`).
 #[utoipa::path(patch, path = "/v1/sandboxes/{id}", tag = "sandboxes", request_body = UpdateSandbox,
     params(("id" = String, Path, description = "Sandbox id")),
     responses((status = 200, description = "The sandbox", body = Sandbox), Errors))]
 pub(super) async fn update(AxState(d): D, Path(id): Path<String>, b: Body) -> Res<Json<Sandbox>> {
     let req: UpdateSandbox = json_body(b, d.cfg.http.max_json_body).await?;
-    Ok(Json(lifecycle::update_limits(&d, &id, req)?))
+    if let Some(p) = req.priority {
+        crate::cpu_class::set_priority(&d, &id, p).await?;
+    }
+    let mut v = lifecycle::update_limits(&d, &id, req)?;
+    if req.priority.is_some() {
+        crate::cpu_class::annotate(&d, &mut v);
+    }
+    Ok(Json(v))
 }
 
 /// Run a command and return its output when it exits.

@@ -55,7 +55,7 @@ pub(super) fn set_ttl(d: &Daemon, id: &str, secs: u64) -> Result<(), E> {
         id,
         UpdateSandbox {
             ttl_s: Some(secs),
-            idle_timeout_s: None,
+            ..UpdateSandbox::default()
         },
     )
     .map(|_| ())

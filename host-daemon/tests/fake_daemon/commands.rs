@@ -262,6 +262,7 @@ fn limits_changed_after_creation_are_kept_and_enforced() {
     let u = api::UpdateSandbox {
         ttl_s: Some(3),
         idle_timeout_s: Some(100),
+        priority: None,
     };
     let v = d.c.update_sandbox(&sb.id, &u).unwrap();
     assert!(v.ttl_s >= 3 && v.ttl_s <= 5, "{v:?}");

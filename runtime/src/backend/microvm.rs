@@ -28,6 +28,9 @@ const READY_TIMEOUT: Duration = Duration::from_secs(60);
 const QUICK: Duration = Duration::from_secs(5);
 /// Control requests that write a snapshot.
 const SNAPSHOT: Duration = Duration::from_secs(120);
+/// Empty VMM cgroups older than this are leftovers (a VMM start joins
+/// the one made for it within its restore's readiness deadline).
+pub const CGROUP_AGE: Duration = Duration::from_secs(60);
 
 /// What the microVM backend stores per sandbox.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -47,6 +50,10 @@ enum Saved {
         /// of the snapshot it was restored from: [`jail::template_files`]).
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         files: Vec<PathBuf>,
+        /// Its cgroup's directories (jailed): removed by a restarted
+        /// daemon that finds the VMM gone, wherever they were made.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        cgroups: Vec<PathBuf>,
     },
     /// Paused to disk: no VMM; the snapshot is in the sandbox's directory.
     Paused {
@@ -114,6 +121,7 @@ impl MicroVm {
                 api_sock: paths.api_sock,
                 vsock: paths.vsock,
                 files: vec![],
+                cgroups: vec![],
             },
             _ => return None,
         };
@@ -175,8 +183,9 @@ fn spawn_restore(
     snapshot: &Path,
     paths: &Paths,
     at: &Restore<'_>,
-) -> Result<(Proc, ReadyPipe), BackendError> {
+) -> Result<(Proc, ReadyPipe, Vec<PathBuf>), BackendError> {
     let Restore { jail, files, net } = *at;
+    let mut cgroups = vec![];
     std::fs::create_dir_all(&paths.dir).map_err(|source| BackendError::Io {
         path: paths.dir.clone(),
         source,
@@ -210,6 +219,7 @@ fn spawn_restore(
             })?;
             j.netns = Some(Arc::new(ns));
         }
+        cgroups = j.cgroup_dirs();
         p = p.jail(j);
     }
     let s = p
@@ -230,7 +240,7 @@ fn spawn_restore(
     let ready = s.ready.ok_or(BackendError::Spawn(VmmProcessError::Invalid(
         "no readiness pipe",
     )))?;
-    Ok((Proc { pid, start }, ready))
+    Ok((Proc { pid, start }, ready, cgroups))
 }
 
 /// How [`spawn_restore`] confines and connects the VMM.
@@ -333,13 +343,14 @@ impl SandboxBackend for MicroVm {
             files: &files,
             net,
         };
-        let (p, mut ready) = spawn_restore(&self.vmm, &snapshot, &paths, &at)?;
+        let (p, mut ready, cgroups) = spawn_restore(&self.vmm, &snapshot, &paths, &at)?;
         wait_ready(&p, &mut ready, &paths)?;
         Ok(Arc::new(MicroVmSandbox {
             proc: p,
             paths,
             files: keep,
             jailed: self.jailed(),
+            cgroups,
         }))
     }
 
@@ -360,12 +371,15 @@ impl SandboxBackend for MicroVm {
             api_sock,
             vsock,
             files,
+            cgroups,
         } = state.decode::<Saved>()?
         else {
             return Err(BackendError::NoSource(dir.into()));
         };
         let proc = Proc { pid, start };
         if !proc.alive() {
+            // Its jailer did not remove its cgroup (it was killed too).
+            jail::remove_cgroups(&cgroups);
             return Err(BackendError::Gone(pid));
         }
         let vm = MicroVmSandbox {
@@ -377,6 +391,7 @@ impl SandboxBackend for MicroVm {
             },
             files,
             jailed: self.jailed(),
+            cgroups: cgroups.clone(),
         };
         // Running, or frozen (vCPUs paused by the freezer).
         match vm.stats() {
@@ -386,6 +401,7 @@ impl SandboxBackend for MicroVm {
             }),
             Err(e) => {
                 stop(&proc, Duration::from_secs(2));
+                jail::remove_cgroups(&cgroups);
                 Err(BackendError::Unusable {
                     pid,
                     detail: e.to_string(),
@@ -395,11 +411,18 @@ impl SandboxBackend for MicroVm {
     }
 
     fn discard(&self, _dir: &Path, state: &BackendState) {
-        if let Ok(Saved::Running { pid, start, .. }) = state.decode::<Saved>() {
+        if let Ok(Saved::Running {
+            pid,
+            start,
+            cgroups,
+            ..
+        }) = state.decode::<Saved>()
+        {
             let p = Proc { pid, start };
             if p.alive() {
                 stop(&p, Duration::from_secs(2));
             }
+            jail::remove_cgroups(&cgroups);
         }
     }
 
@@ -419,12 +442,17 @@ impl SandboxBackend for MicroVm {
                 n += 1;
             }
         }
-        if self.jailed() {
-            // Cgroups of jailers that were SIGKILLed (a live VMM's cgroup
-            // cannot be removed: rmdir refuses a cgroup with tasks).
-            shoal_jailer::cgroup::sweep(Duration::from_secs(60));
-        }
+        // Cgroups of jailers that were SIGKILLed (a live VMM's cgroup
+        // cannot be removed: rmdir refuses a cgroup with tasks).
+        self.sweep_cgroups(CGROUP_AGE);
         n
+    }
+
+    fn sweep_cgroups(&self, age: Duration) -> usize {
+        match self.jailed() {
+            true => shoal_jailer::cgroup::sweep(age),
+            false => 0,
+        }
     }
 }
 
@@ -438,6 +466,8 @@ struct MicroVmSandbox {
     files: Vec<PathBuf>,
     /// Whether `proc` is a jailer.
     jailed: bool,
+    /// Its cgroup's directories (jailed).
+    cgroups: Vec<PathBuf>,
 }
 
 impl MicroVmSandbox {
@@ -463,6 +493,22 @@ impl SandboxVm for MicroVmSandbox {
         }
     }
 
+    fn set_class(
+        &self,
+        class: crate::sched::Class,
+    ) -> Result<crate::sched::Applied, crate::sched::SchedError> {
+        // Never the jailer's threads in the VMM's place.
+        let pid = match self.jailed {
+            true => jail::vmm_pid(self.proc.pid, &self.paths.dir).ok_or(
+                crate::sched::SchedError::NoVmm {
+                    jailer: self.proc.pid,
+                },
+            )?,
+            false => self.proc.pid,
+        };
+        crate::sched::apply(pid, class)
+    }
+
     fn state(&self) -> BackendState {
         BackendState::encode(&Saved::Running {
             pid: self.proc.pid,
@@ -470,6 +516,7 @@ impl SandboxVm for MicroVmSandbox {
             api_sock: self.paths.api_sock.clone(),
             vsock: self.paths.vsock.clone(),
             files: self.files.clone(),
+            cgroups: self.cgroups.clone(),
         })
     }
 
@@ -633,6 +680,7 @@ mod tests {
             api_sock: "/d/api.sock".into(),
             vsock: "/d/vsock.sock".into(),
             files: vec![],
+            cgroups: vec![],
         });
         assert_eq!(
             s.as_str(),
@@ -698,6 +746,7 @@ mod tests {
             api_sock: dir.path().join("api.sock"),
             vsock: dir.path().join("vsock.sock"),
             files: vec![],
+            cgroups: vec![],
         });
         assert!(matches!(
             b.reattach(dir.path(), &s),
@@ -723,3 +772,7 @@ mod tests {
         ));
     }
 }
+
+#[cfg(test)]
+#[path = "microvm_cgroup_tests.rs"]
+mod cgroup_tests;

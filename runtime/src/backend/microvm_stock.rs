@@ -40,6 +40,8 @@ struct Stocked {
     /// The sandbox's copy of the template's scratch disk.
     disk: Option<PathBuf>,
     jailed: bool,
+    /// Its cgroup's directories (jailed).
+    cgroups: Vec<PathBuf>,
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> BackendError + '_ {
@@ -70,12 +72,14 @@ pub(super) fn stock(
         .memory_mib(memory_mib)
         .vcpus(vcpus);
     let mut uid = None;
+    let mut cgroups = vec![];
     if let Some(j) = &b.jail {
         let _ = std::fs::remove_file(dir.join(jail::PID_FILE));
         let j = j
             .jail_for(dir, &files, guest_bytes(template, &files))
             .map_err(|e| BackendError::Jail(e.to_string()))?;
         uid = Some(j.spec.uid);
+        cgroups = j.cgroup_dirs();
         p = p.jail(j);
     }
     // The sandbox's own copy of the scratch disk, made now (a clone where
@@ -121,6 +125,7 @@ pub(super) fn stock(
         files,
         disk,
         jailed: b.jail.is_some(),
+        cgroups,
     }))
 }
 
@@ -154,6 +159,7 @@ impl StockedVm for Stocked {
             paths: self.paths,
             files: self.files,
             jailed: self.jailed,
+            cgroups: self.cgroups,
         }))
     }
 

@@ -244,6 +244,17 @@ pub trait SandboxVm: Send + Sync + std::fmt::Debug {
     fn reap(&self) -> Option<std::process::ExitStatus>;
     /// Its last messages (why it ended, for error reports).
     fn last_words(&self) -> String;
+    /// Schedules every thread of its process by `class`
+    /// ([`crate::sched::apply`] on [`Self::vmm_pid`]): after each start
+    /// (the policy and cookie are inherited by threads started later, and
+    /// kept across freeze/thaw and a daemon restart) and when the class
+    /// changes.
+    fn set_class(
+        &self,
+        class: crate::sched::Class,
+    ) -> Result<crate::sched::Applied, crate::sched::SchedError> {
+        crate::sched::apply(self.vmm_pid(), class)
+    }
 }
 
 /// A VM process started ahead for one sandbox of one template, before
@@ -322,6 +333,13 @@ pub trait SandboxBackend: Send + Sync {
     /// Ends the VM processes of this kind that belong under `root` (the
     /// sandboxes' directories) but not to `keep`; returns how many.
     fn reclaim_strays(&self, root: &Path, keep: &dyn Fn(i32) -> bool) -> usize;
+    /// Removes the cgroups VMMs of this kind left behind (their jailer was
+    /// killed before it could remove them) that are older than `age` (a
+    /// younger one may be one a VMM start made and has not joined yet);
+    /// one with tasks is never removed. Returns how many went.
+    fn sweep_cgroups(&self, _age: Duration) -> usize {
+        0
+    }
 }
 
 /// A process identified by pid and start time, so a recycled pid is never

@@ -227,6 +227,23 @@ async def test_network_is_opt_in_and_its_policy_changes_live(aclient, asandbox):
             await sb.set_network({"allow_out": ["10.0.0.0/33"], "allow_dns": False})
 
 
+async def test_cpu_classes_on_create_and_changed_live(aclient):
+    async with aclient.sandbox(image="tiny", priority="best_effort") as sb:
+        assert sb.info.priority == "best_effort"
+        # Not asked for: a best-effort sandbox gets no SMT isolation.
+        assert sb.info.smt_isolation is False
+        assert (await sb.exec(["echo", "idle"])).stdout == b"idle\n"
+        assert (await sb.refresh()).priority == "best_effort"
+        info = await sb.set_priority("latency")
+        assert info.priority == "latency" and info.smt_isolation is not None
+        # Where the kernel lacks core scheduling, the reply says so.
+        assert info.smt_isolation or any("SMT" in w for w in info.warnings)
+        with pytest.raises(shoal.BadRequest, match="best_effort"):
+            await sb.set_priority("urgent")
+    with pytest.raises(shoal.BadRequest, match="best_effort"):
+        await aclient.create(image="tiny", priority="high")
+
+
 async def test_errors_bad_ids_and_arguments(aclient):
     with pytest.raises(shoal.SandboxNotFound) as e:
         await aclient.get("000000000000")

@@ -228,6 +228,23 @@ def test_network_is_opt_in_and_its_policy_changes_live(client, sandbox):
             sb.set_network({"allow_out": ["10.0.0.0/33"], "allow_dns": False})
 
 
+def test_cpu_classes_on_create_and_changed_live(client):
+    with client.sandbox(image="tiny", priority="best_effort") as sb:
+        assert sb.info.priority == "best_effort"
+        # Not asked for: a best-effort sandbox gets no SMT isolation.
+        assert sb.info.smt_isolation is False
+        assert (sb.exec(["echo", "idle"])).stdout == b"idle\n"
+        assert (sb.refresh()).priority == "best_effort"
+        info = sb.set_priority("latency")
+        assert info.priority == "latency" and info.smt_isolation is not None
+        # Where the kernel lacks core scheduling, the reply says so.
+        assert info.smt_isolation or any("SMT" in w for w in info.warnings)
+        with pytest.raises(shoal.BadRequest, match="best_effort"):
+            sb.set_priority("urgent")
+    with pytest.raises(shoal.BadRequest, match="best_effort"):
+        client.create(image="tiny", priority="high")
+
+
 def test_errors_bad_ids_and_arguments(client):
     with pytest.raises(shoal.SandboxNotFound) as e:
         client.get("000000000000")

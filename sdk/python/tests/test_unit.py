@@ -137,6 +137,13 @@ def test_bodies_are_checked_before_sending():
     }
     with pytest.raises(shoal.BadRequest, match="ttl_s"):
         _core.create_body(ttl_s=None, pause_at_ttl=True, **shape)
+    # priority=: sent only when not the default; checked.
+    assert "priority" not in _core.create_body(ttl_s=None, **shape)
+    assert _core.create_body(ttl_s=None, priority="best_effort", **shape)["priority"] == (
+        "best_effort"
+    )
+    with pytest.raises(shoal.BadRequest, match="best_effort"):
+        _core.create_body(ttl_s=None, priority="high", **shape)
     # network=: a Network or a mapping of its keys; absent: no device.
     assert "network" not in _core.create_body(ttl_s=None, **shape)
     net = shoal.Network(allow_out=["pypi.org", "10.1.2.0/24:443"], allow_dns=False)

@@ -222,6 +222,7 @@ class AsyncShoal:
         keep_running: bool = False,
         pause_at_ttl: bool = False,
         network: Network | Mapping[str, Any] | None = None,
+        priority: str = "latency",
     ) -> AsyncSandbox:
         """Creates a sandbox from an ``image`` (``tiny``, ``base``, or an
         OCI image pulled with ``shoal image pull REF``, by reference or id:
@@ -246,6 +247,12 @@ class AsyncShoal:
         host cannot give sandboxes networks (the message says what it
         lacks); ``allow_dns`` needs the daemon's DNS forwarder
         (``shoald --net-dns``), else :class:`BadRequest`.
+        ``priority`` is its CPU class: ``"latency"`` (the default) or
+        ``"best_effort"`` (its VMM runs only on CPU time latency sandboxes
+        leave: every thread ``SCHED_IDLE``, a low cgroup CPU weight; for
+        batch work nobody waits on). The returned sandbox's
+        ``info.smt_isolation`` says whether its vCPUs are kept off SMT
+        siblings running other sandboxes, and ``info.warnings`` why not.
 
         Raises :class:`HostFull` when the host has no room (retried when
         the client was made with ``retries``), :class:`BadRequest` for a
@@ -266,6 +273,7 @@ class AsyncShoal:
             keep_running=keep_running,
             pause_at_ttl=pause_at_ttl,
             network=network,
+            priority=priority,
         )
         v = await self._json("POST", "/v1/sandboxes", json=body, not_found=TemplateNotFound)
         return AsyncSandbox(self, SandboxInfo.from_json(v))
@@ -319,6 +327,7 @@ class AsyncShoal:
             upper_disk_mib=args.upper_disk_mib,
             keep_running=args.keep_running,
             pause_at_ttl=args.pause_at_ttl,
+            priority=args.priority,
         )
         if args.command is not None:
             try:

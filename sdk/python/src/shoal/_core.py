@@ -169,6 +169,7 @@ def create_body(
     keep_running: bool,
     pause_at_ttl: bool = False,
     network: Network | Mapping[str, Any] | None = None,
+    priority: str = "latency",
 ) -> dict[str, Any]:
     if (image is None) == (template is None):
         raise BadRequest("give exactly one of image= and template=")
@@ -202,7 +203,20 @@ def create_body(
         body["pause_at_ttl"] = True
     if network is not None:
         body["network"] = network_body(network)
+    if check_priority(priority) != "latency":
+        body["priority"] = priority
     return body
+
+
+PRIORITIES = ("latency", "best_effort")
+
+
+def check_priority(priority: str) -> str:
+    """``priority`` if it is a CPU class the daemon knows, else
+    :class:`BadRequest` naming them."""
+    if priority not in PRIORITIES:
+        raise BadRequest(f"priority={priority!r}: use 'latency' or 'best_effort'")
+    return priority
 
 
 def network_body(network: Network | Mapping[str, Any]) -> dict[str, Any]:

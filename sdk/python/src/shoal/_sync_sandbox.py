@@ -16,7 +16,14 @@ from typing import (
 
 from . import _sio as _io
 from ._sync_files import Files
-from ._core import exec_body, exec_read_timeout, inline_stdin, network_body, signal_number
+from ._core import (
+    check_priority,
+    exec_body,
+    exec_read_timeout,
+    inline_stdin,
+    network_body,
+    signal_number,
+)
 from ._errors import (
     CommandFailed,
     CommandNotFound,
@@ -157,6 +164,14 @@ class Sandbox:
             body["ttl_s"] = int(ttl_s)
         if idle_timeout_s is not None:
             body["idle_timeout_s"] = int(idle_timeout_s)
+        return self._update(self._do("PATCH", "", json=body))
+
+    def set_priority(self, priority: str) -> SandboxInfo:
+        """Changes its CPU class (``"latency"`` or ``"best_effort"``); a
+        running sandbox's VMM gets it at once, a paused one when it
+        resumes. The answer's ``smt_isolation`` and ``warnings`` say what
+        the host gives it."""
+        body = {"priority": check_priority(priority)}
         return self._update(self._do("PATCH", "", json=body))
 
     def kill(self, *, missing_ok: bool = False) -> None:

@@ -81,6 +81,15 @@ class SandboxInfo:
     network: Network | None = None
     #: The guest's IPv4 address (None: no network device).
     guest_addr: str | None = None
+    #: CPU class: ``latency`` or ``best_effort``.
+    priority: str = "latency"
+    #: Whether its vCPUs are kept off SMT siblings running other sandboxes
+    #: (only in the answer to a create or a priority change; else None).
+    smt_isolation: bool | None = None
+    #: What the host could not give it as asked (create and priority
+    #: change only): e.g. no SMT isolation on a kernel without core
+    #: scheduling.
+    warnings: list[str] = field(default_factory=list)
 
     @classmethod
     def from_json(cls, v: Mapping[str, Any]) -> SandboxInfo:
@@ -104,6 +113,9 @@ class SandboxInfo:
             from_pool=v.get("from_pool"),
             network=Network.from_json(net) if isinstance(net, Mapping) else None,
             guest_addr=v.get("guest_addr"),
+            priority=str(v.get("priority") or "latency"),
+            smt_isolation=v.get("smt_isolation"),
+            warnings=[str(w) for w in v.get("warnings") or []],
         )
 
 
@@ -381,6 +393,7 @@ class MicroVMArgs:
     upper_disk_mib: int | None = None
     keep_running: bool = False
     pause_at_ttl: bool = False
+    priority: str = "latency"
     command: list[str] | str | None = None
 
 
