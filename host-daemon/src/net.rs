@@ -47,6 +47,10 @@ pub struct NetOptions {
     pub dns_upstreams: Vec<SocketAddr>,
     /// Every sandbox's net device limits.
     pub limits: NetLimits,
+    /// E2B creates without network rules get the public internet unless
+    /// they say `allow_internet_access: false` (E2B's default; off: they
+    /// get no network, as shoald's own creates).
+    pub e2b_internet: bool,
 }
 
 impl Default for NetOptions {
@@ -61,6 +65,7 @@ impl Default for NetOptions {
             dns: DnsListen::Auto,
             dns_upstreams: vec![],
             limits: NetLimits::default(),
+            e2b_internet: false,
         }
     }
 }
