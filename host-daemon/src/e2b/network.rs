@@ -20,8 +20,10 @@
 //!   minus `allowOut` (computed over addresses and ports), DNS on.
 //!
 //! Either way shoald's always-denied addresses (the host's, the pool's,
-//! loopback, link-local, multicast) stay denied. The detail reads the
-//! policy back in E2B's terms ([`to_e2b`]).
+//! loopback, link-local, multicast) stay denied unless an `allowOut`
+//! entry names a network inside them, as in shoald's own policies (E2B
+//! denies its private and link-local ranges always). The detail reads
+//! the policy back in E2B's terms ([`to_e2b`]).
 
 use crate::Daemon;
 use serde_json::{json, Map, Value};
