@@ -16,8 +16,9 @@ pub const MAX_POLICY_ENTRIES: usize = 256;
 #[serde(deny_unknown_fields)]
 pub struct NetworkSpec {
     /// Destinations let through: `CIDR[:port[-port]]` (`10.1.2.0/24:443`,
-    /// `1.2.3.4`), `domain` or `*.domain` (their addresses as the
-    /// sandbox's DNS lookups answer them, for the answers' TTL).
+    /// `1.2.3.4`), `domain`, `*.domain` or `*` (every name: their
+    /// addresses as the sandbox's DNS lookups answer them, for the
+    /// answers' TTL).
     #[serde(default)]
     #[schema(max_items = 256, example = json!(["pypi.org", "10.1.2.0/24:443"]))]
     pub allow_out: Vec<String>,

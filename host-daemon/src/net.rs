@@ -47,6 +47,10 @@ pub struct NetOptions {
     pub dns_upstreams: Vec<SocketAddr>,
     /// Every sandbox's net device limits.
     pub limits: NetLimits,
+    /// E2B creates without network rules get the public internet unless
+    /// they say `allow_internet_access: false` (E2B's default; off: they
+    /// get no network, as shoald's own creates).
+    pub e2b_internet: bool,
 }
 
 impl Default for NetOptions {
@@ -61,6 +65,7 @@ impl Default for NetOptions {
             dns: DnsListen::Auto,
             dns_upstreams: vec![],
             limits: NetLimits::default(),
+            e2b_internet: false,
         }
     }
 }
@@ -128,8 +133,28 @@ impl AllowSink for Policies {
     fn allow(&self, slot: &str, addr: IpAddr, ttl: Duration) -> Result<(), String> {
         let s = lock(&self.0).get(slot).cloned();
         let s = s.ok_or_else(|| format!("sandbox {slot} has no slot any more"))?;
+        if covered(&s.policy(), addr) {
+            return Ok(());
+        }
         s.allow_addr(addr, ttl).map_err(|e| e.to_string())
     }
+}
+
+/// Whether `policy` already lets every port of `addr` through as far as
+/// the forwarder's set could (an `allow_out` network without ports holds
+/// it; the set comes after `deny_out` and the always-denied ranges, so it
+/// adds nothing there either): the answers of a sandbox allowed the whole
+/// internet (`0.0.0.0/0` and `*`) then cost no `nft` run and no place in
+/// the set.
+fn covered(policy: &EgressPolicy, addr: IpAddr) -> bool {
+    let IpAddr::V4(a) = addr else {
+        return false;
+    };
+    policy
+        .allow_out()
+        .iter()
+        .filter_map(shoal_hostnet::policy::Target::as_v4)
+        .any(|(n, ports)| ports.is_none() && n.contains(a))
 }
 
 fn unavailable(e: impl std::fmt::Display) -> ApiError {
@@ -615,4 +640,23 @@ pub fn network_policy(net: &NetworkSpec) -> ApiResult<EgressPolicy> {
 /// The policy of a stored network spec.
 pub fn policy_of(n: &NetworkSpec) -> Result<EgressPolicy, shoal_hostnet::PolicyError> {
     EgressPolicy::parse(&n.allow_out, &n.deny_out, n.allow_dns)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn answers_already_allowed_need_no_set_entry() {
+        let p = |a: &[&str], d: &[&str]| EgressPolicy::parse(a, d, true).unwrap();
+        let ip = |s: &str| -> IpAddr { s.parse().unwrap() };
+        let internet = p(&["0.0.0.0/0", "*"], &["1.1.1.1"]);
+        assert!(covered(&internet, ip("93.184.216.34")));
+        // Denied or always denied: the set would not let it through either.
+        assert!(covered(&internet, ip("1.1.1.1")));
+        let names = p(&["example.com", "10.0.0.0/8:443"], &[]);
+        assert!(!covered(&names, ip("93.184.216.34")));
+        assert!(!covered(&names, ip("10.1.2.3")), "only port 443 is allowed");
+        assert!(!covered(&internet, ip("2001:db8::1")));
+    }
 }

@@ -43,6 +43,13 @@ pub struct NetArgs {
     /// Each sandbox's receive and send limit (packets/s; 0: none).
     #[arg(long, default_value_t = 0)]
     net_rate_pps: u64,
+    /// E2B creates without `network` rules get the public internet (every
+    /// address but the always-denied ones, every name through the DNS
+    /// forwarder), as on E2B, unless they send `allow_internet_access:
+    /// false`. Off: they get no network (SDKs before 2.51 send
+    /// `allow_internet_access: true` on every create).
+    #[arg(long)]
+    e2b_internet: bool,
 }
 
 impl NetArgs {
@@ -73,6 +80,7 @@ impl NetArgs {
                 tx_bps: rate(self.net_rate_bps),
                 tx_pps: rate(self.net_rate_pps),
             },
+            e2b_internet: self.e2b_internet,
         })
     }
 }

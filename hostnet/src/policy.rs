@@ -8,7 +8,7 @@
 //! - `CIDR` or `[CIDR]:port[-hi]` for IPv6 (`2001:db8::/32`,
 //!   `[2001:db8::1]:443`; a bare address is a `/128`);
 //! - `domain` (that name exactly) or `*.domain` (every name strictly below
-//!   it), resolved through the daemon's DNS forwarder.
+//!   it), or `*` (every name), resolved through the daemon's DNS forwarder.
 //!
 //! A network entry without a port covers every TCP and UDP port and ICMP;
 //! one with ports covers TCP and UDP on them, and ICMP to the network.
@@ -130,7 +130,8 @@ impl FromStr for PortRange {
     }
 }
 
-/// A domain entry: one name, or every name strictly below it.
+/// A domain entry: one name, every name strictly below it, or (`*`, an
+/// empty name with the wildcard) every name.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct DomainPattern {
     name: String,
@@ -138,7 +139,8 @@ pub struct DomainPattern {
 }
 
 impl DomainPattern {
-    /// The name (lower case, no trailing dot; without the `*.`).
+    /// The name (lower case, no trailing dot; without the `*.`; empty for
+    /// `*`).
     pub fn name(&self) -> &str {
         &self.name
     }
@@ -153,6 +155,9 @@ impl DomainPattern {
         if !self.wildcard {
             return name == self.name;
         }
+        if self.name.is_empty() {
+            return true;
+        }
         name.len() > self.name.len() + 1
             && name.ends_with(&self.name)
             && name.as_bytes()[name.len() - self.name.len() - 1] == b'.'
@@ -161,7 +166,9 @@ impl DomainPattern {
 
 impl fmt::Display for DomainPattern {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.wildcard {
+        if self.wildcard && self.name.is_empty() {
+            f.write_str("*")
+        } else if self.wildcard {
             write!(f, "*.{}", self.name)
         } else {
             f.write_str(&self.name)
@@ -271,6 +278,7 @@ impl FromStr for Target {
                     .bytes()
                     .any(|b| b.is_ascii_alphabetic() && !b.is_ascii_hexdigit())
                     || host.starts_with("*.")
+                    || host == "*"
                 {
                     return Err(EntryError::Domain("a domain entry takes no port"));
                 }
@@ -295,6 +303,12 @@ impl FromStr for Target {
                 net: IpNet::V4(s.parse()?),
                 ports: None,
             });
+        }
+        if s == "*" {
+            return Ok(Target::Domain(DomainPattern {
+                name: String::new(),
+                wildcard: true,
+            }));
         }
         let (wildcard, name) = match s.strip_prefix("*.") {
             Some(n) => (true, n),

@@ -84,7 +84,7 @@ fn bad_entries_say_why() {
         ("-bad.com", |e| matches!(e, EntryError::Domain(_))),
         ("bad-.com", |e| matches!(e, EntryError::Domain(_))),
         ("a..com", |e| matches!(e, EntryError::Domain(_))),
-        ("*", |e| matches!(e, EntryError::Domain(_))),
+        ("*:53", |e| matches!(e, EntryError::Domain(_))),
         ("*.", |e| matches!(e, EntryError::Domain(_))),
         ("a.*.com", |e| matches!(e, EntryError::Domain(_))),
         ("**.com", |e| matches!(e, EntryError::Domain(_))),
@@ -175,6 +175,21 @@ fn domain_matching() {
     }
     // The denied wildcard's own name is not below itself: allowed by *.corp.test.
     assert!(p.domain_allowed("internal.corp.test"));
+}
+
+#[test]
+fn a_star_allows_every_name_but_the_denied() {
+    let p = EgressPolicy::parse(&["*", "0.0.0.0/0"], &["*.corp.test"], true).unwrap();
+    for yes in ["example.com", "a.b.c.pypi.org", "corp.test", "X.ORG."] {
+        assert!(p.domain_allowed(yes), "{yes}");
+    }
+    for no in ["secret.corp.test", "", "bad..name"] {
+        assert!(!p.domain_allowed(no), "{no}");
+    }
+    let back = serde_json::to_value(&p).unwrap();
+    assert_eq!(back["allow_out"], serde_json::json!(["*", "0.0.0.0/0"]));
+    let none = EgressPolicy::parse(&["example.com"], &["*"], true).unwrap();
+    assert!(!none.domain_allowed("example.com"));
 }
 
 #[test]

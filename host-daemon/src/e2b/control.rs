@@ -19,10 +19,13 @@
 //! - `metadata`: the sandbox's labels; `envVars`: its default environment;
 //! - sandboxes made here are never frozen while idle (`keep_running`): E2B
 //!   sandboxes run background processes until their timeout;
-//! - failed and pooled sandboxes do not exist for E2B (404, not listed).
+//! - failed and pooled sandboxes do not exist for E2B (404, not listed);
+//! - `network` rules and `allow_internet_access`: shoald's sandbox
+//!   networks, mapped by [`super::network`].
 
 use super::control_ops::{set_ttl, visible, D};
 use super::control_wire::{self as w, E, R};
+use super::network as net;
 use super::{api_error, error};
 use crate::auth::{Principal, Tokens};
 use crate::db::{Filter, SandboxRow};
@@ -128,7 +131,7 @@ fn to_create(d: &Daemon, n: w::NewSandbox) -> Result<CreateSandbox, E> {
     if n.template_id.is_empty() {
         return Err(bad("templateID is required".into()));
     }
-    w::check_network(n.network.as_ref()).map_err(bad)?;
+    let egress = net::parse_create(n.network.as_ref()).map_err(bad)?;
     if n.mcp.as_ref().is_some_and(|v| !v.is_null()) {
         return Err(bad("mcp is not supported by shoald".into()));
     }
@@ -138,6 +141,9 @@ fn to_create(d: &Daemon, n: w::NewSandbox) -> Result<CreateSandbox, E> {
     if n.iam.as_ref().is_some_and(|v| !v.is_null()) {
         return Err(bad("iam is not supported by shoald".into()));
     }
+    let network = net::create_spec(egress, n.allow_internet_access, d.cfg.net.e2b_internet)
+        .map_err(bad)?
+        .map(|s| net::fit(d, s));
     let ttl = match n.timeout {
         None => w::DEFAULT_TIMEOUT_S,
         Some(0) => return Err(bad("timeout must be at least 1 second".into())),
@@ -147,34 +153,57 @@ fn to_create(d: &Daemon, n: w::NewSandbox) -> Result<CreateSandbox, E> {
     let env = n.env_vars.unwrap_or_default();
     inputs::check_map(&metadata, &inputs::METADATA).map_err(|e| E::of(api_error(e)))?;
     inputs::check_map(&env, &inputs::ENV).map_err(|e| E::of(api_error(e)))?;
-    let is_template = d
+    let template = d
         .db(|db| db.template(&n.template_id))
-        .map_err(|e| E::of(api_error(e)))?
-        .is_some();
-    let (template, image) = if is_template {
-        (Some(n.template_id), None)
-    } else if crate::templates::IMAGES.contains(&n.template_id.as_str()) {
-        (None, Some(n.template_id))
-    } else {
-        return Err(E::of(error(
-            StatusCode::NOT_FOUND,
-            format!(
-                "template '{}' not found: templateID must be a shoald template or an image ({})",
-                n.template_id,
-                crate::templates::IMAGES.join(", ")
-            ),
-        )));
-    };
-    Ok(CreateSandbox {
-        template,
-        image,
+        .map_err(|e| E::of(api_error(e)))?;
+    let req = CreateSandbox {
         ttl_s: ttl,
         metadata,
         env,
         keep_running: true,
         pause_at_ttl: n.auto_pause == Some(true),
         ..Default::default()
-    })
+    };
+    let networked = network.is_some();
+    let req = CreateSandbox { network, ..req };
+    match template {
+        // A networked sandbox of a template booted without a network
+        // device: the same image, shape and layers, from the daemon's
+        // networked template of them (booted on first use).
+        Some(t) if networked && !t.net => match t.source.strip_prefix("image:") {
+            Some(img) if t.image.is_none() && crate::templates::IMAGES.contains(&img) => {
+                Ok(CreateSandbox {
+                    image: Some(img.to_string()),
+                    vcpus: Some(t.vcpus),
+                    memory_mib: Some(t.memory_mib),
+                    ..req
+                }
+                .with_root(t.root))
+            }
+            _ => Err(bad(format!(
+                "template '{}' has no network device and was not made from an image: a \
+                 sandbox with a network needs a template made with \"network\": true, or an \
+                 image's",
+                t.name
+            ))),
+        },
+        Some(t) => Ok(CreateSandbox {
+            template: Some(t.name),
+            ..req
+        }),
+        None if crate::templates::IMAGES.contains(&n.template_id.as_str()) => Ok(CreateSandbox {
+            image: Some(n.template_id),
+            ..req
+        }),
+        None => Err(E::of(error(
+            StatusCode::NOT_FOUND,
+            format!(
+                "template '{}' not found: templateID must be a shoald template or an image ({})",
+                n.template_id,
+                crate::templates::IMAGES.join(", ")
+            ),
+        ))),
+    }
 }
 
 async fn create(d: Arc<Daemon>, b: Body) -> R {
@@ -286,3 +315,7 @@ fn listed(d: &Daemon, q: &w::ListQuery) -> Result<Vec<SandboxRow>, E> {
 #[cfg(test)]
 #[path = "control_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "control_net_tests.rs"]
+mod net_tests;

@@ -1,5 +1,6 @@
 //! E2B control-plane operations on one sandbox: pause, connect and resume,
-//! fork, snapshots, metrics, logs, network.
+//! fork, snapshots, metrics, logs, network (its mapping in
+//! [`super::network`]).
 //!
 //! - pause: shoald's pause (state to disk, the VM process ends); the TTL
 //!   is cleared, as a paused E2B sandbox does not time out; 409 when
@@ -482,11 +483,34 @@ pub async fn logs_v2(AxState(d): D, Path(id): Path<String>, RawQuery(q): RawQuer
     Ok(Json(json!({ "logs": logs })).into_response())
 }
 
-/// `PUT /sandboxes/{id}/network`: shoald sandboxes have no network; only
-/// a config asking for nothing is accepted.
+/// `PUT /sandboxes/{id}/network`: the sandbox's egress becomes the body's
+/// (the whole configuration, as on E2B; mapped as a create's,
+/// [`super::network`]), in force at once: 204; 404 for a sandbox not
+/// found, 409 for one without a network (it cannot get one later) or
+/// paused (as E2B answers for a sandbox not running).
 pub async fn network(AxState(d): D, Path(id): Path<String>, b: Body) -> R {
     let v: Value = w::json(b, d.cfg.http.max_json_body).await?;
-    visible(&d, &id)?;
-    w::check_network(Some(&v)).map_err(|m| E::of(error(StatusCode::BAD_REQUEST, m)))?;
+    let r = visible(&d, &id)?;
+    let spec =
+        super::network::update_spec(&v).map_err(|m| E::of(error(StatusCode::BAD_REQUEST, m)))?;
+    if r.net.is_none() {
+        return Err(E::of(error(
+            StatusCode::CONFLICT,
+            format!(
+                "sandbox {id} has no network: it was created without network rules (or \
+                 internet access, see shoald --e2b-internet), and one cannot be added later"
+            ),
+        )));
+    }
+    if matches!(r.state, State::Paused | State::Pausing) {
+        return Err(E::of(error(
+            StatusCode::CONFLICT,
+            format!("sandbox {id} is paused: connect to it before changing its network"),
+        )));
+    }
+    let spec = super::network::fit(&d, spec);
+    crate::net::set_network(&d, &id, spec)
+        .await
+        .map_err(|e| E::of(api_error(e)))?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }

@@ -11,9 +11,9 @@ use serde_json::Value;
 use std::sync::Arc;
 use tower::ServiceExt;
 
-const KEY: &str = "0123456789abcdef-e2b";
+pub(super) const KEY: &str = "0123456789abcdef-e2b";
 
-fn daemon(dir: &std::path::Path) -> Arc<Daemon> {
+pub(super) fn daemon(dir: &std::path::Path) -> Arc<Daemon> {
     Daemon::open(
         Config::for_tests(dir, 1024, 1, 1),
         Arc::new(shoal_runtime::backend::microvm::MicroVm::new(
@@ -26,12 +26,12 @@ fn daemon(dir: &std::path::Path) -> Arc<Daemon> {
 
 /// The E2B routes in front of a stand-in for the daemon's own API (which
 /// answers 418 to anything that reaches it).
-fn routes(d: Arc<Daemon>) -> axum::Router {
+pub(super) fn routes(d: Arc<Daemon>) -> axum::Router {
     let rest = axum::Router::new().fallback(|| async { axum::http::StatusCode::IM_A_TEAPOT });
     crate::e2b::router(d, Some(Tokens::single(KEY)), rest)
 }
 
-async fn send(
+pub(super) async fn send(
     r: &axum::Router,
     method: &str,
     path: &str,
@@ -109,8 +109,20 @@ async fn unknown_sandboxes_are_404_and_bad_requests_400() {
     }
     for (body, want) in [
         (
-            r#"{"templateID":"base","network":{"denyOut":["0.0.0.0/0"]}}"#,
+            r#"{"templateID":"base","network":{"denyOut":["example.com"]}}"#,
             "network.denyOut",
+        ),
+        (
+            r#"{"templateID":"base","network":{"allowOut":["a.test"],"denyOut":["1.1.1.1"]}}"#,
+            "domains need denyOut",
+        ),
+        (
+            r#"{"templateID":"base","network":{"rules":{"a.test":[{}]}}}"#,
+            "network.rules",
+        ),
+        (
+            r#"{"templateID":"base","network":{"maskRequestHost":"${PORT}-x.test"}}"#,
+            "network.maskRequestHost",
         ),
         (
             r#"{"templateID":"base","network":{"allowPublicTraffic":true}}"#,

@@ -57,11 +57,13 @@ pub struct NewSandbox {
     /// `{"enabled": bool}`: whether a data-plane request resumes it once
     /// paused (default: yes).
     pub auto_resume: Option<AutoResume>,
-    /// Egress rules.
+    /// Egress rules ([`super::network`]).
     pub network: Option<Value>,
-    // `allow_internet_access` (sent as `true` by SDKs before 2.51 unless
-    // told otherwise) is accepted either way and ignored: the sandbox has
-    // no network (`allowInternetAccess` reads false).
+    /// Sent as `true` by SDKs before 2.51 unless told otherwise: the
+    /// public internet only under `shoald --e2b-internet`
+    /// ([`super::network::create_spec`]).
+    #[serde(rename = "allow_internet_access")]
+    pub allow_internet_access: Option<bool>,
     /// Labels.
     pub metadata: Option<BTreeMap<String, String>>,
     /// Default environment.
@@ -183,10 +185,12 @@ pub fn sandbox(d: &Daemon, r: &SandboxRow) -> Value {
     })
 }
 
-/// A `ListedSandbox`.
+/// A `ListedSandbox`: `network` (in E2B's terms) and
+/// `allowInternetAccess` (all of IPv4 allowed) as its policy has them.
 pub fn listed(_d: &Daemon, r: &SandboxRow) -> Value {
     let end = end_at(r);
-    json!({
+    let policy = r.net.as_ref().map(|n| &n.policy);
+    let mut v = json!({
         "templateID": r.template,
         "sandboxID": r.id,
         "clientID": CLIENT_ID,
@@ -198,12 +202,16 @@ pub fn listed(_d: &Daemon, r: &SandboxRow) -> Value {
         "state": e2b_state(r.state).unwrap_or("running"),
         "envdVersion": ENVD_VERSION,
         "metadata": r.metadata,
-        "allowInternetAccess": false,
+        "allowInternetAccess": super::network::internet(policy),
         "lifecycle": {
             "autoResume": auto_resumes(r),
             "onTimeout": if r.pause_at_ttl { "pause" } else { "kill" },
         },
-    })
+    });
+    if let Some(p) = policy {
+        v["network"] = super::network::to_e2b(p);
+    }
+    v
 }
 
 /// A `SandboxDetail`: [`listed`] and the access token.
@@ -222,40 +230,6 @@ pub fn template_matches(have: &str, want: &str) -> bool {
             .strip_prefix(want)
             .and_then(|rest| rest.strip_prefix('-'))
             .is_some_and(|rest| rest.as_bytes().first().is_some_and(u8::is_ascii_digit))
-}
-
-/// Refuses what shoald cannot do with a sandbox's network: it has none.
-/// An empty or absent config, `allowPublicTraffic: false` (ports always
-/// need the traffic token) and empty rule lists are accepted.
-pub fn check_network(n: Option<&Value>) -> Result<(), String> {
-    let Some(n) = n.filter(|v| !v.is_null()) else {
-        return Ok(());
-    };
-    let o = n
-        .as_object()
-        .ok_or_else(|| "network must be an object".to_string())?;
-    for (k, v) in o {
-        let empty = v.is_null()
-            || v.as_array().is_some_and(Vec::is_empty)
-            || v.as_object().is_some_and(serde_json::Map::is_empty);
-        match k.as_str() {
-            "allowPublicTraffic" if v.as_bool() != Some(true) => {}
-            "allowPublicTraffic" => {
-                return Err(
-                    "network.allowPublicTraffic is not supported by shoald: every \
-                     sandbox port needs the sandbox's trafficAccessToken"
-                        .into(),
-                )
-            }
-            _ if empty => {}
-            k => {
-                return Err(format!(
-                    "network.{k} is not supported by shoald: sandboxes have no network"
-                ))
-            }
-        }
-    }
-    Ok(())
 }
 
 /// `GET /sandboxes` and `GET /v2/sandboxes` queries.

@@ -26,6 +26,7 @@ mod control_ops;
 mod control_wire;
 pub mod envd;
 pub mod interp;
+mod network;
 pub mod proxy;
 
 use crate::auth::Tokens;

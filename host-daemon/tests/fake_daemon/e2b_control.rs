@@ -316,27 +316,21 @@ fn the_e2b_control_plane_over_the_unix_socket() {
     );
     assert!(!v2["logs"].as_array().unwrap().is_empty(), "{v2}");
 
-    // Network: nothing to ask for.
-    assert_eq!(
-        call(
-            c,
-            "PUT",
-            &format!("/sandboxes/{id}/network"),
-            Some(json!({}))
-        )
-        .0,
-        204
+    // Network: a sandbox created without one cannot get one (409); what
+    // shoald cannot do is a 400 first.
+    let put = |body| call(c, "PUT", &format!("/sandboxes/{id}/network"), Some(body));
+    let (s, m, _) = put(json!({"denyOut": ["0.0.0.0/0"]}));
+    assert_eq!(s, 409, "{m}");
+    assert!(
+        m["message"].as_str().unwrap().contains("has no network"),
+        "{m}"
     );
-    assert_eq!(
-        call(
-            c,
-            "PUT",
-            &format!("/sandboxes/{id}/network"),
-            Some(json!({"denyOut": ["0.0.0.0/0"]}))
-        )
-        .0,
-        400
-    );
+    assert_eq!(put(json!({})).0, 409);
+    let (s, m, _) = put(json!({"rules": {"a.test": [{}]}}));
+    assert_eq!(s, 400, "{m}");
+    let (_, info, _) = call(c, "GET", &format!("/sandboxes/{id}"), None);
+    assert_eq!(info["allowInternetAccess"], false, "{info}");
+    assert!(info.get("network").is_none(), "{info}");
 
     for s in [&id, &other_id, &clone] {
         assert_eq!(call(c, "DELETE", &format!("/sandboxes/{s}"), None).0, 204);

@@ -94,6 +94,18 @@ class Daemon:
                 env[var] = str(bins / b)
         self.log_path = self.dir / "shoald.log"
         state = self.dir / "state"
+        # Sandbox networks (test_network.py) on a pool, prefixes and links
+        # of this session's own; set up at the first networked create, and
+        # with no DNS forwarder (nothing is resolved: the tests reach only
+        # a peer netns of theirs).
+        self.net_tag = os.getpid() % 200
+        net = [
+            "--net-pool", f"10.219.{self.net_tag}.0/24",
+            "--net-slots", "2",
+            "--net-netns-prefix", f"se2b{self.net_tag}-",
+            "--net-link-prefix", f"shv{self.net_tag}e",
+            "--net-dns", "off",
+        ]
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 [
@@ -103,6 +115,7 @@ class Daemon:
                     "--listen", f"127.0.0.1:{self.port}",
                     "--token-file", str(tok),
                     "--agent-timeout", "300",
+                    *net,
                 ],
                 stdin=subprocess.DEVNULL,
                 stdout=log,
