@@ -71,6 +71,7 @@ fn row(id: &str, state: State, net: Option<NetworkSpec>) -> SandboxRow {
         needs_post_restore: false,
         keep_running: true,
         pause_at_ttl: false,
+        priority: shoal_api::Priority::Latency,
         error: None,
         net: net.map(|policy| SandboxNet {
             slot: 3,
