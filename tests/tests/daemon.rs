@@ -123,6 +123,7 @@ fn api_contract_end_to_end() {
             "network",
             "pause_at_ttl",
             "pid",
+            "priority",
             "state",
             "template",
             "ttl_s",
