@@ -17,5 +17,6 @@ pub mod ready;
 pub mod sandbox;
 pub mod template;
 pub mod vm;
+pub mod vmm_balloon;
 pub mod vmm_net;
 pub mod vmm_process;
