@@ -319,6 +319,24 @@ fn the_linux_driver_inflates_deflates_reports_and_its_clones_read_zeros() {
             "{name} clone: {} MiB reported within {tr:?} of the kill",
             (b2.reported_bytes - b.reported_bytes) / MIB
         );
+        assert_eq!((b2.refused, b2.give_back_errors), (0, 0), "{b2:?}");
+        let (out, _, _) = sh(&c, "echo clone");
+        assert_eq!(out, "clone\n");
+        // Deflated, the pages are free again: the clone reports them (while
+        // it deflates), with the rest of the killed process's memory.
+        let d = api(&r).balloon(None).expect("balloon request");
+        let (_, td) = inflate_to(&r, 0);
+        let (d2, tr) = balloon_until(&r, "the clone's deflated pages reported", |x| {
+            x.reported_bytes >= d.reported_bytes + 16 * MIB
+        });
+        eprintln!(
+            "{name} clone: deflated in {td:?}; {} MiB reported within {tr:?}",
+            (d2.reported_bytes - d.reported_bytes) / MIB
+        );
+        assert_eq!((d2.refused, d2.give_back_errors), (0, 0), "{d2:?}");
+
+        // Every page the VMM gave back (inflated or reported) reads zeros
+        // (or what the guest wrote there since), never the snapshot's bytes.
         let ram = guest_ram(pid, &snap.path().join("memory"));
         let g = given_back(pid, &ram, &snap.path().join("memory"));
         eprintln!(
@@ -328,7 +346,6 @@ fn the_linux_driver_inflates_deflates_reports_and_its_clones_read_zeros() {
             b.stats.free_memory.unwrap() / MIB,
             ram.replaced.len()
         );
-        assert_eq!((b.refused, b.give_back_errors), (0, 0), "{b:?}");
         assert!(
             g.pages >= 66 * MIB / 4096,
             "the clone gave back only {} pages by replacing them",
@@ -346,18 +363,35 @@ fn the_linux_driver_inflates_deflates_reports_and_its_clones_read_zeros() {
             g.zero * 100 >= g.pages * 95,
             "given-back pages do not read zeros: {g:?}"
         );
-        let (out, _, _) = sh(&c, "echo clone");
-        assert_eq!(out, "clone\n");
-        // Deflated, the pages are free again: the clone reports them.
-        // (The guest reports them while it deflates.)
-        let d = api(&r).balloon(None).expect("balloon request");
-        let (_, td) = inflate_to(&r, 0);
-        let (d2, tr) = balloon_until(&r, "the clone's deflated pages reported", |x| {
-            x.reported_bytes >= d.reported_bytes + 16 * MIB
-        });
-        eprintln!(
-            "{name} clone: deflated in {td:?}; {} MiB reported within {tr:?}",
-            (d2.reported_bytes - d.reported_bytes) / MIB
-        );
+        if name == "first" {
+            diff_snapshot_keeps_zeros(&r, snap.path(), &ram);
+        }
     }
+}
+
+/// A diff snapshot of clone `r` (over `base`, the snapshot it was restored
+/// from), restored: the pages the clone gave back (`ram`'s replaced spans)
+/// read zeros there too, not the base's bytes.
+fn diff_snapshot_keeps_zeros(r: &RunningSandbox, base: &Path, ram: &GuestRam) {
+    let dir = tempfile::tempdir().unwrap();
+    let info = api(r).snapshot(dir.path(), true).expect("diff snapshot");
+    api(r).resume().expect("resume after the diff snapshot");
+    let (r2, c2) = RunningSandbox::start(dir.path());
+    let pid = r2.vmm_pid();
+    let ram2 = GuestRam {
+        base: guest_ram(pid, &base.join("memory")).base,
+        replaced: ram.replaced.clone(),
+    };
+    let g = given_back(pid, &ram2, &base.join("memory"));
+    eprintln!(
+        "restored from a diff snapshot ({} MiB of diff): the given-back pages read {g:?}",
+        info.memory_bytes / MIB
+    );
+    assert!(g.had_data >= MIB / 4096, "{g:?}");
+    assert_eq!(
+        g.stale, 0,
+        "a VM restored from the diff reads the base's bytes where the clone gave pages back: {g:?}"
+    );
+    let (out, _, _) = sh(&c2, "echo diff");
+    assert_eq!(out, "diff\n");
 }
