@@ -6,8 +6,9 @@
 //! VMM's resident memory falls by about that much; the guest still execs;
 //! a deflate to 0 is reached; memory the guest touched and freed is
 //! reported and leaves the host; and two clones of a snapshot of that
-//! sandbox each answer stats, inflate, and read zeros (never the
-//! snapshot's bytes) wherever the VMM gave a page back.
+//! sandbox each answer stats, inflate, report, and read zeros (never the
+//! snapshot's bytes) wherever the VMM gave a page back, and so does a VM
+//! restored from a diff snapshot of one of them.
 //!
 //! One template boot (cached across runs), then restores only.
 
