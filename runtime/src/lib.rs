@@ -18,5 +18,6 @@ pub mod sandbox;
 pub mod sched;
 pub mod template;
 pub mod vm;
+pub mod vmm_balloon;
 pub mod vmm_net;
 pub mod vmm_process;

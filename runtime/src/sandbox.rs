@@ -57,6 +57,8 @@ pub struct TemplateSpec {
     /// A virtio-net device on this TAP at the boot: a networked template,
     /// whose sandboxes each restore with their own (`NetAttach`).
     pub net: Option<crate::vmm_net::BootNet>,
+    /// A virtio-balloon device at the boot (its clones keep it).
+    pub balloon: Option<crate::vmm_balloon::BalloonOptions>,
 }
 
 impl TemplateSpec {
@@ -69,6 +71,7 @@ impl TemplateSpec {
             layers: vec![],
             upper: Upper::default(),
             net: None,
+            balloon: None,
         }
     }
 }
@@ -156,6 +159,7 @@ fn template_boot(
         upper_size_mib: Some(spec.upper.tmpfs_mib(spec.memory_mib)),
     };
     let upper_key = spec.upper.key();
+    let balloon_key = spec.balloon.map(|b| b.arg()).unwrap_or_default();
     let layer_key = layer_ids.join("\n");
     let key = hash_hex(&[
         guest.kernel.as_os_str().as_encoded_bytes(),
@@ -163,6 +167,7 @@ fn template_boot(
         boot.kernel_cmdline().as_bytes(),
         layer_key.as_bytes(),
         upper_key.as_bytes(),
+        balloon_key.as_bytes(),
         RootKind::default().name().as_bytes(),
         &[spec.vcpus],
         &spec.memory_mib.to_le_bytes(),
@@ -268,10 +273,11 @@ fn build_template_in(
     }
     boot.vsock_uds = Some(dir.join("boot.vsock"));
     let t = Duration::from_secs(900);
-    let res = match net {
-        Some(net) => template::make_with_net(&boot, vmm, dir, INIT_MARKER, t, jail, net),
-        None => template::make_jailed(&boot, vmm, dir, INIT_MARKER, t, jail),
+    let devices = template::BootDevices {
+        net,
+        balloon: spec.balloon,
     };
+    let res = template::make_with_devices(&boot, vmm, dir, INIT_MARKER, t, jail, devices);
     let _ = std::fs::remove_file(dir.join("boot.vsock"));
     if let Err(e) = res {
         let _ = std::fs::remove_dir_all(dir);

@@ -64,7 +64,16 @@ pub fn make_with(
     timeout: Duration,
     wait_idle: bool,
 ) -> Result<SnapshotInfo, TemplateError> {
-    make_in(spec, vmm, dir, ready, timeout, wait_idle, None, None)
+    make_in(
+        spec,
+        vmm,
+        dir,
+        ready,
+        timeout,
+        wait_idle,
+        None,
+        BootDevices::default(),
+    )
 }
 
 /// [`make`] with the VMM in `jail` (None: unjailed): it sees `dir`
@@ -77,7 +86,16 @@ pub fn make_jailed(
     timeout: Duration,
     jail: Option<&JailConfig>,
 ) -> Result<SnapshotInfo, TemplateError> {
-    make_in(spec, vmm, dir, ready, timeout, true, jail, None)
+    make_in(
+        spec,
+        vmm,
+        dir,
+        ready,
+        timeout,
+        true,
+        jail,
+        BootDevices::default(),
+    )
 }
 
 /// [`make_jailed`] with a virtio-net device on `net`'s TAP with its MAC:
@@ -95,7 +113,33 @@ pub fn make_with_net(
     jail: Option<&JailConfig>,
     net: (std::sync::Arc<std::fs::File>, [u8; 6]),
 ) -> Result<SnapshotInfo, TemplateError> {
-    make_in(spec, vmm, dir, ready, timeout, true, jail, Some(net))
+    let devices = BootDevices {
+        net: Some(net),
+        balloon: None,
+    };
+    make_in(spec, vmm, dir, ready, timeout, true, jail, devices)
+}
+
+/// Devices a template boot adds to its [`BootSpec`].
+#[derive(Debug, Default)]
+pub struct BootDevices {
+    /// A virtio-net device on this TAP with this MAC (see [`make_with_net`]).
+    pub net: Option<(std::sync::Arc<std::fs::File>, [u8; 6])>,
+    /// A virtio-balloon device (its clones keep it).
+    pub balloon: Option<crate::vmm_balloon::BalloonOptions>,
+}
+
+/// [`make_jailed`] with `devices` added to the boot.
+pub fn make_with_devices(
+    spec: &BootSpec,
+    vmm: &Path,
+    dir: &Path,
+    ready: &str,
+    timeout: Duration,
+    jail: Option<&JailConfig>,
+    devices: BootDevices,
+) -> Result<SnapshotInfo, TemplateError> {
+    make_in(spec, vmm, dir, ready, timeout, true, jail, devices)
 }
 
 /// The jail of a template boot of `spec` into `dir`.
@@ -138,13 +182,16 @@ fn make_in(
     timeout: Duration,
     wait_idle: bool,
     jail: Option<&JailConfig>,
-    net: Option<(std::sync::Arc<std::fs::File>, [u8; 6])>,
+    devices: BootDevices,
 ) -> Result<SnapshotInfo, TemplateError> {
     std::fs::create_dir_all(dir).map_err(|e| TemplateError::Io(dir.into(), e))?;
     let sock = dir.join("template-boot.sock");
     let mut p = spec.vmm_process(vmm);
-    if let Some((tap, mac)) = net {
+    if let Some((tap, mac)) = devices.net {
         p = p.net_tap(tap, mac, crate::vmm_net::NetLimits::default());
+    }
+    if let Some(b) = devices.balloon {
+        p = p.balloon(b);
     }
     if let Some(j) = jail {
         p = p.jail(boot_jail(spec, dir, j)?);

@@ -11,6 +11,7 @@
 
 use crate::jail::Jail;
 use crate::ready::{ReadyPipe, READY_FD};
+use crate::vmm_balloon::BalloonOptions;
 use crate::vmm_net::{NetDevice, NetLimits, NetTap};
 pub use fds::{open_image, PassedFd, FIRST_PASSED_FD};
 use std::ffi::{OsStr, OsString};
@@ -223,6 +224,7 @@ pub struct VmmProcess {
     pmem_fds: Vec<(usize, std::os::fd::RawFd)>,
     jail: Option<Jail>,
     net: Option<NetDevice>,
+    balloon: Option<BalloonOptions>,
 }
 
 #[path = "vmm_process_fds.rs"]
@@ -252,6 +254,7 @@ impl VmmProcess {
             pmem_fds: vec![],
             jail: None,
             net: None,
+            balloon: None,
         }
     }
 
@@ -384,6 +387,13 @@ impl VmmProcess {
             mac,
             limits,
         });
+        self
+    }
+
+    /// Gives a booted VM a virtio-balloon device (`--balloon`; ignored
+    /// when restoring or prewarming: a restored VM has its snapshot's).
+    pub fn balloon(mut self, b: BalloonOptions) -> Self {
+        self.balloon = Some(b);
         self
     }
 
@@ -554,6 +564,9 @@ impl VmmProcess {
                 Start::Restore { .. } | Start::Prewarm { .. } => "--restore-net",
             };
             flag(name, n.arg().as_ref());
+        }
+        if let (Some(b), Start::Boot { .. }) = (&self.balloon, &self.start) {
+            flag("--balloon", b.arg().as_ref());
         }
         if let Some(m) = self.memory_mib {
             flag("--memory", m.to_string().as_ref());

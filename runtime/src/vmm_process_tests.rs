@@ -516,3 +516,22 @@ fn net_flags_are_the_vmms() {
     assert_accepted(&strs(&boot));
     assert_accepted(&strs(&restore));
 }
+
+/// `--balloon` when booting (a flag the VMM declares); nothing when
+/// restoring (the snapshot's device is restored).
+#[test]
+fn balloon_args() {
+    let b = crate::vmm_balloon::BalloonOptions {
+        stats_interval_s: 1,
+        ..Default::default()
+    };
+    let boot = VmmProcess::boot(Path::new("/vmm"), Path::new("/k/vmlinux")).balloon(b);
+    let args = strs(&boot);
+    assert_eq!(
+        args,
+        ["--kernel", "/k/vmlinux", "--balloon", "on,stats_s=1"]
+    );
+    assert_accepted(&args);
+    let restore = VmmProcess::restore(Path::new("/vmm"), Path::new("/t/tpl")).balloon(b);
+    assert_eq!(strs(&restore), ["--restore", "/t/tpl"]);
+}

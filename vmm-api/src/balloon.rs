@@ -14,12 +14,12 @@ pub struct BalloonInfo {
     /// The guest's latest memory statistics (from before this request: it
     /// also asks the guest for new ones).
     pub stats: GuestMemoryStats,
-    /// Pages the guest inflated (given back to the host) since the VMM
-    /// started, 4 KiB each.
+    /// Pages the guest inflated (given back to the host) since it booted
+    /// (counters carry on through snapshots), 4 KiB each.
     pub inflated_pages: u64,
-    /// Pages the guest deflated since the VMM started.
+    /// Pages the guest deflated since it booted.
     pub deflated_pages: u64,
-    /// Bytes the guest reported free (given back) since the VMM started.
+    /// Bytes the guest reported free (given back) since it booted.
     pub reported_bytes: u64,
     /// Guest input refused (PFNs, ranges, chains, `actual` values).
     pub refused: u64,

@@ -10,6 +10,15 @@
 //! stores those pages in `memory.diff` (a sparse file, same offsets as
 //! `memory`) and names its base; restoring maps the base and reads the
 //! diff pages over it.
+//!
+//! Pages the balloon gave back are the exception pagemap cannot see: the
+//! VMM mapped fresh anonymous memory over them (so they read zeros), and
+//! until touched again they are not present, like an untouched file page.
+//! Every page inside an anonymous mapping of guest RAM (found in
+//! `/proc/self/maps`) therefore counts as written too; an all-zero page
+//! is left a hole in `memory.diff` (it reads zeros), and the restore reads
+//! it over the base, so the restored guest sees zeros there, not the base
+//! snapshot's bytes.
 
 use super::VmError;
 use std::fs::File;
@@ -27,9 +36,38 @@ fn io(what: String) -> impl FnOnce(std::io::Error) -> VmError {
     move |source| VmError::Io { what, source }
 }
 
+/// Host address ranges of this process's anonymous mappings (no file),
+/// sorted: over guest RAM, the ranges the balloon replaced.
+fn anonymous_spans() -> Result<Vec<(u64, u64)>, VmError> {
+    let maps = std::fs::read_to_string("/proc/self/maps").map_err(io("/proc/self/maps".into()))?;
+    let mut out: Vec<(u64, u64)> = maps
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            let (s, e) = f.next()?.split_once('-')?;
+            let inode = f.nth(3)?;
+            let anon = inode == "0" && f.next().is_none_or(|p| p.starts_with("[anon"));
+            anon.then_some((
+                u64::from_str_radix(s, 16).ok()?,
+                u64::from_str_radix(e, 16).ok()?,
+            ))
+        })
+        .collect();
+    out.sort_unstable();
+    Ok(out)
+}
+
+/// Whether host address `a` lies in one of the sorted `spans`.
+fn in_spans(spans: &[(u64, u64)], a: u64) -> bool {
+    let i = spans.partition_point(|&(s, _)| s <= a);
+    i > 0 && a < spans[i - 1].1
+}
+
 /// Page numbers (in memory-file order) that are private to this process:
-/// written since the mapping was made.
+/// written since the mapping was made, or given back by the balloon (an
+/// anonymous mapping over the file's).
 pub(super) fn private_pages(mem: &GuestMemoryMmap) -> Result<Vec<u64>, VmError> {
+    let anon = anonymous_spans()?;
     let pm = File::open("/proc/self/pagemap").map_err(io("/proc/self/pagemap".into()))?;
     let mut out = Vec::new();
     let mut file_page = 0u64;
@@ -46,8 +84,10 @@ pub(super) fn private_pages(mem: &GuestMemoryMmap) -> Result<Vec<u64>, VmError> 
                 .map_err(io("reading /proc/self/pagemap".into()))?;
             for (i, e) in bytes.chunks_exact(8).enumerate() {
                 let v = u64::from_le_bytes(e.try_into().unwrap_or_default());
-                let written =
-                    (v & PM_PRESENT != 0 && v & PM_FILE_OR_SHARED == 0) || v & PM_SWAPPED != 0;
+                let host = (first + done + i as u64) * PAGE;
+                let written = (v & PM_PRESENT != 0 && v & PM_FILE_OR_SHARED == 0)
+                    || v & PM_SWAPPED != 0
+                    || in_spans(&anon, host);
                 if written {
                     out.push(file_page + done + i as u64);
                 }
@@ -90,6 +130,10 @@ pub(super) fn write_diff(
         // SAFETY: `ptr` points at a whole mapped guest page (host_addr
         // checked the region); the vCPUs are paused, so it is stable.
         let page = unsafe { std::slice::from_raw_parts(ptr, PAGE_BYTES) };
+        if page.iter().all(|&b| b == 0) {
+            // A hole reads zeros (the file was sized, not written).
+            continue;
+        }
         f.write_all_at(page, p * PAGE)
             .map_err(io(format!("cannot write {}", path.display())))?;
     }
@@ -122,3 +166,7 @@ pub(super) fn apply_diff(mem: &GuestMemoryMmap, pages: &[u64], path: &Path) -> R
     }
     Ok(())
 }
+
+#[cfg(test)]
+#[path = "diff_tests.rs"]
+mod tests;
