@@ -452,6 +452,9 @@ pub struct Daemon {
     pub metrics: metrics::Metrics,
     /// Wakes the pool filler.
     pub pool_wake: tokio::sync::Notify,
+    /// When a create last took a pooled sandbox ([`freeze::now_ms`]; 0:
+    /// never): refills wait for a burst of such creates to pass.
+    pub pool_hit_ms: std::sync::atomic::AtomicU64,
     /// Serializes template builds.
     pub building: tokio::sync::Mutex<()>,
     /// Bounds concurrent VMM restores: past a few per CPU they only slow
@@ -483,6 +486,7 @@ impl Daemon {
             live: Mutex::new(HashMap::new()),
             metrics: metrics::Metrics::default(),
             pool_wake: tokio::sync::Notify::new(),
+            pool_hit_ms: std::sync::atomic::AtomicU64::new(0),
             building: tokio::sync::Mutex::new(()),
             restores: tokio::sync::Semaphore::new(permits),
             e2b,

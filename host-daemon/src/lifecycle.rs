@@ -178,6 +178,8 @@ pub async fn create(d: &Arc<Daemon>, mut req: CreateSandbox) -> ApiResult<Sandbo
             }
         }
         d.metrics.pool_hits.fetch_add(1, Ordering::Relaxed);
+        d.pool_hit_ms
+            .store(super::freeze::now_ms().max(1), Ordering::Release);
         d.pool_wake.notify_one();
         d.metrics.create.observe(t0.elapsed().as_secs_f64());
         d.event(

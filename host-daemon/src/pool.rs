@@ -10,6 +10,13 @@
 //! kernel time on PVM hosts). An idle restored sandbox costs ~1-2 MiB of
 //! host memory (its template's clean pages are shared), so holding them is
 //! cheap; they count against admission like any sandbox.
+//!
+//! Refills wait while a burst of creates is being served from a pool
+//! ([`hold`]): a refill is a restore plus the agent's hand-shake, CPU that
+//! a burst's creates would otherwise share with it (on a 2-core host, 4
+//! refills beside a burst of 50 creates stretched its tail). A refill
+//! starts once no create took a pooled sandbox for [`QUIET`], or after
+//! [`MAX_HOLD`] of a steady stream of them, so pools are never starved.
 
 use super::db::{self, SandboxRow, State};
 use super::{ops, ApiError, Daemon};
@@ -23,6 +30,36 @@ use std::time::Duration;
 /// Restores in flight per pool at most.
 const PARALLEL: usize = 4;
 
+/// A pause in pool hits this long ends a burst.
+pub const QUIET: Duration = Duration::from_millis(40);
+
+/// Refills wait for a burst at most this long.
+pub const MAX_HOLD: Duration = Duration::from_millis(400);
+
+/// How much longer refills wait, `since_hit` after the last create served
+/// from a pool and `held` after they began waiting: `None` to go on.
+pub fn hold(since_hit: Option<Duration>, held: Duration) -> Option<Duration> {
+    let since = since_hit?;
+    if since >= QUIET || held >= MAX_HOLD {
+        return None;
+    }
+    Some((QUIET - since).min(MAX_HOLD - held))
+}
+
+/// Waits while creates are being served from pools ([`hold`]).
+async fn wait_for_quiet(d: &Daemon) {
+    let t0 = std::time::Instant::now();
+    loop {
+        let hit = d.pool_hit_ms.load(Ordering::Acquire);
+        let since =
+            (hit != 0).then(|| Duration::from_millis(super::freeze::now_ms().saturating_sub(hit)));
+        match hold(since, t0.elapsed()) {
+            Some(w) => tokio::time::sleep(w).await,
+            None => return,
+        }
+    }
+}
+
 /// Refills pools, forever.
 pub async fn run(d: Arc<Daemon>) {
     let mut inflight: HashMap<String, Arc<AtomicUsize>> = HashMap::new();
@@ -31,6 +68,7 @@ pub async fn run(d: Arc<Daemon>) {
             _ = d.pool_wake.notified() => {}
             _ = tokio::time::sleep(Duration::from_millis(500)) => {}
         }
+        wait_for_quiet(&d).await;
         let (pools, counts) = match d.db(|db| Ok((db.pools()?, db.pooled_counts()?))) {
             Ok(x) => x,
             Err(e) => {
@@ -160,5 +198,25 @@ async fn fill_one(d: &Arc<Daemon>, tpl: &str) -> bool {
             let _ = ops::kill(d, &id, "pool refill failed").await;
             false
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refills_wait_for_a_burst_to_pass_but_not_forever() {
+        let ms = Duration::from_millis;
+        // No create ever took from a pool, or the last one is long past.
+        assert_eq!(hold(None, ms(0)), None);
+        assert_eq!(hold(Some(QUIET), ms(0)), None);
+        assert_eq!(hold(Some(ms(10_000)), ms(0)), None);
+        // Mid-burst: until the quiet gap after the last hit.
+        assert_eq!(hold(Some(ms(0)), ms(0)), Some(QUIET));
+        assert_eq!(hold(Some(ms(15)), ms(100)), Some(QUIET - ms(15)));
+        // A steady stream: never past MAX_HOLD in all.
+        assert_eq!(hold(Some(ms(1)), MAX_HOLD - ms(5)), Some(ms(5)));
+        assert_eq!(hold(Some(ms(1)), MAX_HOLD), None);
     }
 }
