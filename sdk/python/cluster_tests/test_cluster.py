@@ -45,6 +45,13 @@ def _exec_in_task(sandbox_id: str) -> str:
 
 
 @ray.remote(num_cpus=0)
+def _create_in_task(cluster: ShoalCluster) -> str:
+    """A Ray task given the client itself: creates there, placed."""
+    sb = cluster.create(template=TEMPLATE, metadata={"from": "task"})
+    return sb.id
+
+
+@ray.remote(num_cpus=0)
 def _exec_passed(sb: Any) -> str:
     """A Ray task given the sandbox object itself."""
     return str(sb.id) + " " + sb.exec(["echo", "passed"]).text
@@ -75,6 +82,9 @@ def test_ids_route_to_their_node(env: Env, cluster: ShoalCluster) -> None:
         # Any client, from a Ray task, reaches the sandbox from its id.
         assert ray.get(_exec_in_task.remote(sbs[1].id), timeout=120) == "from-task\n"
         assert ray.get(_exec_passed.remote(sbs[2]), timeout=120) == f"{sbs[2].id} passed\n"
+        made = ray.get(_create_in_task.remote(cluster), timeout=120)
+        sbs.append(cluster.get(made))
+        assert sbs[-1].info.metadata == {"from": "task"}
         # A fork stays on its node, with a cluster id.
         clones = sbs[1].fork(1)
         assert len(clones) == 1 and clones[0].id.startswith("n1.")

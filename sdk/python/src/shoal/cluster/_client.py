@@ -156,15 +156,20 @@ class ShoalCluster:
         """Reads the registry now (done every ``refresh_s`` on use)."""
         with self._fetch_lock:
             t0 = time.monotonic()
-            snap = ray.get(self._registry.snapshot.remote(), timeout=10)
+            snap: Any = ray.get(self._registry.snapshot.remote(), timeout=10)
+            if not isinstance(snap, dict):
+                raise ShoalError(f"the registry answered {type(snap).__name__}, not a snapshot")
             now = time.monotonic()
             nodes: dict[str, _Node] = {}
             status: dict[str, NodeStatus] = {}
             for name, entry in (snap.get("nodes") or {}).items():
-                age = float(entry.get("age", 1e9)) + (now - t0)
                 try:
+                    if not isinstance(entry, dict):
+                        raise BadReport(f"registry entry of {name!r} is not an object")
+                    age = float(entry.get("age", 1e9)) + (now - t0)
                     rep = parse_report(name, entry.get("report"))
                 except (BadReport, ValueError, TypeError) as e:
+                    age = 1e9
                     status[name] = NodeStatus(name, "", False, str(e), age, 0, 0, (), {})
                     continue
                 sampled_at = now - age
@@ -588,13 +593,16 @@ class ShoalCluster:
         """Keeps ``target`` warm sandboxes of ``template`` on every node
         that has it (and on each that makes it later); the pool of each."""
         ray.get(self._registry.put_pool.remote(template, int(target)), timeout=10)
-        with self._lock:
-            nodes = [n for n in self._nodes.values() if template in n.report.templates]
-        res = self._each(lambda n: n.client.set_pool(template, target), nodes)
-        bad = [f"{n}: {r}" for n, r in res if isinstance(r, BaseException)]
+        res = self._each(lambda n: n.client.set_pool(template, target))
+        # A node without the template yet gets the pool when it makes it.
+        bad = [
+            f"{n}: {r}"
+            for n, r in res
+            if isinstance(r, BaseException) and not isinstance(r, TemplateNotFound)
+        ]
         if bad:
             raise ShoalError(f"pool {template}: {'; '.join(bad)}")
-        return [r for _, r in res]
+        return [r for _, r in res if isinstance(r, PoolInfo)]
 
     def pools(self) -> dict[str, List[PoolInfo]]:
         """The warm pools of each live node."""

@@ -266,7 +266,7 @@ def start_node(
     check_node_name(name)
     if not ray.is_initialized():
         raise ShoalError("start_node: call ray.init(...) first")
-    actor = (
+    actor: Any = (
         ray.remote(ShoalNode)
         .options(
             name=node_actor_name(name),
