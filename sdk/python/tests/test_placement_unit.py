@@ -96,6 +96,26 @@ def test_affinity_spread_and_templates() -> None:
     assert p.choose(nodes, template="u", buildable=False) is None
 
 
+def test_warm_pools_first() -> None:
+    """A burst goes where the template's warm pool still has sandboxes
+    (counting this client's placements since the report), then anywhere."""
+    p = Placer(2, rng=random.Random(6))
+    t = frozenset({"t"})
+    nodes = [
+        NodeLoad("a", cap(100), templates=t, pool_ready={"t": 3}),
+        NodeLoad("b", cap(100), templates=t, pool_ready={"t": 0}),
+        NodeLoad("c", cap(100), templates=t, pool_ready={"t": 2}),
+    ]
+    first = []
+    for _ in range(5):
+        n = p.choose(nodes, template="t")
+        assert n is not None
+        p.begin(n)
+        first.append(n)
+    assert Counter(first) == {"a": 3, "c": 2}
+    assert p.choose(nodes, template="t", spread=True) == "b"  # pools used up: by free slots
+
+
 def test_power_of_two_beats_random_on_imbalance() -> None:
     """Equal nodes, sequential creates with no departures: the spread of
     counts under k=2 is far below k=1 (random) and near least-loaded."""

@@ -121,9 +121,12 @@ class Placer:
         Eligible: every node not in ``exclude`` (``node`` alone when
         given) that has ``template`` (or ``image``) ready; when none has
         it and ``buildable`` (the cluster can make it on a node), every
-        node. Among the eligible with free slots left after the overlay,
-        ``spread`` takes the one with most (least-loaded over all),
-        otherwise the best of ``k`` sampled uniformly.
+        node. Of those, the ones whose warm pool of ``template`` still has
+        sandboxes after the overlay, when any has (a create from a pool
+        takes milliseconds, one restored on demand far longer). Among the
+        eligible with free slots left after the overlay, ``spread`` takes
+        the one with most (least-loaded over all), otherwise the best of
+        ``k`` sampled uniformly.
         """
         skip = set(exclude)
         live = [n for n in nodes if n.name not in skip]
@@ -145,6 +148,13 @@ class Placer:
             return free - self._pending(n.name, n.sampled_at)
 
         with self._lock:
+            if template is not None:
+                warm = [
+                    n
+                    for n in live
+                    if n.pool_ready.get(template, 0) > self._pending(n.name, n.sampled_at)
+                ]
+                live = warm or live
             scored: list[tuple[int, str]] = []
             if not spread and self.k < len(live):
                 # The k sampled first (O(k) per create at any cluster

@@ -3,6 +3,7 @@ Ray cluster (see ``shoal.cluster``)."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -179,13 +180,15 @@ class ShoalCluster:
                 elif not rep.ok:
                     reason = rep.error or "its daemon does not answer"
                 elif self._suspects.get(name, -1.0) >= sampled_at:
+                    # Out of placement; its sandboxes' requests still go
+                    # (and fail with SandboxLost while it does not answer).
                     reason = "its daemon did not answer this client"
                 free = free_slots(rep.capacity)
                 status[name] = NodeStatus(
                     name, rep.url, reason is None, reason, age, free, rep.sandboxes,
                     tuple(sorted(rep.templates)), dict(rep.pools),
                 )  # fmt: skip
-                if reason is None:
+                if reason is None or (rep.ok and age <= self.stale_s):
                     nodes[name] = _Node(rep, self._client(name, rep), sampled_at)
             with self._lock:
                 for gone in set(self._nodes) - set(nodes):
@@ -216,8 +219,12 @@ class ShoalCluster:
     def _suspect(self, node: str) -> None:
         with self._lock:
             self._suspects[node] = time.monotonic()
-            if self._nodes.pop(node, None) is not None:
-                self.placer.forget(node)
+            st = self._status.get(node)
+            if st is not None and st.live:
+                self._status[node] = dataclasses.replace(
+                    st, live=False, reason="its daemon did not answer this client"
+                )
+            self.placer.forget(node)
 
     def _gone(self, node: str, url: str) -> str | None:
         """Why ``node`` (at ``url``) is out of the cluster, or None."""
@@ -245,7 +252,9 @@ class ShoalCluster:
 
     def live_nodes(self) -> List[str]:
         """The names of the nodes in placement now."""
-        return sorted(self._fresh())
+        self._fresh()
+        with self._lock:
+            return sorted(n for n, st in self._status.items() if st.live)
 
     def node(self, name: str) -> NodeShoal:
         """The single-host client of node ``name`` (:class:`NodeLost` if
@@ -338,7 +347,10 @@ class ShoalCluster:
                 self.placer.end(ticket, placed=placed, now=time.monotonic())
 
     def _placeable(self, n: _Node, pinned: str | None = None) -> bool:
-        return self.only is None or n.report.node in self.only or n.report.node == pinned
+        name = n.report.node
+        if self._suspects.get(name, -1.0) >= n.sampled_at:
+            return False
+        return self.only is None or name in self.only or name == pinned
 
     def _why(self, node: str) -> str:
         with self._lock:
@@ -529,7 +541,7 @@ class ShoalCluster:
         nodes (one batch per node, at most ``concurrency`` at once on
         each); results in the order of ``calls``."""
         items = [fncall_args(c, {}) for c in calls]
-        nodes = list(self._fresh().values())
+        nodes = [n for n in self._fresh().values() if self._placeable(n)]
         if not nodes:
             raise HostFull("no live node in the cluster")
         parts: list[list[int]] = [list(range(i, len(items), len(nodes))) for i in range(len(nodes))]

@@ -38,8 +38,9 @@ class NodeShoal(Shoal):
     """The single-host client of one node of a cluster. Requests for the
     sandbox ``<node>.<id>`` go to ``/v1/sandboxes/<id>`` of this node's
     daemon; a node that left raises :class:`SandboxLost` /
-    :class:`NodeLost` at once, and a connection that fails marks the node
-    suspect (out of placement until a later report says it answers)."""
+    :class:`NodeLost` at once; a failed connection to a daemon that no
+    longer answers ``/healthz`` raises them too and takes the node out of
+    this client's placement until a later report says it answers."""
 
     def __init__(self, cluster: ShoalCluster, node: str, url: str, token: str | None, **kw: Any):
         super().__init__(url, token=token, autostart=False, **kw)
@@ -63,6 +64,21 @@ class NodeShoal(Shoal):
             return "/v1/sandboxes/" + path[len(self._prefix) :]
         return path
 
+    def _dead(self) -> bool:
+        """Whether the daemon is gone (after a failed connection): a
+        transient failure (a reset, a full accept queue) leaves a daemon
+        that still answers ``/healthz``."""
+        try:
+            return self._http.get("/healthz", timeout=2.0).status_code >= 500
+        except httpx.HTTPError:
+            return True
+
+    def _failed(self, path: str, e: ConnectionFailed, what: str) -> ShoalError:
+        if not self._dead():
+            return e
+        self.cluster._suspect(self.node)
+        return self._lost(path, f"its daemon {what}: {e.message}")
+
     def _send(self, method: str, path: str, **kw: Any) -> httpx.Response:
         why = self.cluster._gone(self.node, self.target.url)
         if why is not None:
@@ -72,8 +88,7 @@ class NodeShoal(Shoal):
         except NodeLost:
             raise
         except ConnectionFailed as e:
-            self.cluster._suspect(self.node)
-            raise self._lost(path, f"its daemon does not answer: {e.message}") from e
+            raise self._failed(path, e, "does not answer") from e
 
     @contextlib.contextmanager
     def _stream(self, method: str, path: str, **kw: Any) -> Iterator[httpx.Response]:
@@ -83,8 +98,7 @@ class NodeShoal(Shoal):
         except NodeLost:
             raise
         except ConnectionFailed as e:
-            self.cluster._suspect(self.node)
-            raise self._lost(path, f"its daemon broke off: {e.message}") from e
+            raise self._failed(path, e, "broke off") from e
 
 
 class ClusterSandbox(Sandbox):
