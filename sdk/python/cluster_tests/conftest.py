@@ -11,6 +11,8 @@ capacity shows."""
 from __future__ import annotations
 
 import importlib.util
+import os
+import signal
 import time
 from pathlib import Path
 from typing import Any, Iterator
@@ -25,7 +27,7 @@ except ImportError as e:  # a clear failure, never a skip
         "the cluster tests need Ray: pip install './sdk/python[ray]' (ray==2.60.0)"
     ) from e
 
-from shoal.cluster import ShoalCluster, node_resource, start_node
+from shoal.cluster import ShoalCluster, node_resource, start_node, stop_node
 
 _spec = importlib.util.spec_from_file_location(
     "shoal_sdk_conftest", Path(__file__).resolve().parents[1] / "tests" / "conftest.py"
@@ -48,6 +50,20 @@ def start_daemon(name: str) -> Any:
     )
 
 
+def _vmm_pids(state_dir: str) -> list[int]:
+    pids = []
+    for p in Path("/proc").iterdir():
+        if not p.name.isdigit():
+            continue
+        try:
+            cmd = (p / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if state_dir.encode() in cmd and b"shoal-vmm" in cmd:
+            pids.append(int(p.name))
+    return pids
+
+
 class Env:
     """The test cluster: Ray, the daemons by node name, the client."""
 
@@ -55,6 +71,8 @@ class Env:
         self.ray: Any = None
         self.daemons: dict[str, Any] = {}
         self.client: ShoalCluster | None = None
+        #: Nodes whose actor started their daemon: their state directories.
+        self.started: dict[str, str] = {}
 
     def attach(self, name: str) -> None:
         d = self.daemons[name]
@@ -69,7 +87,42 @@ class Env:
                     raise
                 time.sleep(0.5)
 
+    def start(self, name: str) -> None:
+        """Node ``name`` with a daemon its actor starts (and stops)."""
+        bins = sdk_conftest._bin_dir()
+        args = ["--artifacts", str(sdk_conftest._artifacts()), "--max-sandboxes", str(CAPS[name])]
+        args += ["--agent-timeout", "300", "--agent-call-timeout", "300"]
+        end = time.monotonic() + 60
+        while True:
+            try:
+                actor = start_node(
+                    name,
+                    shoald=str(bins / "shoald"),
+                    shoald_args=args,
+                    listen_host="127.0.0.1",
+                    namespace=NAMESPACE,
+                )
+                break
+            except Exception:
+                if time.monotonic() > end:
+                    raise
+                time.sleep(0.5)
+        state = ray.get(actor.state_dir.remote(), timeout=30)
+        assert state, "the actor did not start a daemon"
+        self.started[name] = state
+
     def stop(self) -> None:
+        for name, state in self.started.items():
+            try:
+                stop_node(name, namespace=NAMESPACE)
+            except Exception:
+                pass
+            # Its daemon's VMMs, if any outlived it.
+            for pid in _vmm_pids(state):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
         for d in self.daemons.values():
             try:
                 d.stop()

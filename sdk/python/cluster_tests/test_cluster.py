@@ -19,7 +19,7 @@ import ray
 import shoal
 from shoal.cluster import ClusterSandbox, NodeLost, SandboxLost, ShoalCluster, node_actor_name
 
-from conftest import CAPS, NAMESPACE, NAMES, TEMPLATE, Env, start_daemon
+from conftest import CAPS, NAMESPACE, NAMES, TEMPLATE, Env
 
 
 def _kill_all(sbs: list[ClusterSandbox]) -> None:
@@ -212,11 +212,10 @@ def test_a_lost_node_fails_its_sandboxes_and_a_returning_one_is_used(
         _kill_all([s for s in created if s.node != "n2"] + [s for s in sbs if s.node != "n2"])
         _wait_empty(cluster)
 
-        # n2 comes back: a new daemon (without the template: it is made
-        # there on first use) and a new actor.
-        env.daemons["n2"].stop()
-        env.daemons["n2"] = start_daemon("n2")
-        env.attach("n2")
+        # n2 comes back: a new actor that starts its own daemon this time
+        # (without the template: it is made there on first use).
+        env.daemons.pop("n2").stop()
+        env.start("n2")
         end = time.monotonic() + 10
         while "n2" not in cluster.live_nodes():
             assert time.monotonic() < end, cluster.nodes()

@@ -225,6 +225,10 @@ class ShoalNode:
         """The latest report."""
         return dict(self._last)
 
+    def state_dir(self) -> str | None:
+        """The directory of the daemon this actor started (None: attached)."""
+        return self._dir
+
     def stop(self) -> None:
         """Leaves the cluster (the registry forgets it) and stops the
         daemon this actor started, if any."""
