@@ -204,8 +204,8 @@ pub enum BenchCmd {
         /// target/rayenv: pip install './sdk/python[ray]').
         #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/../target/rayenv/bin/python"))]
         python: PathBuf,
-        /// Warm pool per node (the burst per node).
-        #[arg(long, default_value_t = 30)]
+        /// Warm pool per node (a burst takes 3/4 of it on each node).
+        #[arg(long, default_value_t = 40)]
         pool: usize,
         /// Bursts per node count.
         #[arg(long, default_value_t = 3)]
