@@ -210,8 +210,8 @@ pub enum BenchCmd {
         /// Bursts per node count.
         #[arg(long, default_value_t = 3)]
         rounds: usize,
-        /// CPU share of each daemon (a cgroup quota; 0.25: a quarter of a CPU).
-        #[arg(long, default_value_t = 0.25)]
+        /// CPU share of each daemon (a cgroup quota; 0.1: a tenth of a CPU).
+        #[arg(long, default_value_t = 0.1)]
         cpu_share: f64,
         /// Simulated seconds of the 160-node placement.
         #[arg(long, default_value_t = 60.0)]

@@ -122,6 +122,7 @@ def _generate(kw: dict[str, Any], count: int, threads: int, start_at: float) -> 
     with ThreadPoolExecutor(threads) as ex:
         sbs = list(ex.map(one, range(count)))
     t1 = time.time()
+    cl.close()
     return {
         "t0": t0,
         "t1": t1,
@@ -190,6 +191,7 @@ def real(a: argparse.Namespace) -> dict[str, Any]:
     ray_cluster = None
     daemons: dict[str, Any] = {}
     caps: list[CpuCap] = []
+    clients: list[ShoalCluster] = []
     try:
         args: dict[str, Any] = {"num_cpus": 1, "object_store_memory": 80 << 20}
         ray_cluster = Cluster(
@@ -204,6 +206,7 @@ def real(a: argparse.Namespace) -> dict[str, Any]:
             caps.append(CpuCap(name, d.proc.pid, a.cpu_share))
             start_node(name, url=d.url, token=d.token, namespace=NAMESPACE)
         cl = ShoalCluster(namespace=NAMESPACE, seed=1)
+        clients.append(cl)
         measured = next(n.free_slots for n in cl.nodes() if n.name == "n0")
         cl.create_template(TEMPLATE, "tiny", timeout=900)
         cl.set_pool(TEMPLATE, a.pool)
@@ -211,6 +214,7 @@ def real(a: argparse.Namespace) -> dict[str, Any]:
         for n in (1, 2, 3):
             names = list(NAMES[:n])
             sub = ShoalCluster(namespace=NAMESPACE, seed=n, nodes=names)
+            clients.append(sub)
             for r in range(a.rounds):
                 _wait_pools(cl, names, a.pool)
                 res = burst(sub, names, a.burst or (a.pool * 3) // 4, a.threads)
@@ -218,10 +222,13 @@ def real(a: argparse.Namespace) -> dict[str, Any]:
                 print(json.dumps(res), flush=True)
                 runs.append(res)
         one = ShoalCluster(namespace=NAMESPACE, seed=9, nodes=["n0"])
+        clients.append(one)
         inter = interleaved(one, daemons["n0"].url, daemons["n0"].token, a.interleaved)
         print(json.dumps(inter), flush=True)
         return {"measured_free_slots": measured, "runs": runs, "interleaved": inter}
     finally:
+        for cl in clients:
+            cl.close()
         for d in daemons.values():
             d.stop()
         for c in caps:
@@ -301,7 +308,7 @@ def main() -> None:
                     "the reports' lag, so every create is from a warm pool)")
     ap.add_argument("--rounds", type=int, default=3, help="bursts per node count")
     ap.add_argument("--threads", type=int, default=4, help="threads per load generator")
-    ap.add_argument("--cpu-share", type=float, default=0.25, help="CPU share of each daemon")
+    ap.add_argument("--cpu-share", type=float, default=0.1, help="CPU share of each daemon")
     ap.add_argument("--interleaved", type=int, default=20, help="creates each way, interleaved")
     ap.add_argument("--sim-seconds", type=float, default=60.0, help="simulated seconds")
     ap.add_argument("--sim-only", action="store_true", help="only the simulation")

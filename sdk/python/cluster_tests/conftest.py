@@ -112,6 +112,8 @@ class Env:
         self.started[name] = state
 
     def stop(self) -> None:
+        if self.client is not None:
+            self.client.close()
         for name, state in self.started.items():
             try:
                 stop_node(name, namespace=NAMESPACE)

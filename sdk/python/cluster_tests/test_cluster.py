@@ -209,6 +209,7 @@ def test_a_lost_node_fails_its_sandboxes_and_a_returning_one_is_used(
         assert fresh.live_nodes() == ["n0", "n1"]
         with pytest.raises(NodeLost):
             fresh.create(template=TEMPLATE, node="n2")
+        fresh.close()
         _kill_all([s for s in created if s.node != "n2"] + [s for s in sbs if s.node != "n2"])
         _wait_empty(cluster)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Iterable, List, Mapping, Sequence
@@ -72,7 +73,7 @@ class ShoalCluster:
     placement to those nodes (every node's sandboxes stay reachable).
     """
 
-    _default: ShoalCluster | None = None
+    _defaults: dict[str, ShoalCluster] = {}
     _default_lock = threading.Lock()
 
     def __init__(
@@ -120,15 +121,23 @@ class ShoalCluster:
         except ValueError:
             self._registry = registry(namespace)
         self.refresh()
+        self._stop = threading.Event()
+        threading.Thread(
+            target=_refresh_loop,
+            args=(weakref.ref(self), self._stop, refresh_s),
+            name="shoal-cluster-refresh",
+            daemon=True,
+        ).start()
 
     @classmethod
-    def default(cls) -> ShoalCluster:
-        """One shared client per process (what a sandbox passed to a Ray
-        task is rebuilt on)."""
+    def default(cls, namespace: str = NAMESPACE) -> ShoalCluster:
+        """One shared client per process and registry namespace (what a
+        sandbox passed to a Ray task is rebuilt on)."""
         with cls._default_lock:
-            if cls._default is None:
-                cls._default = cls()
-            return cls._default
+            c = cls._defaults.get(namespace)
+            if c is None:
+                c = cls._defaults[namespace] = cls(namespace=namespace)
+            return c
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Passed to a Ray task or actor: a new client there, on the same
@@ -139,6 +148,7 @@ class ShoalCluster:
         return (_remake, (kw,))
 
     def close(self) -> None:
+        self._stop.set()
         with self._lock:
             clients = list(self._clients.values())
             self._clients.clear()
@@ -202,7 +212,10 @@ class ShoalCluster:
                 self._fetched = now
 
     def _fresh(self) -> dict[str, _Node]:
-        if time.monotonic() - self._fetched > self.refresh_s:
+        """The live nodes. A background thread reads the registry every
+        ``refresh_s``, so a create does not wait on it; only a view older
+        than 4 periods (that thread stalled) is refreshed here."""
+        if time.monotonic() - self._fetched > 4 * self.refresh_s:
             self.refresh()
         with self._lock:
             return dict(self._nodes)
@@ -645,6 +658,21 @@ class ShoalCluster:
     def stats(self) -> dict[str, Any]:
         """Each live node's ``/v1/stats``."""
         return {n: r for n, r in self._each(lambda n: n.client.stats()) if isinstance(r, dict)}
+
+
+def _refresh_loop(ref: weakref.ref[ShoalCluster], stop: threading.Event, period: float) -> None:
+    while not stop.wait(period):
+        c = ref()
+        if c is None:
+            return
+        try:
+            # Never from a process that left Ray: a Ray call would connect
+            # it again (Ray's auto-init).
+            if ray.is_initialized():
+                c.refresh()
+        except Exception:  # noqa: BLE001 - Ray going away, a slow registry: next period
+            pass
+        del c
 
 
 def _remake(kw: dict[str, Any]) -> ShoalCluster:

@@ -124,7 +124,7 @@ class ClusterSandbox(Sandbox):
     def __reduce__(self) -> tuple[Any, ...]:
         # Passed to a Ray task or actor: rebuilt there on that process's
         # cluster client (the node's address comes from the registry).
-        return (_rebuild, (self.id,))
+        return (_rebuild, (self.id, self.client.cluster.namespace))
 
     def _update(self, v: Any) -> SandboxInfo:
         if not isinstance(v, Mapping):
@@ -146,7 +146,7 @@ class ClusterSandbox(Sandbox):
         return out
 
 
-def _rebuild(sandbox_id: str) -> ClusterSandbox:
+def _rebuild(sandbox_id: str, namespace: str) -> ClusterSandbox:
     from ._client import ShoalCluster
 
-    return ShoalCluster.default().get(sandbox_id)
+    return ShoalCluster.default(namespace).get(sandbox_id)
