@@ -54,11 +54,11 @@ echo "== [${SECONDS} s] built-in layers (Debian packages over base; cached; inst
 target/release/shoal artifacts build tiny base layers >/dev/null
 export SHOAL_VMM="$PWD/target/release/shoal-vmm"
 export SHOAL_JAILER="$PWD/target/x86_64-unknown-linux-musl/release/shoal-jailer"
-# The Python suites are the longest chains: the SDK's pytest, and the E2B
-# drop-in suites (the stock e2b SDKs from PyPI, pinned) beside it. Both
-# start as soon as the release binaries and artifacts they drive exist,
-# and run beside the lints and the Rust tests, their lines prefixed with
-# [py] and [e2b]. Most of each waits on one emulated guest vCPU at a time,
+# The Python suites are the longest chains: the SDK's pytest, the E2B
+# drop-in suites (the stock e2b SDKs from PyPI, pinned) and Shoal on Ray
+# beside it. Each starts as soon as the release binaries and artifacts
+# they drive exist, and runs beside the lints and the Rust tests, its
+# lines prefixed with [py], [e2b] or [ray]. Most of each waits on one emulated guest vCPU at a time,
 # so together they fill the host's cores instead of taking turns. Each
 # suite has its own daemons, state directories and ports; the guest
 # artifacts are installed atomically and only when they changed.
@@ -83,11 +83,31 @@ e2b_suite() {
     # which have time to spare.
     SHOAL_BIN_DIR="$PWD/target/release" nice -n -3 scripts/e2b-tests.sh
 }
+# Shoal on Ray (issue 20): a local 3-node Ray cluster (ray.cluster_utils)
+# with 3 real daemons, one template each; Ray (pinned, a 79 MB wheel)
+# lives in its own venv, kept between runs in target/rayenv. A missing
+# Ray, binary or artifact fails the suite (conftest.py), never skips it.
+cluster_suite() {
+    local bins="$PWD/target/release"
+    echo "== [${SECONDS} s] Shoal on Ray (sdk/python/cluster_tests: 3 Ray nodes, 3 shoald, real guests)"
+    [[ -x target/rayenv/bin/python ]] || python3 -m venv target/rayenv || return
+    target/rayenv/bin/pip install -q --disable-pip-version-check "httpx>=0.25,<1" "pytest>=7.4" \
+        "pytest-asyncio>=0.23" "ray==2.60.0" || return
+    target/rayenv/bin/pip install -q --disable-pip-version-check --no-deps --force-reinstall \
+        ./sdk/python || return
+    (cd sdk/python && SHOAL_BIN_DIR="$bins" ../../target/rayenv/bin/python -m pytest -q \
+        --durations=10 -p no:cacheprovider cluster_tests)
+}
 (
     set -o pipefail
     sdk_suite 2>&1 | sed -u 's/^/[py] /' >&2
 ) &
 sdk_pid=$!
+(
+    set -o pipefail
+    cluster_suite 2>&1 | sed -u 's/^/[ray] /' >&2
+) &
+ray_pid=$!
 (
     set -o pipefail
     e2b_suite 2>&1 | sed -u 's/^/[e2b] /' >&2
@@ -100,7 +120,7 @@ kill_tree() {
     for c in $(pgrep -P "$1"); do kill_tree "$c"; done
     kill "$1" 2>/dev/null || true
 }
-trap 'kill_tree $sdk_pid; kill_tree $e2b_pid' EXIT
+trap 'kill_tree $sdk_pid; kill_tree $e2b_pid; kill_tree $ray_pid' EXIT
 lints
 echo "== [${SECONDS} s] tests" >&2
 # The hostile-guest battery compares a neighbour's exec latency during
@@ -115,12 +135,15 @@ echo "== [${SECONDS} s] Python SDK suite: exit status $sdk_rc" >&2
 e2b_rc=0
 wait "$e2b_pid" || e2b_rc=$?
 echo "== [${SECONDS} s] E2B suites: exit status $e2b_rc" >&2
+ray_rc=0
+wait "$ray_pid" || ray_rc=$?
+echo "== [${SECONDS} s] Shoal on Ray suite: exit status $ray_rc" >&2
 trap - EXIT
 echo "== [${SECONDS} s] the hostile-guest battery (alone)" >&2
 battery_rc=0
 cargo test -p shoal-tests --test hostile || battery_rc=$?
-if ((rust_rc != 0 || sdk_rc != 0 || e2b_rc != 0 || battery_rc != 0)); then
-    echo "== [${SECONDS} s] FAILED: Rust tests $rust_rc, SDK suite $sdk_rc, E2B suites $e2b_rc, battery $battery_rc" >&2
+if ((rust_rc != 0 || sdk_rc != 0 || e2b_rc != 0 || ray_rc != 0 || battery_rc != 0)); then
+    echo "== [${SECONDS} s] FAILED: Rust tests $rust_rc, SDK suite $sdk_rc, E2B suites $e2b_rc, Ray suite $ray_rc, battery $battery_rc" >&2
     exit 1
 fi
 echo "== [${SECONDS} s] every test passed" >&2

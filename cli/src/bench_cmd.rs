@@ -194,6 +194,35 @@ pub enum BenchCmd {
         #[arg(long = "out", default_value = ".")]
         out: PathBuf,
     },
+    /// Shoal on a Ray cluster: creates from warm pools over 1, 2, 3 local
+    /// nodes (3 daemons, each capped to the same CPU share), the placement
+    /// overhead per create, and placement at 160 nodes and 5,000 creates/s
+    /// simulated (power-of-2 vs random vs least-loaded); runs
+    /// sdk/python/bench/cluster.py.
+    Cluster {
+        /// The Python with Ray and the SDK (scripts/test.sh makes
+        /// target/rayenv: pip install './sdk/python[ray]').
+        #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/../target/rayenv/bin/python"))]
+        python: PathBuf,
+        /// Warm pool per node (a burst takes 3/4 of it on each node).
+        #[arg(long, default_value_t = 40)]
+        pool: usize,
+        /// Bursts per node count.
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
+        /// CPU share of each daemon (a cgroup quota; 0.1: a tenth of a CPU).
+        #[arg(long, default_value_t = 0.1)]
+        cpu_share: f64,
+        /// Simulated seconds of the 160-node placement.
+        #[arg(long, default_value_t = 60.0)]
+        sim_seconds: f64,
+        /// Only the simulation, at this per-host capacity (0: run everything).
+        #[arg(long, default_value_t = 0)]
+        sim_only_capacity: usize,
+        /// Directory for the JSON reports (bench-cluster.json, bench-cluster-summary.json).
+        #[arg(long = "out", default_value = ".")]
+        out: PathBuf,
+    },
 }
 
 /// Runs `shoal bench ...`.
@@ -334,6 +363,50 @@ pub fn run(g: &crate::daemon_cmds::Global, a: BenchArgs) -> Result<i32> {
                 })?;
             if let Some(dir) = plot.filter(|d| *d != out.as_path()) {
                 bench::plot_doc(&bench::Output::new(&out.join("bench-e2b.json"), Some(dir)))?;
+            }
+            Ok(st.code().unwrap_or(1))
+        }
+        BenchCmd::Cluster {
+            python,
+            pool,
+            rounds,
+            cpu_share,
+            sim_seconds,
+            sim_only_capacity,
+            out,
+        } => {
+            let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../sdk/python/bench/cluster.py");
+            let bins = std::env::current_exe()?
+                .parent()
+                .map(std::path::Path::to_path_buf)
+                .unwrap_or_default();
+            let mut cmd = std::process::Command::new(&python);
+            cmd.arg(&script)
+                .args(["--pool", &pool.to_string()])
+                .args(["--rounds", &rounds.to_string()])
+                .args(["--cpu-share", &cpu_share.to_string()])
+                .args(["--sim-seconds", &sim_seconds.to_string()])
+                .arg("--out")
+                .arg(&out)
+                .arg("--bins")
+                .arg(&bins);
+            if sim_only_capacity > 0 {
+                cmd.arg("--sim-only")
+                    .args(["--sim-capacity", &sim_only_capacity.to_string()]);
+            }
+            let st = cmd.status().map_err(|e| {
+                anyhow::anyhow!(
+                    "{}: {e} (make it: python3 -m venv target/rayenv && \
+                     target/rayenv/bin/pip install './sdk/python[ray]')",
+                    python.display()
+                )
+            })?;
+            if let Some(dir) = plot.filter(|d| *d != out.as_path()) {
+                bench::plot_doc(&bench::Output::new(
+                    &out.join("bench-cluster.json"),
+                    Some(dir),
+                ))?;
             }
             Ok(st.code().unwrap_or(1))
         }
