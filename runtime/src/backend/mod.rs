@@ -19,8 +19,10 @@ pub mod fake;
 pub mod microvm;
 pub mod microvm_template;
 pub mod qemu;
+pub mod qemu_bridge;
 pub mod qemu_input;
 pub mod qemu_launch;
+pub mod qemu_probe;
 
 pub use qemu_input::InputEvent;
 

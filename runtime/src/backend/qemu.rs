@@ -45,6 +45,23 @@ const MIGRATE_TIMEOUT: Duration = Duration::from_secs(120);
 /// Longest screenshot accepted from QEMU.
 const MAX_SCREEN: u64 = 64 << 20;
 
+/// The kernel command line of a `vm` guest booting our kernel from an
+/// erofs base image on its first virtio disk, with Shoal's agent as PID 1:
+/// the microVM base line without `pci=off` (q35 has a PCI bus), then the
+/// host's CPU words (`pvm`: on PVM hosts `shoal.pvm clearcpuid=...`,
+/// which QEMU does not add; `vmm::vm::profile_kernel_args`).
+pub fn vm_cmdline(base: &str, pvm: &str) -> String {
+    let base: Vec<&str> = base
+        .split_whitespace()
+        .filter(|w| *w != "pci=off")
+        .collect();
+    format!(
+        "{} root=/dev/vda rootfstype=erofs ro init=/sbin/shoal-agent {pvm} --",
+        base.join(" ")
+    )
+    .replace("  ", " ")
+}
+
 /// What the backend stores about a sandbox (see [`BackendState`]).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "state", rename_all = "lowercase")]
@@ -140,14 +157,14 @@ impl Qemu {
             spec: spec.clone(),
             qmp: Mutex::new(()),
             started: Instant::now(),
+            bridge: Mutex::new(None),
         });
         // QEMU answers on its socket once it is set up.
-        match launch::connect(&vm.proc, qdir, Duration::from_secs(20)) {
-            Ok(_) => {}
-            Err(e) => {
-                vm.destroy(Duration::from_secs(5));
-                return Err(e);
-            }
+        let up = launch::connect(&vm.proc, qdir, Duration::from_secs(20))
+            .and_then(|_| vm.start_bridge());
+        if let Err(e) = up {
+            vm.destroy(Duration::from_secs(5));
+            return Err(e);
         }
         Ok(vm)
     }
@@ -201,7 +218,7 @@ fn prepare(dir: &Path) -> Result<PathBuf, BackendError> {
         path: qdir.clone(),
         source,
     })?;
-    for f in [launch::QMP_SOCK, AGENT_SOCK, CONSOLE_LOG] {
+    for f in [launch::QMP_SOCK, launch::PORT_SOCK, AGENT_SOCK, CONSOLE_LOG] {
         let _ = std::fs::remove_file(qdir.join(f));
     }
     Ok(qdir)
@@ -326,8 +343,9 @@ impl SandboxBackend for Qemu {
             spec,
             qmp: Mutex::new(()),
             started: Instant::now(),
+            bridge: Mutex::new(None),
         };
-        match vm.stats() {
+        match vm.stats().and_then(|s| vm.start_bridge().map(|()| s)) {
             Ok(s) => Ok(Reattached {
                 frozen: s.frozen,
                 vm: Arc::new(vm),
@@ -389,6 +407,8 @@ pub struct QemuVm {
     /// One QMP session at a time from this process (QEMU serves one).
     qmp: Mutex<()>,
     started: Instant,
+    /// The agent's socket, bridged to the virtio-serial port.
+    bridge: Mutex<Option<super::qemu_bridge::Bridge>>,
 }
 
 impl QemuVm {
@@ -402,6 +422,16 @@ impl QemuVm {
         &self.cgroups
     }
 
+    /// Serves [`AGENT_SOCK`], bridged to the agent's serial port (a new
+    /// session there: the guest drops any streams of an earlier bridge).
+    fn start_bridge(&self) -> Result<(), BackendError> {
+        let sock = self.qdir.join(AGENT_SOCK);
+        let b = super::qemu_bridge::Bridge::start(&sock, &self.qdir.join(launch::PORT_SOCK))
+            .map_err(|source| BackendError::Io { path: sock, source })?;
+        *lock(&self.bridge) = Some(b);
+        Ok(())
+    }
+
     /// Runs `f` on a QMP session of its own. A session per request (a
     /// connection and greeting: well under a millisecond) holds nothing
     /// between requests, so a restarted daemon, or anyone holding the
@@ -413,7 +443,7 @@ impl QemuVm {
         let _one = lock(&self.qmp);
         if !self.proc.alive() {
             return Err(BackendError::Exited {
-                detail: crate::vm::with_exit_cause(self.proc.reap(), &self.last_words()),
+                detail: launch::ended(&self.proc, &self.qdir),
             });
         }
         let mut q = launch::connect(&self.proc, &self.qdir, Duration::from_secs(5))?;
@@ -555,10 +585,13 @@ impl SandboxVm for QemuVm {
     }
 
     fn destroy(&self, timeout: Duration) {
+        lock(&self.bridge).take();
         super::end(&self.proc, timeout);
         self.proc.reap();
         remove_cgroups(&self.cgroups);
-        let _ = std::fs::remove_file(self.qdir.join(launch::QMP_SOCK));
+        for f in [launch::QMP_SOCK, launch::PORT_SOCK] {
+            let _ = std::fs::remove_file(self.qdir.join(f));
+        }
     }
 
     fn exit_fd(&self) -> std::io::Result<OwnedFd> {
@@ -583,5 +616,18 @@ impl SandboxVm for QemuVm {
 
     fn input(&self, events: &[InputEvent]) -> Result<(), BackendError> {
         QemuVm::input(self, events)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_vm_command_line_drops_pci_off_and_ends_in_the_init_separator() {
+        let c = super::vm_cmdline("console=ttyS0 pci=off loglevel=6", "shoal.pvm");
+        assert_eq!(
+            c,
+            "console=ttyS0 loglevel=6 root=/dev/vda rootfstype=erofs ro \
+             init=/sbin/shoal-agent shoal.pvm --"
+        );
     }
 }

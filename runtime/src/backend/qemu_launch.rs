@@ -26,6 +26,8 @@ pub const CONSOLE_LOG: &str = "console.log";
 pub const QEMU_LOG: &str = "qemu.log";
 /// QMP control socket.
 pub const QMP_SOCK: &str = "qmp.sock";
+/// QEMU's chardev socket of the agent's virtio-serial port.
+pub const PORT_SOCK: &str = "agent-port.sock";
 
 /// Firmware a VM boots with.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -224,6 +226,19 @@ pub fn command(
             qdir.join(DISK_FILE).display()
         ))
         .args(["-device", "virtio-blk-pci,drive=disk0,bootindex=1"])
+        // The agent's link: one virtio-serial port (no vhost-vsock here),
+        // bridged on the host (qemu_bridge.rs).
+        .arg("-chardev")
+        .arg(format!(
+            "socket,id=agent,path={},server=on,wait=off",
+            qdir.join(PORT_SOCK).display()
+        ))
+        .args(["-device", "virtio-serial-pci,id=vser,max_ports=2"])
+        .arg("-device")
+        .arg(format!(
+            "virtserialport,bus=vser.0,chardev=agent,name={}",
+            agent_proto::serial_mux::PORT_NAME
+        ))
         .args(["-no-reboot"]);
     if let Firmware::Uefi { code, .. } = &spec.firmware {
         c.arg("-drive").arg(format!(
@@ -318,10 +333,24 @@ pub fn spawn(
     Ok(Started { proc, cgroups })
 }
 
+/// How QEMU ended (if this process reaped it) and its last words.
+pub fn ended(p: &Proc, qdir: &Path) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    let how = match p.reap() {
+        None => "QEMU ended".to_string(),
+        Some(st) => match st.signal() {
+            Some(libc::SIGSYS) => "QEMU was killed by its seccomp filter (-sandbox)".into(),
+            Some(sig) => format!("QEMU was killed by signal {sig}"),
+            None => format!("QEMU exited with status {}", st.code().unwrap_or(-1)),
+        },
+    };
+    format!("{how}; {}", last_words(qdir))
+}
+
 /// QEMU's last messages: its stderr and the console's last lines.
 pub fn last_words(qdir: &Path) -> String {
-    let q = vm::log_tail(&qdir.join(QEMU_LOG), 5, " | ");
-    let c = vm::log_tail(&qdir.join(CONSOLE_LOG), 5, " | ");
+    let q = tail_lines(&qdir.join(QEMU_LOG), 5);
+    let c = tail_lines(&qdir.join(CONSOLE_LOG), 5);
     format!("qemu: {q}; console: {c}")
 }
 
@@ -332,9 +361,8 @@ pub fn connect(p: &Proc, qdir: &Path, timeout: Duration) -> Result<Qmp, BackendE
     let sock = qdir.join(QMP_SOCK);
     loop {
         if !p.alive() {
-            let st = p.reap();
             return Err(BackendError::Exited {
-                detail: vm::with_exit_cause(st, &last_words(qdir)),
+                detail: ended(p, qdir),
             });
         }
         match Qmp::connect(&sock, Duration::from_secs(5)) {
@@ -411,7 +439,7 @@ pub fn wait_marker(
         }
         if !p.alive() {
             return Err(BackendError::Exited {
-                detail: vm::with_exit_cause(p.reap(), &last_words(qdir)),
+                detail: ended(p, qdir),
             });
         }
         if Instant::now() >= end {
@@ -424,17 +452,33 @@ pub fn wait_marker(
     }
 }
 
-/// Whether the last 64 KiB of `path` contain `needle`.
-fn tail_has(path: &Path, needle: &[u8]) -> bool {
+/// The last `max` bytes of `path` (the console log is the guest's to
+/// fill: never read whole).
+fn tail(path: &Path, max: u64) -> Vec<u8> {
     use std::io::{Read, Seek, SeekFrom};
     let Ok(mut f) = std::fs::File::open(path) else {
-        return false;
+        return vec![];
     };
     let len = f.metadata().map(|m| m.len()).unwrap_or(0);
-    let _ = f.seek(SeekFrom::Start(len.saturating_sub(64 << 10)));
-    let mut buf = Vec::with_capacity(64 << 10);
-    let _ = f.take(64 << 10).read_to_end(&mut buf);
-    buf.windows(needle.len().max(1)).any(|w| w == needle)
+    let _ = f.seek(SeekFrom::Start(len.saturating_sub(max)));
+    let mut buf = Vec::new();
+    let _ = f.take(max).read_to_end(&mut buf);
+    buf
+}
+
+/// Whether the last 64 KiB of `path` contain `needle`.
+fn tail_has(path: &Path, needle: &[u8]) -> bool {
+    tail(path, 64 << 10)
+        .windows(needle.len().max(1))
+        .any(|w| w == needle)
+}
+
+/// The last `n` lines of `path` (from its last 4 KiB), joined with " | ".
+fn tail_lines(path: &Path, n: usize) -> String {
+    let t = tail(path, 4096);
+    let text = String::from_utf8_lossy(&t);
+    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    lines[lines.len().saturating_sub(n)..].join(" | ")
 }
 
 #[cfg(test)]
