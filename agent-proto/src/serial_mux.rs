@@ -200,7 +200,7 @@ mod tests {
         assert_eq!(got[2].kind, FrameKind::Close);
 
         let mut bad = encode(FrameKind::Data, 1, b"x");
-        bad[5..9].copy_from_slice(&(MAX_PAYLOAD as u32 + 1).to_le_bytes());
+        bad[5..9].copy_from_slice(&(u32::try_from(MAX_PAYLOAD).unwrap() + 1).to_le_bytes());
         assert!(matches!(
             Decoder::new().push(&bad),
             Err(MuxError::Length { .. })

@@ -242,4 +242,28 @@ fn bad_images_missing_ovmf_and_a_dying_qemu_are_clear_errors() {
     for c in vm.cgroups() {
         assert!(!c.exists(), "cgroup {c:?} removed");
     }
+
+    // After a daemon restart: a VM no sandbox claims is reclaimed, a
+    // half-started one is discarded (with its cgroup), the kept one stays.
+    let keep = be
+        .boot(&t.path().join("k"), &spec(&raw_disk(t.path())))
+        .unwrap();
+    let stray = be
+        .boot(&t.path().join("s"), &spec(&raw_disk(t.path())))
+        .unwrap();
+    let half = be
+        .boot(&t.path().join("h"), &spec(&raw_disk(t.path())))
+        .unwrap();
+    let half_cgroups = half.cgroups().to_vec();
+    be.discard(&t.path().join("h"), &half.state());
+    assert!(!half.alive());
+    for c in &half_cgroups {
+        assert!(!c.exists(), "discard removes cgroup {c:?}");
+    }
+    let kept = keep.pid();
+    assert_eq!(be.reclaim_strays(t.path(), &|pid| pid == kept), 1);
+    assert!(!stray.alive() && keep.alive());
+    stray.destroy(Duration::from_secs(5));
+    keep.destroy(Duration::from_secs(5));
+    assert!(qemus_under(t.path()).is_empty());
 }

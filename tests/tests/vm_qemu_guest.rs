@@ -86,7 +86,9 @@ fn a_q35_guest_runs_commands_over_virtio_serial_and_forks_into_clones() {
     // The guest sees its disk over virtio-pci.
     assert!(sh(&c, "cat /proc/partitions").contains("vda"));
 
-    let data: Vec<u8> = (0..100_000u32).map(|i| (i * 7 % 251) as u8).collect();
+    let data: Vec<u8> = (0..100_000u32)
+        .map(|i| u8::try_from(i * 7 % 251).unwrap())
+        .collect();
     c.write_file("/tmp/data", &data, 0o644)
         .expect("write a file");
     assert_eq!(c.read_file("/tmp/data").expect("read it back"), data);

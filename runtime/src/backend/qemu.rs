@@ -407,8 +407,10 @@ pub struct QemuVm {
     /// One QMP session at a time from this process (QEMU serves one).
     qmp: Mutex<()>,
     started: Instant,
-    /// The agent's socket, bridged to the virtio-serial port.
-    bridge: Mutex<Option<super::qemu_bridge::Bridge>>,
+    /// The agent's socket, bridged to the virtio-serial port, and the
+    /// console log's size cap: threads of this process, started again by a
+    /// reattach.
+    bridge: Mutex<Option<(super::qemu_bridge::Bridge, launch::ConsoleCap)>>,
 }
 
 impl QemuVm {
@@ -427,8 +429,13 @@ impl QemuVm {
     fn start_bridge(&self) -> Result<(), BackendError> {
         let sock = self.qdir.join(AGENT_SOCK);
         let b = super::qemu_bridge::Bridge::start(&sock, &self.qdir.join(launch::PORT_SOCK))
+            .map_err(|source| BackendError::Io {
+                path: sock.clone(),
+                source,
+            })?;
+        let cap = launch::ConsoleCap::start(&self.qdir)
             .map_err(|source| BackendError::Io { path: sock, source })?;
-        *lock(&self.bridge) = Some(b);
+        *lock(&self.bridge) = Some((b, cap));
         Ok(())
     }
 

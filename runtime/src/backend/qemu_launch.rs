@@ -207,8 +207,13 @@ pub fn command(
         .args(["-device", "qemu-xhci,id=usb"])
         .args(["-device", "usb-kbd,bus=usb.0"])
         .args(["-device", "usb-tablet,bus=usb.0"])
-        .arg("-serial")
-        .arg(format!("file:{}", qdir.join(CONSOLE_LOG).display()))
+        // Appending, so that the log can be cut from outside (ConsoleCap).
+        .arg("-chardev")
+        .arg(format!(
+            "file,id=console,path={},append=on",
+            qdir.join(CONSOLE_LOG).display()
+        ))
+        .args(["-serial", "chardev:console"])
         .arg("-qmp")
         .arg(format!(
             "unix:{},server=on,wait=off",
@@ -331,6 +336,54 @@ pub fn spawn(
         }
     }
     Ok(Started { proc, cgroups })
+}
+
+/// Most bytes the console log may hold: the guest writes it, and a hostile
+/// one could fill the host's disk.
+pub const CONSOLE_CAP: u64 = 16 << 20;
+
+/// Empties `log` when it is over `cap` bytes (leaving a line that says so);
+/// returns whether it did. QEMU appends to it, so its next write lands at
+/// the new end.
+pub fn cap_log(log: &Path, cap: u64) -> bool {
+    let over = std::fs::metadata(log).is_ok_and(|m| m.len() > cap);
+    if over {
+        if let Ok(mut f) = std::fs::OpenOptions::new().write(true).open(log) {
+            use std::io::Write;
+            let _ = f.set_len(0);
+            let _ = writeln!(f, "[shoal: console log cut: over {cap} bytes]");
+        }
+    }
+    over
+}
+
+/// A thread that keeps a VM's console log under [`CONSOLE_CAP`] (checked
+/// every second); it stops when dropped.
+#[derive(Debug)]
+pub struct ConsoleCap(std::sync::Arc<std::sync::atomic::AtomicBool>);
+
+impl ConsoleCap {
+    /// Watches `qdir`'s console log.
+    pub fn start(qdir: &Path) -> std::io::Result<ConsoleCap> {
+        use std::sync::atomic::Ordering;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (s, log) = (stop.clone(), qdir.join(CONSOLE_LOG));
+        std::thread::Builder::new()
+            .name("qemu-console-cap".into())
+            .spawn(move || {
+                while !s.load(Ordering::Relaxed) {
+                    cap_log(&log, CONSOLE_CAP);
+                    std::thread::sleep(Duration::from_secs(1));
+                }
+            })?;
+        Ok(ConsoleCap(stop))
+    }
+}
+
+impl Drop for ConsoleCap {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 /// How QEMU ended (if this process reaped it) and its last words.
@@ -484,6 +537,21 @@ fn tail_lines(path: &Path, n: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_console_log_over_its_cap_is_cut() {
+        let d = tempfile::tempdir().unwrap();
+        let log = d.path().join("console.log");
+        std::fs::write(&log, vec![b'x'; 1000]).unwrap();
+        assert!(!cap_log(&log, 1000));
+        std::fs::write(&log, vec![b'x'; 1001]).unwrap();
+        assert!(cap_log(&log, 1000));
+        let s = std::fs::read_to_string(&log).unwrap();
+        assert!(
+            s.starts_with("[shoal: console log cut") && s.len() < 100,
+            "{s}"
+        );
+    }
 
     #[test]
     fn paths_are_quoted_for_the_migration_shell() {
