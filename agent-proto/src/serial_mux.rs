@@ -94,8 +94,9 @@ pub struct Frame {
 #[derive(Debug, Default)]
 pub struct Decoder {
     buf: Vec<u8>,
-    /// Skipping bytes until a [`FrameKind::ResetAck`] header.
-    syncing: bool,
+    /// Skipping bytes until a header of this kind (with stream 0 and no
+    /// payload).
+    syncing: Option<FrameKind>,
 }
 
 impl Decoder {
@@ -107,9 +108,18 @@ impl Decoder {
     /// A decoder for the host's side of a new session: bytes before the
     /// guest's [`FrameKind::ResetAck`] are skipped.
     pub fn syncing() -> Decoder {
+        Decoder::syncing_on(FrameKind::ResetAck)
+    }
+
+    /// A decoder that skips bytes until a header of `kind` (stream 0, no
+    /// payload), which it returns as the first frame. The guest's side
+    /// waits for the host's [`FrameKind::Reset`] this way: the guest
+    /// discards what arrives before it opens its port, which may cut a
+    /// frame anywhere, and the host sends `Reset` until it is answered.
+    pub fn syncing_on(kind: FrameKind) -> Decoder {
         Decoder {
             buf: Vec::new(),
-            syncing: true,
+            syncing: Some(kind),
         }
     }
 
@@ -122,14 +132,14 @@ impl Decoder {
     /// frame, if any; call again with `&[]` until it returns `Ok(None)`.
     pub fn push(&mut self, bytes: &[u8]) -> Result<Option<Frame>, MuxError> {
         self.buf.extend_from_slice(bytes);
-        if self.syncing {
-            let ack = encode(FrameKind::ResetAck, 0, &[]);
+        if let Some(kind) = self.syncing {
+            let ack = encode(kind, 0, &[]);
             match self.buf.windows(HEADER).position(|w| w == ack.as_slice()) {
                 Some(i) => {
                     self.buf.drain(..i + HEADER);
-                    self.syncing = false;
+                    self.syncing = None;
                     return Ok(Some(Frame {
-                        kind: FrameKind::ResetAck,
+                        kind,
                         stream: 0,
                         payload: vec![],
                     }));
@@ -227,5 +237,25 @@ mod tests {
         assert_eq!(got[0].kind, FrameKind::ResetAck);
         assert_eq!(got[1].payload, b"ok");
         assert!(d.buf.len() < HEADER + MAX_PAYLOAD);
+    }
+
+    #[test]
+    fn the_guest_skips_cut_resets_to_a_whole_one() {
+        // What a guest that opened its port late may see: the tail of a
+        // Reset (its head discarded), then whole ones, then an Open.
+        let reset = encode(FrameKind::Reset, 0, &[]);
+        let mut wire = reset[4..].to_vec();
+        wire.extend(&reset[..3]);
+        wire.extend(&reset);
+        wire.extend(&reset);
+        wire.extend(encode(FrameKind::Open, 1, &5000u32.to_le_bytes()));
+        let mut d = Decoder::syncing_on(FrameKind::Reset);
+        let mut got = vec![];
+        let mut next = d.push(&wire).unwrap();
+        while let Some(f) = next {
+            got.push(f.kind);
+            next = d.push(&[]).unwrap();
+        }
+        assert_eq!(got, [FrameKind::Reset, FrameKind::Reset, FrameKind::Open]);
     }
 }

@@ -31,6 +31,22 @@ pub fn find() -> Option<PathBuf> {
 
 type Streams = Arc<Mutex<HashMap<u32, UnixStream>>>;
 
+/// Blocks SIGCHLD and SIGPIPE in the calling thread. The server reaps its
+/// children through a signalfd with SIGCHLD blocked in its own thread; a
+/// thread of ours with SIGCHLD unblocked would take the signal instead
+/// (default action: discarded) and an exec would never see its child end.
+fn block_signals() {
+    // SAFETY: sigset_t is plain data, filled by sigemptyset/sigaddset
+    // before pthread_sigmask reads it; no other pointers.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGCHLD);
+        libc::sigaddset(&mut set, libc::SIGPIPE);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+    }
+}
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
@@ -49,7 +65,10 @@ fn spawn(port: impl Read + Send + 'static, writer: Port, local: &Path) -> std::i
     let local = local.to_path_buf();
     std::thread::Builder::new()
         .name("vport".into())
-        .spawn(move || demux(port, &writer, &local))?;
+        .spawn(move || {
+            block_signals();
+            demux(port, &writer, &local);
+        })?;
     Ok(())
 }
 
@@ -68,7 +87,9 @@ fn drop_all(streams: &Streams) {
 
 fn demux(mut port: impl Read, w: &Port, local: &Path) {
     let streams: Streams = Arc::default();
-    let mut d = Decoder::new();
+    // What arrives before the port was opened is discarded by the guest
+    // kernel, which may cut a frame: start at the host's next whole Reset.
+    let mut d = Decoder::syncing_on(FrameKind::Reset);
     let mut buf = vec![0u8; MAX_PAYLOAD];
     loop {
         let want = d.room().min(buf.len());
@@ -90,10 +111,11 @@ fn demux(mut port: impl Read, w: &Port, local: &Path) {
             match next {
                 Ok(Some(f)) => frame(f.kind, f.stream, &f.payload, w, &streams, local),
                 Ok(None) => break,
-                // Out of step: drop everything; the host resets.
+                // Out of step: drop everything and wait for the host's
+                // next Reset (it sends one when it connects again).
                 Err(_) => {
                     drop_all(&streams);
-                    d = Decoder::new();
+                    d = Decoder::syncing_on(FrameKind::Reset);
                     break;
                 }
             }
@@ -133,7 +155,10 @@ fn frame(kind: FrameKind, id: u32, payload: &[u8], w: &Port, streams: &Streams, 
             let (w2, streams2) = (w.clone(), streams.clone());
             let spawned = std::thread::Builder::new()
                 .name("vport-stream".into())
-                .spawn(move || upstream(r, id, &w2, &streams2));
+                .spawn(move || {
+                    block_signals();
+                    upstream(r, id, &w2, &streams2);
+                });
             if spawned.is_err() {
                 if let Some(c) = lock(streams).remove(&id) {
                     let _ = c.shutdown(Shutdown::Both);

@@ -109,7 +109,8 @@ impl Qemu {
         Qemu {
             tools,
             image,
-            boot_timeout: Duration::from_secs(120),
+            // A PVM host boots our kernel in ~20 s idle, minutes when loaded.
+            boot_timeout: Duration::from_secs(300),
         }
     }
 
