@@ -41,7 +41,9 @@ impl VmHost {
     /// Lines for `shoal doctor` (each says what was found, or what is
     /// missing and which Debian package has it).
     pub fn text(&self) -> String {
-        let mut s = String::from("Full VMs (kind \"vm\", QEMU):\n");
+        let mut s = String::from(
+            "Full VMs on QEMU (the runtime's vm kind; not yet in the daemon's API):\n",
+        );
         match &self.qemu {
             Some(v) => s += &format!("  QEMU: {v}\n"),
             None => s += "  QEMU: qemu-system-x86_64 not found (Debian package qemu-system-x86)\n",
