@@ -56,6 +56,7 @@ mod codec;
 mod frame;
 mod messages;
 mod net;
+pub mod serial_mux;
 mod tcp;
 
 pub use codec::{decode, put_message, DecodeError, Message, Reader, Wire};

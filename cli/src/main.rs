@@ -473,6 +473,10 @@ fn doctor(json: bool) -> Result<i32> {
         .unwrap_or_else(|_| confinement::report(std::path::Path::new("shoal-vmm")));
     // What sandboxes created with a network need (the others need none).
     let net_missing = shoal_hostnet::probe();
+    let vm_host = shoal_runtime::backend::qemu_probe::probe(
+        std::path::Path::new("qemu-system-x86_64"),
+        std::path::Path::new("qemu-img"),
+    );
     if json {
         let mut v = serde_json::to_value(&r)?;
         if let Some(o) = v.as_object_mut() {
@@ -482,6 +486,7 @@ fn doctor(json: bool) -> Result<i32> {
                 "network".into(),
                 serde_json::json!({"ok": net_missing.is_empty(), "missing": net_missing}),
             );
+            o.insert("vm_kind".into(), serde_json::to_value(&vm_host)?);
         }
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
@@ -492,6 +497,8 @@ fn doctor(json: bool) -> Result<i32> {
         print!("{}", confinement::text(&confined));
         println!();
         print!("{}", net_arg::doctor_text(&net_missing));
+        println!();
+        print!("{}", vm_host.text());
     }
     Ok(0)
 }

@@ -274,6 +274,15 @@ unsafe fn guest_env(envp: *const *const c_char) -> Vec<(Vec<u8>, Vec<u8>)> {
 /// the request server forever.
 fn serve_guest(env: Vec<(Vec<u8>, Vec<u8>)>, addr: &ListenAddr) -> ! {
     let guest = server::guest::setup();
+    // A VM without vsock (QEMU on hosts without vhost-vsock) reaches the
+    // agent over a virtio-serial port instead: serve a local socket and
+    // bridge the port's streams to it.
+    let vport = match addr {
+        ListenAddr::Vsock(_) => server::vport::find(),
+        ListenAddr::Unix(_) => None,
+    };
+    let local = ListenAddr::Unix(server::vport::LOCAL_SOCK.into());
+    let addr = if vport.is_some() { &local } else { addr };
     let listener = match addr.bind() {
         Ok(l) => l,
         Err(e) => {
@@ -282,6 +291,15 @@ fn serve_guest(env: Vec<(Vec<u8>, Vec<u8>)>, addr: &ListenAddr) -> ! {
             spawn::reap_forever()
         }
     };
+    if let Some(dev) = &vport {
+        match server::vport::start(dev, std::path::Path::new(server::vport::LOCAL_SOCK)) {
+            Ok(()) => write_all(1, b"shoal-agent: serving over the virtio port\n"),
+            Err(e) => sys::report(
+                &format!("virtio port {}", dev.display()),
+                e.raw_os_error().unwrap_or(0),
+            ),
+        }
+    }
     announce_ready();
     let mode = agent_proto::AgentMode::Guest;
     match server::Server::new(listener, addr.is_unix(), mode, env, guest) {

@@ -13,6 +13,7 @@ pub mod fresh;
 pub mod jail;
 pub mod jail_prep;
 pub mod launch;
+pub mod qmp;
 pub mod ready;
 pub mod sandbox;
 pub mod sched;

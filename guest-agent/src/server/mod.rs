@@ -30,6 +30,7 @@ pub mod listen;
 pub mod net;
 pub mod os;
 mod relay;
+pub mod vport;
 
 use std::collections::{HashMap, VecDeque};
 use std::ffi::CString;

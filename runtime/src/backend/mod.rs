@@ -12,11 +12,19 @@
 //!
 //! Kinds: [`microvm::MicroVm`] (our `shoal-vmm`, restored from snapshots,
 //! controlled through its control socket) and [`fake::Fake`] (for tests
-//! without KVM: a real `shoal-agent` process serving on a Unix socket).
+//! without KVM: a real `shoal-agent` process serving on a Unix socket), and
+//! [`qemu::Qemu`] (a full VM on QEMU, driven through QMP).
 
 pub mod fake;
 pub mod microvm;
 pub mod microvm_template;
+pub mod qemu;
+pub mod qemu_bridge;
+pub mod qemu_input;
+pub mod qemu_launch;
+pub mod qemu_probe;
+
+pub use qemu_input::InputEvent;
 
 use crate::sandbox::TemplateSpec;
 pub use crate::vmm_net::{NetAttach, NetLimits};
@@ -38,17 +46,21 @@ pub enum Kind {
     /// A host process serving the agent protocol (tests without KVM).
     #[serde(rename = "fake")]
     Fake,
+    /// A full VM on QEMU (q35, a display, a disk overlay over a base image).
+    #[serde(rename = "vm")]
+    Vm,
 }
 
 impl Kind {
     /// Every kind.
-    pub const ALL: [Kind; 2] = [Kind::MicroVm, Kind::Fake];
+    pub const ALL: [Kind; 3] = [Kind::MicroVm, Kind::Fake, Kind::Vm];
 
     /// Name as stored and shown.
     pub fn as_str(self) -> &'static str {
         match self {
             Kind::MicroVm => "microvm",
             Kind::Fake => "fake",
+            Kind::Vm => "vm",
         }
     }
 
@@ -184,6 +196,10 @@ pub enum BackendError {
     /// Copying the scratch disk failed.
     #[error(transparent)]
     Layer(#[from] shoal_images::layers::LayerError),
+    /// This kind of VM cannot do what was asked (e.g. a screenshot of a
+    /// microVM, which has no display).
+    #[error("a {0} sandbox cannot do this: {1}")]
+    Unsupported(Kind, &'static str),
     /// A failure a test asked the fake backend for.
     #[error("injected failure: {0}")]
     Injected(&'static str),
@@ -244,6 +260,14 @@ pub trait SandboxVm: Send + Sync + std::fmt::Debug {
     fn reap(&self) -> Option<std::process::ExitStatus>;
     /// Its last messages (why it ended, for error reports).
     fn last_words(&self) -> String;
+    /// A PNG of its display.
+    fn screen(&self) -> Result<Vec<u8>, BackendError> {
+        Err(BackendError::Unsupported(self.kind(), "it has no display"))
+    }
+    /// Sends keyboard and pointer events to its display.
+    fn input(&self, _events: &[InputEvent]) -> Result<(), BackendError> {
+        Err(BackendError::Unsupported(self.kind(), "it has no display"))
+    }
     /// Schedules every thread of its process by `class`
     /// ([`crate::sched::apply`] on [`Self::vmm_pid`]): after each start
     /// (the policy and cookie are inherited by threads started later, and
