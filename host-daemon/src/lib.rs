@@ -442,8 +442,13 @@ impl Live {
 pub struct Daemon {
     /// Settings.
     pub cfg: Config,
-    /// The kind of sandbox this daemon runs.
+    /// The daemon's default kind of sandbox (what a template that names
+    /// no kind is made of; the image, pool and VMM-stock paths use it).
     pub backend: Arc<dyn SandboxBackend>,
+    /// Every kind this daemon runs, by kind ([`Self::backend`]'s included):
+    /// a sandbox or template is always served by the backend of its row's
+    /// kind ([`Self::backend_for`]).
+    pub backends: HashMap<shoal_runtime::backend::Kind, Arc<dyn SandboxBackend>>,
     /// The database (short critical sections only).
     pub db: Mutex<Db>,
     /// Live sandboxes by id.
@@ -473,6 +478,21 @@ impl Daemon {
     /// Opens the state and prepares the daemon, whose sandboxes `backend`
     /// runs (no tasks started yet).
     pub fn open(cfg: Config, backend: Arc<dyn SandboxBackend>) -> Result<Arc<Daemon>, String> {
+        Daemon::open_with(cfg, backend, Vec::new())
+    }
+
+    /// [`Self::open`] with further kinds (`extra`, e.g. the `vm` kind when
+    /// QEMU is present) beside the default `backend`; a kind given twice
+    /// keeps the first.
+    pub fn open_with(
+        cfg: Config,
+        backend: Arc<dyn SandboxBackend>,
+        extra: Vec<Arc<dyn SandboxBackend>>,
+    ) -> Result<Arc<Daemon>, String> {
+        let mut backends = HashMap::new();
+        for b in std::iter::once(backend.clone()).chain(extra) {
+            backends.entry(b.kind()).or_insert(b);
+        }
         state_perms::secure(&cfg)?;
         let db = Db::open(&cfg.state_dir.join("state.db")).map_err(|e| e.to_string())?;
         let permits = cfg.max_restores.max(1);
@@ -482,6 +502,7 @@ impl Daemon {
         Ok(Arc::new(Daemon {
             cfg,
             backend,
+            backends,
             db: Mutex::new(db),
             live: Mutex::new(HashMap::new()),
             metrics: metrics::Metrics::default(),
@@ -493,6 +514,36 @@ impl Daemon {
             stock: stock::Stock::new(cfg_stock),
             net,
         }))
+    }
+
+    /// The backend that serves sandboxes and templates of `kind`; `None`
+    /// where this daemon does not run that kind.
+    pub fn backend_for(
+        &self,
+        kind: shoal_runtime::backend::Kind,
+    ) -> Option<Arc<dyn SandboxBackend>> {
+        self.backends.get(&kind).cloned()
+    }
+
+    /// [`Self::backend_for`], or the API's error for a kind this daemon
+    /// does not run (400: the host lacks it, e.g. QEMU for `vm`).
+    pub fn backend_of(
+        &self,
+        kind: shoal_runtime::backend::Kind,
+    ) -> ApiResult<Arc<dyn SandboxBackend>> {
+        self.backend_for(kind).ok_or_else(|| {
+            ApiError::BadRequest(format!(
+                "this daemon does not run {kind} sandboxes (kinds it runs: {})",
+                self.kinds().join(", ")
+            ))
+        })
+    }
+
+    /// The kinds this daemon runs, by name, sorted.
+    pub fn kinds(&self) -> Vec<&'static str> {
+        let mut k: Vec<_> = self.backends.keys().map(|k| k.as_str()).collect();
+        k.sort_unstable();
+        k
     }
 
     /// Runs `f` with the database locked.

@@ -195,7 +195,10 @@ pub async fn create(d: &Arc<Daemon>, mut req: CreateSandbox) -> ApiResult<Sandbo
     d.metrics.pool_misses.fetch_add(1, Ordering::Relaxed);
     // A VMM started ahead for this template, if the stock has one: the
     // sandbox takes the id (and directory) it was started for.
-    let stocked = d.stock.take(&tpl);
+    // (Only the default kind's VMMs are stocked.)
+    let stocked = (tpl.kind == d.backend.kind())
+        .then(|| d.stock.take(&tpl))
+        .flatten();
     if let Some(e) = &stocked {
         row.id.clone_from(&e.id);
         row.dir.clone_from(&e.dir);

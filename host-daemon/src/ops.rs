@@ -134,7 +134,7 @@ pub async fn start_vmm_with(
                 "too many restores queued for 60 s; retry later".into(),
             ))
         })??;
-    let (backend, dir) = (d.backend.clone(), row.dir.clone());
+    let (backend, dir) = (d.backend_of(row.kind)?, row.dir.clone());
     let (d2, id, networked) = (d.clone(), row.id.clone(), row.net.is_some());
     let priority = row.priority;
     let res = blocking("restore", Duration::from_secs(90), move || {
@@ -226,10 +226,10 @@ pub fn ready_template(d: &Daemon, name: &str) -> ApiResult<TemplateRow> {
         None => Err(ApiError::NotFound(format!(
             "no template '{name}' (see GET /v1/templates)"
         ))),
-        Some(t) if t.kind != d.backend.kind() => Err(ApiError::Conflict(format!(
+        Some(t) if d.backend_for(t.kind).is_none() => Err(ApiError::Conflict(format!(
             "template '{name}' is of kind {}; this daemon runs {} sandboxes",
             t.kind,
-            d.backend.kind()
+            d.kinds().join(", ")
         ))),
         Some(t) if t.state == TemplateState::Ready => Ok(t),
         Some(t) if t.state == TemplateState::Building => Err(ApiError::Conflict(format!(

@@ -122,7 +122,9 @@ async fn fill_one(d: &Arc<Daemon>, tpl: &str) -> bool {
     };
     let now = db::now();
     let mut id = random_id();
-    let stocked = d.stock.take(&t);
+    let stocked = (t.kind == d.backend.kind())
+        .then(|| d.stock.take(&t))
+        .flatten();
     if let Some(e) = &stocked {
         id.clone_from(&e.id);
     }

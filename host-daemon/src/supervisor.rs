@@ -26,9 +26,11 @@ pub async fn sweep_loop(d: Arc<Daemon>) {
         // start, a restart's recovery removes them at once).
         if cgroups_swept.elapsed() >= CGROUP_SWEEP {
             cgroups_swept = std::time::Instant::now();
-            let b = d.backend.clone();
+            let bs: Vec<_> = d.backends.values().cloned().collect();
             let n = tokio::task::spawn_blocking(move || {
-                b.sweep_cgroups(shoal_runtime::backend::microvm::CGROUP_AGE)
+                bs.iter()
+                    .map(|b| b.sweep_cgroups(shoal_runtime::backend::microvm::CGROUP_AGE))
+                    .sum::<usize>()
             })
             .await
             .unwrap_or(0);
@@ -147,19 +149,25 @@ pub async fn recover(d: &Arc<Daemon>) -> Recovery {
                 r.state.as_str()
             )
         };
-        if r.kind != d.backend.kind() && r.state != State::Failed {
-            // Another kind's VM: this daemon cannot run or reattach it.
-            let why = format!(
-                "a {} sandbox, and this daemon runs {} sandboxes",
-                r.kind,
-                d.backend.kind()
-            );
-            let _ = d.db(|db| db.set_state(&r.id, State::Failed, Some(&why)));
-            keep_dirs.insert(r.dir.clone());
-            rec.reclaimed += 1;
-            continue;
-        }
-        let (backend, dir, state) = (d.backend.clone(), r.dir.clone(), r.backend_state.clone());
+        let backend = match d.backend_for(r.kind) {
+            Some(b) => b,
+            None => {
+                if r.state != State::Failed {
+                    // A kind this daemon does not run (now): it cannot run
+                    // or reattach it.
+                    let why = format!(
+                        "a {} sandbox, and this daemon runs {} sandboxes",
+                        r.kind,
+                        d.kinds().join(", ")
+                    );
+                    let _ = d.db(|db| db.set_state(&r.id, State::Failed, Some(&why)));
+                    keep_dirs.insert(r.dir.clone());
+                    rec.reclaimed += 1;
+                }
+                continue;
+            }
+        };
+        let (dir, state) = (r.dir.clone(), r.backend_state.clone());
         match r.state {
             State::Paused => {
                 let ok = tokio::task::spawn_blocking(move || {
@@ -234,9 +242,14 @@ pub async fn recover(d: &Arc<Daemon>) -> Recovery {
             rec.stray_dirs += 1;
         }
     }
-    let (backend, root) = (d.backend.clone(), d.cfg.sandboxes_dir());
+    let (bs, root): (Vec<_>, _) = (
+        d.backends.values().cloned().collect(),
+        d.cfg.sandboxes_dir(),
+    );
     rec.stray_vmms = tokio::task::spawn_blocking(move || {
-        backend.reclaim_strays(&root, &|pid| tracked.contains(&pid))
+        bs.iter()
+            .map(|b| b.reclaim_strays(&root, &|pid| tracked.contains(&pid)))
+            .sum::<usize>()
     })
     .await
     .unwrap_or(0);

@@ -443,6 +443,13 @@ pub async fn set_pool(
     if t.state == TemplateState::Failed {
         return Err(ApiError::Conflict(format!("template '{template}' failed")));
     }
+    if req.target > 0 && t.kind != d.backend.kind() {
+        return Err(ApiError::BadRequest(format!(
+            "template '{template}' is of kind {}: warm pools are for {} templates only",
+            t.kind,
+            d.backend.kind()
+        )));
+    }
     d.db(|db| db.set_pool(template, req.target))?;
     if req.target == 0 {
         drain_pool(d, template).await?;
