@@ -27,6 +27,7 @@
 //! - [`time`]: the calendar arithmetic behind RFC 3339 times.
 
 pub mod commands;
+pub mod display;
 pub mod error;
 pub mod exec;
 pub mod files;
@@ -40,6 +41,7 @@ pub mod templates;
 pub mod time;
 
 pub use commands::{Command, CommandState, SignalCommand, StdinQuery, WaitQuery};
+pub use display::{InputEvent, InputRequest, MAX_INPUT_EVENTS, POINTER_MAX};
 pub use error::{ErrorBody, ErrorCode, ErrorDetail};
 pub use exec::{Encoding, ExecEvent, ExecRequest, ExecResult};
 pub use files::{

@@ -86,12 +86,20 @@ pub struct CreateTemplate {
     /// `network` (each on its own slot), and only they use it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub network: bool,
+    /// The kind of its sandboxes: `microvm` (default) or `vm` (a QEMU q35
+    /// guest with a display: `/screen`, `/input`; the tiny image only, no
+    /// layers, upper layer choice or network; the daemon runs it where the
+    /// host has QEMU).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(example = "microvm")]
+    pub kind: Option<String>,
 }
 
 impl CreateTemplate {
     /// A template of `image` at the default shape.
     pub fn new(name: impl Into<String>, image: impl Into<String>) -> CreateTemplate {
         CreateTemplate {
+            kind: None,
             name: name.into(),
             image: image.into(),
             vcpus: None,

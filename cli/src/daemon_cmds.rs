@@ -185,6 +185,7 @@ pub fn image_template(
     root: &api::RootRequest,
 ) -> Result<api::Template> {
     let req = api::CreateTemplate {
+        kind: None,
         vcpus: Some(vcpus),
         memory_mib: Some(mem),
         ..api::CreateTemplate::new(image_template_name(img, vcpus, mem, root), img)
@@ -655,6 +656,7 @@ pub fn template(g: &Global, op: &crate::TemplateCmd) -> Result<i32> {
             root,
         } => {
             let req = api::CreateTemplate {
+                kind: None,
                 vcpus: Some(*cpus),
                 memory_mib: Some(*memory),
                 ..api::CreateTemplate::new(name, image)

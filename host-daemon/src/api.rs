@@ -10,6 +10,7 @@
 //! router serves and that every body in it is the schema of its shared
 //! type.
 
+mod display_route;
 mod fncall_route;
 mod fork_route;
 mod handlers;
@@ -25,6 +26,7 @@ use axum::http::header;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::{Json, Router};
+use display_route::*;
 use fncall_route::*;
 use fork_route::*;
 use handlers::*;
@@ -64,6 +66,8 @@ pub fn routes() -> OpenApiRouter<Arc<Daemon>> {
         .routes(routes!(rename))
         .routes(routes!(snapshot))
         .routes(routes!(fork))
+        .routes(routes!(screen))
+        .routes(routes!(input))
         .routes(routes!(pause))
         .routes(routes!(resume))
         .routes(routes!(set_network))

@@ -60,6 +60,8 @@ fn shared_schemas() -> BTreeMap<String, Value> {
         schema::<t::images::ImageLayer>(),
         schema::<t::images::ImageConfig>(),
         schema::<t::NetworkSpec>(),
+        schema::<t::InputRequest>(),
+        schema::<t::InputEvent>(),
     ]
     .into_iter()
     .collect()

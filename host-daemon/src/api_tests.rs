@@ -67,6 +67,8 @@ const V1: &[(&str, &str)] = &[
     ("get", "/v1/sandboxes/{id}/files/list"),
     ("post", "/v1/sandboxes/{id}/snapshot"),
     ("post", "/v1/sandboxes/{id}/fork"),
+    ("get", "/v1/sandboxes/{id}/screen"),
+    ("post", "/v1/sandboxes/{id}/input"),
     ("post", "/v1/sandboxes/{id}/pause"),
     ("post", "/v1/sandboxes/{id}/resume"),
     ("patch", "/v1/sandboxes/{id}"),
@@ -168,6 +170,8 @@ const RES: &str = "application/json ExecResult";
 #[test]
 fn every_body_is_the_shared_type() {
     let j = "application/json";
+    const PNG: &str =
+        r#"image/png {"items":{"format":"int32","minimum":0,"type":"integer"},"type":"array"}"#;
     let want: &[BodyRow] = &[
         ("get", "/openapi.json", None, 200, None),
         (
@@ -270,6 +274,21 @@ fn every_body_is_the_shared_type() {
             Some("ForkRequest"),
             201,
             Some("application/json Forked"),
+        ),
+        (
+            "get",
+            "/v1/sandboxes/{id}/screen",
+            None,
+            200,
+            // utoipa's Vec<u8>: an array of bytes.
+            Some(PNG),
+        ),
+        (
+            "post",
+            "/v1/sandboxes/{id}/input",
+            Some("InputRequest"),
+            204,
+            None,
         ),
         (
             "post",
@@ -511,6 +530,7 @@ fn every_field_is_documented() {
         priority: t::Priority::BestEffort,
     };
     let template = t::CreateTemplate {
+        kind: Some("vm".into()),
         vcpus: Some(1),
         memory_mib: Some(128),
         ..t::CreateTemplate::new("t", "tiny")
@@ -599,6 +619,10 @@ fn every_field_is_documented() {
         ("SignalCommand", json!({"signal": 15, "group": true})),
         ("Command", full(&command)),
         ("NetworkSpec", full(&sandbox.network)),
+        (
+            "InputRequest",
+            json!({"events": [{"type": "key", "key": "a", "down": true}]}),
+        ),
     ] {
         check_fields(name, v);
     }
@@ -615,6 +639,7 @@ fn every_field_is_documented() {
         "RenameRequest",
         "SignalCommand",
         "NetworkSpec",
+        "InputRequest",
     ] {
         let s = &document_json()["components"]["schemas"][name];
         assert_eq!(s["additionalProperties"], false, "{name}");

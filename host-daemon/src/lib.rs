@@ -38,6 +38,7 @@ pub mod containers;
 pub mod cpu_class;
 pub mod cpu_share;
 pub mod db;
+pub mod display;
 pub mod e2b;
 pub mod exec;
 pub mod exec_defaults;
@@ -62,6 +63,7 @@ pub mod supervisor;
 pub mod template_dirs;
 pub mod template_names;
 pub mod templates;
+pub mod vm_templates;
 pub mod watch;
 
 use admission::{Limits, Refusal};

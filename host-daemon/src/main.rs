@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 mod net_args;
+mod vm_kind;
 
 #[derive(Parser)]
 #[command(
@@ -141,6 +142,11 @@ struct Args {
     /// they needed (default: no cap).
     #[arg(long, value_name = "BYTES")]
     image_store_max_bytes: Option<u64>,
+    /// Do not run the `vm` kind (QEMU q35 guests), even where this host
+    /// has QEMU, our kernel and the tiny image (by default it runs them
+    /// there; elsewhere a `vm` template is refused with 400).
+    #[arg(long)]
+    no_vm: bool,
     #[command(flatten)]
     net: net_args::NetArgs,
 }
@@ -261,8 +267,19 @@ fn main() -> Result<()> {
         Some(j) => tracing::info!(jailer = %j.jailer.display(), "VMMs run jailed"),
         None => tracing::warn!("VMMs run unjailed (not root, or SHOAL_JAIL=0)"),
     }
+    let mut extra: Vec<Arc<dyn shoal_runtime::backend::SandboxBackend>> = Vec::new();
+    match a.no_vm {
+        true => tracing::info!("the vm kind is off (--no-vm)"),
+        false => match vm_kind::backend(&artifacts) {
+            Ok(q) => {
+                tracing::info!("the vm kind runs (QEMU q35)");
+                extra.push(Arc::new(q));
+            }
+            Err(e) => tracing::warn!("the vm kind is off: {e:#}"),
+        },
+    }
     let backend = Arc::new(MicroVm::new(vmm, artifacts).with_jail(jail));
-    let d = Daemon::open(cfg, backend).map_err(anyhow::Error::msg)?;
+    let d = Daemon::open_with(cfg, backend, extra).map_err(anyhow::Error::msg)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .max_blocking_threads(2048)

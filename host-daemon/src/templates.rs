@@ -101,7 +101,7 @@ fn name_from_ids(
     format!("{base}-{}", &sandbox::hash_hex(&bytes)[..12])
 }
 
-fn check_shape(image: &str, vcpus: u32, mem: u32) -> ApiResult<()> {
+pub(crate) fn check_shape(image: &str, vcpus: u32, mem: u32) -> ApiResult<()> {
     if !IMAGES.contains(&image) {
         return Err(ApiError::BadRequest(format!(
             "unknown image {image:?} (expected one of {IMAGES:?})"
@@ -136,6 +136,9 @@ pub async fn create_template(
     who: &Principal,
 ) -> ApiResult<TemplateRow> {
     check_name("template", &req.name)?;
+    if let Some(kind) = crate::vm_templates::other_kind(d, req.kind.as_deref())? {
+        return crate::vm_templates::create(d, req, kind, who);
+    }
     let (vcpus, mem) = (req.vcpus.unwrap_or(1), req.memory_mib.unwrap_or(128));
     check_shape(&req.image, vcpus, mem)?;
     crate::inputs::check_servable(&d.cfg.limits, vcpus, mem)?;
@@ -202,8 +205,8 @@ pub(crate) fn register_and_build(
     insert_template(d, &t)?;
     d.event(&t.name, "template_building", &t.source);
     let d2 = d.clone();
-    let (name, dir, net) = (t.name.clone(), t.dir.clone(), t.net);
-    tokio::spawn(async move { build(d2, name, dir, spec, layers, net).await });
+    let (name, dir, net, kind) = (t.name.clone(), t.dir.clone(), t.net, t.kind);
+    tokio::spawn(async move { build(d2, name, dir, spec, layers, net, kind).await });
     Ok(t)
 }
 
@@ -244,6 +247,7 @@ async fn build(
     mut spec: TemplateSpec,
     layers: Vec<Layer>,
     net: bool,
+    kind: shoal_runtime::backend::Kind,
 ) {
     let _g = d.building.lock().await;
     let t0 = Instant::now();
@@ -254,10 +258,10 @@ async fn build(
         true => d.net.boot_slot(&d).await.map(Some),
         false => Ok(None),
     };
-    let (backend, dir2) = (d.backend.clone(), dir.clone());
-    let res = match boot {
-        Err(e) => Err(e.to_string()),
-        Ok(boot) => tokio::task::spawn_blocking(move || {
+    let dir2 = dir.clone();
+    let res = match (boot, d.backend_of(kind)) {
+        (_, Err(e)) | (Err(e), _) => Err(e.to_string()),
+        (Ok(boot), Ok(backend)) => tokio::task::spawn_blocking(move || {
             if let Some(s) = &boot {
                 let tap = s.open_tap_fd().map_err(|e| e.to_string())?;
                 spec.net = Some(shoal_runtime::vmm_net::BootNet {
@@ -331,6 +335,7 @@ pub async fn image_template(
         create_checked(
             d,
             CreateTemplate {
+                kind: None,
                 vcpus: Some(vcpus),
                 memory_mib: Some(mem),
                 network: net,
@@ -615,6 +620,7 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let d = daemon(&tmp.path().join("state"), &tmp.path().join("none"));
         let req = CreateTemplate {
+            kind: None,
             name: "t1".into(),
             image: "tiny".into(),
             vcpus: None,

@@ -558,6 +558,7 @@ fn template_layers_and_upper_layers_end_to_end() {
     // each): the toolkit layer with a 2 MiB tmpfs upper layer, and with a
     // 32 MiB scratch disk.
     let kit_tmpfs = CreateTemplate {
+        kind: None,
         layers: vec![kit_s.into()],
         upper_size_mib: Some(2),
         ..CreateTemplate::new("kit-tmpfs", "tiny")
@@ -607,6 +608,7 @@ fn template_layers_and_upper_layers_end_to_end() {
     let disk = d.must(
         "kit-disk",
         d.c.create_template(&CreateTemplate {
+            kind: None,
             layers: vec![kit_s.into()],
             upper_disk_mib: Some(32),
             ..CreateTemplate::new("kit-disk", "tiny")

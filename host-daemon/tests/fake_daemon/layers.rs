@@ -19,6 +19,7 @@ fn mkfifo(p: &Path) {
 fn create_in_background(d: &TestDaemon, name: &str, layer: &Path, tx: &mpsc::Sender<String>) {
     let (c, tx) = (d.c.clone(), tx.clone());
     let req = CreateTemplate {
+        kind: None,
         layers: vec![layer.display().to_string()],
         ..CreateTemplate::new(name, "tiny")
     };

@@ -237,6 +237,7 @@ fn backend_failures_are_reported_and_cleaned_up() {
     d.faults.fail_next(Op::Template, 1);
     let t =
         d.c.create_template(&api::CreateTemplate {
+            kind: None,
             vcpus: Some(2),
             ..api::CreateTemplate::new("broken", "tiny")
         })
