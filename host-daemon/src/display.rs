@@ -110,4 +110,34 @@ mod tests {
         assert!(qemu_input::to_qmp(&[]).is_err());
         assert!(has_display(Kind::Vm) && !has_display(Kind::MicroVm) && !has_display(Kind::Fake));
     }
+
+    /// A daemon without QEMU refuses a vm template with 400 (never a
+    /// crash); bad input is refused before any sandbox is looked at.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_daemon_without_the_vm_kind_says_so() {
+        use crate::vm_templates::other_kind;
+        let tmp = tempfile::tempdir().unwrap();
+        let d = crate::template_dirs::tests::daemon(&tmp.path().join("s"), &tmp.path().join("a"));
+        assert!(matches!(other_kind(&d, None), Ok(None)));
+        assert!(matches!(other_kind(&d, Some("microvm")), Ok(None)));
+        match other_kind(&d, Some("vm")) {
+            Err(ApiError::BadRequest(m)) => {
+                assert!(m.contains("does not run vm sandboxes"), "{m}")
+            }
+            r => panic!("{r:?}"),
+        }
+        assert!(matches!(
+            other_kind(&d, Some("qemu")),
+            Err(ApiError::BadRequest(_))
+        ));
+        let bad = vec![Event::Move { x: 0, y: 99999 }];
+        assert!(matches!(
+            input(&d, "nope", bad).await,
+            Err(ApiError::BadRequest(_))
+        ));
+        assert!(matches!(
+            screen(&d, "nope").await,
+            Err(ApiError::NotFound(_))
+        ));
+    }
 }

@@ -136,9 +136,6 @@ pub async fn create_template(
     who: &Principal,
 ) -> ApiResult<TemplateRow> {
     check_name("template", &req.name)?;
-    if let Some(kind) = crate::vm_templates::other_kind(d, req.kind.as_deref())? {
-        return crate::vm_templates::create(d, req, kind, who);
-    }
     let (vcpus, mem) = (req.vcpus.unwrap_or(1), req.memory_mib.unwrap_or(128));
     check_shape(&req.image, vcpus, mem)?;
     crate::inputs::check_servable(&d.cfg.limits, vcpus, mem)?;

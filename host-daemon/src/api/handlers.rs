@@ -432,7 +432,12 @@ pub(super) async fn tpl_create(
     b: Body,
 ) -> Res<impl IntoResponse> {
     let req: CreateTemplate = json_body(b, d.cfg.http.max_json_body).await?;
-    let t = templates::create_template(&d, req, &who).await?;
+    // Another kind than the default (`vm`): its own checks, the same
+    // registration and build.
+    let t = match crate::vm_templates::other_kind(&d, req.kind.as_deref())? {
+        Some(kind) => crate::vm_templates::create(&d, req, kind, &who)?,
+        None => templates::create_template(&d, req, &who).await?,
+    };
     Ok((StatusCode::ACCEPTED, Json(Template::from(t))))
 }
 

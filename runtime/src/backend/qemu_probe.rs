@@ -42,7 +42,7 @@ impl VmHost {
     /// missing and which Debian package has it).
     pub fn text(&self) -> String {
         let mut s = String::from(
-            "Full VMs on QEMU (the runtime's vm kind; not yet in the daemon's API):\n",
+            "Full VMs on QEMU (the vm kind; shoald runs it where these and the kernel and tiny image are present):\n",
         );
         match &self.qemu {
             Some(v) => s += &format!("  QEMU: {v}\n"),
