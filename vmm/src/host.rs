@@ -247,7 +247,7 @@ pub fn detect() -> HostReport {
         .skip(1)
         .filter(|l| !l.trim().is_empty())
         .count();
-    checks.push(cold_memory_check(crate::vm::evict::host_mode(), areas));
+    checks.push(cold_memory_check(crate::evict_mode::host_mode(), areas));
     checks.push(Check {
         name: "balloon",
         available: true,
@@ -278,8 +278,8 @@ pub fn detect() -> HostReport {
 
 /// The `cold_memory` line: how this host's VMMs evict an idle sandbox's
 /// private guest memory (`vm::evict`), `areas` swap areas listed.
-fn cold_memory_check(mode: crate::vm::evict::Mode, areas: usize) -> Check {
-    use crate::vm::evict::Mode;
+fn cold_memory_check(mode: crate::evict_mode::Mode, areas: usize) -> Check {
+    use crate::evict_mode::Mode;
     Check {
         name: "cold_memory",
         available: true,
@@ -350,11 +350,11 @@ mod tests {
 
     #[test]
     fn the_cold_memory_line_names_the_path_this_host_gets() {
-        use crate::vm::evict::{host_mode, Mode};
+        use crate::evict_mode::{host_mode, Mode};
         let r = detect();
         let line = r.checks.iter().find(|c| c.name == "cold_memory").unwrap();
         let swap = std::fs::read_to_string("/proc/swaps").unwrap_or_default();
-        let has_swap = crate::vm::evict::swaps_listed(&swap);
+        let has_swap = crate::evict_mode::swaps_listed(&swap);
         assert_eq!(host_mode() == Mode::PageOut, has_swap);
         assert_eq!(
             line.action.contains("MADV_PAGEOUT) by"),

@@ -21,7 +21,7 @@
 //! snapshot's bytes. Pages mapped from the eviction file (`evict`) are
 //! counted the same way: their bytes are this VM's, not the base's.
 
-use super::evict::{in_spans, mapping_spans, FileId};
+use super::maps::{in_spans, mapping_spans, FileId};
 use super::VmError;
 use std::fs::File;
 use std::os::unix::fs::FileExt;

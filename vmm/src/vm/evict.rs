@@ -34,7 +34,9 @@
 //! snapshot reads them through the mapping; a reload into the VM re-maps
 //! all guest RAM and empties the file.
 
+use super::maps::{in_spans, mapping_spans, FileId};
 use super::VmError;
+pub use crate::evict_mode::{host_mode, Mode};
 use devices::virtio::balloon::release::{Backing, MappedRegions};
 use std::fs::File;
 use std::os::fd::AsRawFd;
@@ -58,38 +60,6 @@ pub(super) const COPY_GAP: u64 = 16;
 /// may add two VMAs; the balloon's own budget is 16384 replacements).
 pub(super) const MAPPING_BUDGET: u64 = 8192;
 
-/// How this host evicts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mode {
-    /// To a sparse file, re-mapped over guest RAM (no swap).
-    File,
-    /// `MADV_PAGEOUT` to swap or zswap.
-    PageOut,
-}
-
-impl Mode {
-    /// The wire name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Mode::File => "file",
-            Mode::PageOut => "pageout",
-        }
-    }
-}
-
-/// Whether `/proc/swaps` lists a swap area (zswap needs one too).
-pub fn swaps_listed(text: &str) -> bool {
-    text.lines().skip(1).any(|l| !l.trim().is_empty())
-}
-
-/// The way this host gets: pageout with swap, the file otherwise.
-pub fn host_mode() -> Mode {
-    match std::fs::read_to_string("/proc/swaps") {
-        Ok(t) if swaps_listed(&t) => Mode::PageOut,
-        _ => Mode::File,
-    }
-}
-
 /// Filesystems whose pages are RAM: a file there frees nothing.
 const RAM_FS: [i64; 2] = [0x0102_1994 /* tmpfs */, 0x8584_58f6 /* ramfs */];
 
@@ -101,13 +71,6 @@ struct EvictFile {
     id: FileId,
     /// Pages written at least once (not holes).
     written: Vec<u64>,
-}
-
-/// A file as `/proc/self/maps` names it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct FileId {
-    pub dev: String,
-    pub ino: u64,
 }
 
 /// One VM's eviction state.
@@ -150,42 +113,6 @@ enum Class {
     Zero,
     /// A page of another file (the template, the kernel image).
     Other,
-}
-
-/// Host address ranges `[start, end)`, sorted.
-pub(super) type Spans = Vec<(u64, u64)>;
-
-/// Spans of this process's mappings (sorted): anonymous ones, and those
-/// of the file `id`.
-pub(super) fn mapping_spans(id: Option<&FileId>) -> Result<(Spans, Spans), VmError> {
-    let maps = std::fs::read_to_string("/proc/self/maps").map_err(io("/proc/self/maps"))?;
-    let (mut anon, mut file) = (Vec::new(), Vec::new());
-    for l in maps.lines() {
-        let mut f = l.split_whitespace();
-        let Some((s, e)) = f.next().and_then(|r| r.split_once('-')) else {
-            continue;
-        };
-        let (Ok(s), Ok(e)) = (u64::from_str_radix(s, 16), u64::from_str_radix(e, 16)) else {
-            continue;
-        };
-        let (Some(dev), Some(ino)) = (f.nth(2), f.next()) else {
-            continue;
-        };
-        if ino == "0" && f.next().is_none_or(|p| p.starts_with("[anon")) {
-            anon.push((s, e));
-        } else if id.is_some_and(|id| id.dev == dev && id.ino.to_string() == ino) {
-            file.push((s, e));
-        }
-    }
-    anon.sort_unstable();
-    file.sort_unstable();
-    Ok((anon, file))
-}
-
-/// Whether host address `a` lies in one of the sorted `spans`.
-pub(super) fn in_spans(spans: &[(u64, u64)], a: u64) -> bool {
-    let i = spans.partition_point(|&(s, _)| s <= a);
-    i > 0 && a < spans[i - 1].1
 }
 
 /// Every page of `mem` in memory-file order, classified, and how many of

@@ -2,6 +2,7 @@
 //! (a clone over its template) and anonymous memory (a booted VM).
 
 use super::*;
+use crate::evict_mode::swaps_listed;
 use vm_memory::{Bytes, GuestAddress};
 
 const PAGES: u64 = 64;

@@ -4,7 +4,8 @@
 mod balloon_dev;
 mod build;
 mod diff;
-pub(crate) mod evict;
+mod evict;
+mod maps;
 mod net_dev;
 mod pmem_dev;
 mod restore;
