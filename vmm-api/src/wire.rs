@@ -557,6 +557,28 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn evict_request_and_reply_wire_format() {
+        let r = Request::Evict {
+            dir: "/sb/1".into(),
+        };
+        let s = serde_json::to_string(&r).unwrap();
+        assert_eq!(s, r#"{"op":"evict","dir":"/sb/1"}"#);
+        assert!(serde_json::from_str::<Request>(r#"{"op":"evict"}"#).is_err());
+        assert!(serde_json::from_str::<Request>(r#"{"op":"evict","dir":"/a","x":1}"#).is_err());
+        let info = EvictInfo {
+            mode: "file".into(),
+            pages: 3,
+            ..Default::default()
+        };
+        let Value::Object(m) = serde_json::to_value(Reply::Evict(info.clone())).unwrap() else {
+            panic!("not an object");
+        };
+        assert_eq!(m["ok"], Value::Bool(true));
+        assert_eq!(m["evict"]["mode"], "file");
+        assert_eq!(r.decode_reply(m).unwrap(), Reply::Evict(info));
+    }
+
+    #[test]
     fn balloon_request_and_reply_wire_format() {
         use crate::balloon::GuestMemoryStats;
         let r = Request::Balloon {

@@ -251,9 +251,7 @@ pub fn detect() -> HostReport {
     checks.push(Check {
         name: "balloon",
         available: true,
-        detail: "virtio-balloon in this VMM: inflate/deflate, stats, deflate-on-OOM, \
-                 free page reporting"
-            .into(),
+        detail: "in this VMM: stats, deflate-on-OOM, free page reporting".into(),
         action: "pages a guest frees are given back to the host at once in sandboxes whose \
                  template has a balloon (shoald: new templates, unless --no-balloon)"
             .into(),
