@@ -213,6 +213,7 @@ pub async fn oci_template(
         };
         let spec = TemplateSpec {
             upper,
+            balloon: d.cfg.balloon,
             ..TemplateSpec::new(CONTAINER_IMAGE, vcpus8, mem)
         };
         let r = register_and_build(d, row, spec, layers);

@@ -31,6 +31,7 @@ pub mod admission;
 pub mod agent_limits;
 pub mod api;
 pub mod auth;
+pub mod balloon;
 pub mod command_output;
 pub mod commands;
 pub mod container_layers;
@@ -40,6 +41,7 @@ pub mod cpu_share;
 pub mod db;
 pub mod display;
 pub mod e2b;
+pub mod evict;
 pub mod exec;
 pub mod exec_defaults;
 pub mod fncall;
@@ -110,6 +112,10 @@ pub struct Config {
     pub images: images::ImageOptions,
     /// How sandboxes get networks.
     pub net: net::NetOptions,
+    /// When idle sandboxes' memory is evicted ([`evict`]).
+    pub evict: evict::EvictPolicy,
+    /// The virtio-balloon new templates get (`None`: none; see [`balloon`]).
+    pub balloon: Option<shoal_runtime::vmm_balloon::BalloonOptions>,
 }
 
 #[cfg(test)]
@@ -148,6 +154,8 @@ impl Config {
             vmm_stock: 0,
             images: Default::default(),
             net: Default::default(),
+            evict: Default::default(),
+            balloon: None,
         }
     }
 }
@@ -385,6 +393,12 @@ pub struct Live {
     pub frozen: tokio::sync::Mutex<bool>,
     /// Last activity (monotonic ms).
     pub last_active_ms: AtomicU64,
+    /// When its memory was last evicted (monotonic ms; 0: never).
+    pub evicted_at_ms: AtomicU64,
+    /// Its balloon's state when last asked ([`balloon`]).
+    pub balloon: Mutex<Option<vmm_api::BalloonInfo>>,
+    /// It has no balloon (not asked again).
+    pub no_balloon: AtomicBool,
     /// Never frozen.
     pub keep_running: AtomicBool,
     /// Its VMM cgroup's CPU weight (fresh requests first).
@@ -413,6 +427,9 @@ impl Live {
             busy: AtomicUsize::new(0),
             frozen: tokio::sync::Mutex::new(false),
             last_active_ms: AtomicU64::new(freeze::now_ms()),
+            evicted_at_ms: AtomicU64::new(0),
+            balloon: Mutex::new(None),
+            no_balloon: AtomicBool::new(false),
             keep_running: AtomicBool::new(false),
             cpu: cpu_share::CpuShare::for_jail(
                 &dir.file_name()
@@ -706,6 +723,8 @@ pub async fn serve_until(
         tokio::spawn(freeze::run(d.clone(), after));
     }
     tokio::spawn(cpu_share::run(d.clone()));
+    tokio::spawn(evict::run(d.clone(), d.cfg.evict));
+    tokio::spawn(balloon::run(d.clone()));
     tokio::spawn(stock::run(d.clone()));
     let (tx, rx) = tokio::sync::watch::channel(false);
     let mut tasks = tokio::task::JoinSet::new();

@@ -108,6 +108,23 @@ struct Args {
     /// CPU each on PVM hosts.
     #[arg(long, default_value_t = 2000)]
     freeze_idle_ms: u64,
+    /// Give new templates no virtio-balloon (by default each gets one with
+    /// free page reporting and deflate-on-OOM: pages a guest frees go back
+    /// to the host at once). Templates built before keep what they have.
+    #[arg(long)]
+    no_balloon: bool,
+    /// Evict the private guest memory of a sandbox idle this many seconds
+    /// (frozen or not) out of host RAM: to swap where the host has it,
+    /// else to a file in its directory (`shoal doctor` says which); 0: never.
+    #[arg(long, default_value_t = 120)]
+    evict_idle_s: u64,
+    /// Evict only while host MemAvailable is under this percentage of
+    /// MemTotal (100: whatever the pressure).
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u8).range(1..=100))]
+    evict_below_available_pct: u8,
+    /// Evictions per minute across the host, at most.
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u32).range(1..))]
+    evict_per_minute: u32,
     /// VMM restores in flight at most (default: 2 per CPU); more creates queue.
     #[arg(long)]
     max_restores: Option<usize>,
@@ -239,6 +256,13 @@ fn main() -> Result<()> {
             max_bytes: a.image_store_max_bytes,
         },
         net: a.net.options()?,
+        evict: daemon::evict::EvictPolicy {
+            idle: (a.evict_idle_s > 0).then(|| Duration::from_secs(a.evict_idle_s)),
+            below_available_pct: a.evict_below_available_pct,
+            per_minute: a.evict_per_minute,
+            ..Default::default()
+        },
+        balloon: (!a.no_balloon).then(daemon::balloon::default_options),
     };
     let missing: Vec<String> = artifacts
         .status()

@@ -67,6 +67,8 @@ pub struct Metrics {
     pub vmm_deaths: AtomicU64,
     /// CPU classes that could not be applied to a VMM's threads.
     pub class_failures: AtomicU64,
+    /// Cold-memory eviction ([`crate::evict`]).
+    pub evict: crate::evict::EvictCounters,
     /// Connections of the Unix socket listener.
     pub unix_conns: std::sync::Arc<Conns>,
     /// Connections of the TCP listener.
@@ -284,6 +286,7 @@ impl Metrics {
             "VMM processes that died unexpectedly.",
             self.vmm_deaths.load(Ordering::Relaxed),
         );
+        self.evict.write(&mut o);
         let _ = writeln!(
             o,
             "# HELP shoal_admission_refusals_total Requests refused by admission.\n\

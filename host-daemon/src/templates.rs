@@ -186,6 +186,7 @@ fn create_checked(
     })?;
     let spec = TemplateSpec {
         upper,
+        balloon: d.cfg.balloon,
         ..TemplateSpec::new(&req.image, vcpus8, mem)
     };
     register_and_build(d, t, spec, checked.layers)

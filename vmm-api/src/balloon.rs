@@ -59,3 +59,32 @@ pub struct GuestMemoryStats {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub oom_kills: Option<u64>,
 }
+
+/// Reply to `evict`: `{"ok":true,"evict":{..}}`. Pages are 4 KiB.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct EvictInfo {
+    /// `file` (a sparse file re-mapped over guest RAM) or `pageout`
+    /// (`MADV_PAGEOUT` to swap).
+    pub mode: String,
+    /// Private pages pushed out by this request.
+    pub pages: u64,
+    /// Bytes written to the eviction file by this request.
+    pub written_bytes: u64,
+    /// Mappings made from the file by this request.
+    pub mappings: u64,
+    /// Private pages left resident (the mapping budget was spent).
+    pub skipped_pages: u64,
+    /// Pages evicted before and found in RAM again (touched since).
+    pub faulted_back_pages: u64,
+    /// Milliseconds the guest was held (vCPUs paused, devices idle).
+    pub held_ms: f64,
+    /// Since the VM started: eviction passes, pages evicted, pages found
+    /// back.
+    pub total_passes: u64,
+    /// See `total_passes`.
+    pub total_pages: u64,
+    /// See `total_passes`.
+    pub total_faulted_back_pages: u64,
+    /// Disk the eviction file takes now.
+    pub file_bytes: u64,
+}

@@ -2,7 +2,8 @@
 //! send and reply together), replies capped at [`MAX_LINE`].
 
 use crate::wire::{
-    BalloonInfo, Reply, ReplyBody, Request, RestoreInfo, Sample, SnapshotInfo, Stats, MAX_LINE,
+    BalloonInfo, EvictInfo, Reply, ReplyBody, Request, RestoreInfo, Sample, SnapshotInfo, Stats,
+    MAX_LINE,
 };
 use serde_json::{Map, Value};
 use std::io::{self, ErrorKind, Read, Write};
@@ -134,6 +135,14 @@ impl Client {
     /// stats, and returns its state.
     pub fn balloon(&self, target_mib: Option<u64>) -> Result<BalloonInfo, ApiError> {
         self.typed(&Request::Balloon { target_mib })
+    }
+
+    /// Cold-memory eviction (see [`Request::Evict`]); the eviction file
+    /// goes into `dir` (the first time).
+    pub fn evict(&self, dir: &std::path::Path) -> Result<EvictInfo, ApiError> {
+        self.typed(&Request::Evict {
+            dir: dir.to_path_buf(),
+        })
     }
 
     /// Writes a snapshot into `dir`; the VM stays paused.

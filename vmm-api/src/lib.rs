@@ -16,6 +16,7 @@
 //! | `{"op":"snapshot","dir":"/d","diff":false}` | `{"ok":true,"snapshot":{..}}` ([`SnapshotInfo`]) |
 //! | `{"op":"restore","dir":"/d","disks":["/f"]}` | `{"ok":true,"restore_ms":1.5}` ([`RestoreInfo`]) |
 //! | `{"op":"balloon","target_mib":64}` | `{"ok":true,"balloon":{..}}` ([`BalloonInfo`]) |
+//! | `{"op":"evict","dir":"/d"}` | `{"ok":true,"evict":{..}}` ([`EvictInfo`]) |
 //!
 //! A refused request is answered `{"ok":false,"error":"why"}`. The client
 //! gives every call one deadline (connect, send and reply together).
@@ -29,7 +30,7 @@ pub mod cmdline;
 mod server;
 mod wire;
 
-pub use balloon::{BalloonInfo, GuestMemoryStats};
+pub use balloon::{BalloonInfo, EvictInfo, GuestMemoryStats};
 pub use client::{ApiError, Client, ReplyError};
 pub use server::{
     serve, serve_with, Command, Responder, ServeOptions, ServerThread, ThreadInit, IDLE_TIMEOUT,

@@ -6,8 +6,8 @@
 //! the reply line.
 
 use crate::wire::{
-    refusal_line, success_line, BalloonInfo, ReplyBody, Request, RestoreInfo, Sample, SnapshotInfo,
-    Stats, MAX_LINE,
+    refusal_line, success_line, BalloonInfo, EvictInfo, ReplyBody, Request, RestoreInfo, Sample,
+    SnapshotInfo, Stats, MAX_LINE,
 };
 use std::fmt::Display;
 use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
@@ -74,6 +74,13 @@ pub enum Command {
         /// The answer.
         reply: Responder<BalloonInfo>,
     },
+    /// See [`Request::Evict`].
+    Evict {
+        /// Directory for the eviction file.
+        dir: PathBuf,
+        /// The answer.
+        reply: Responder<EvictInfo>,
+    },
     /// See [`Request::Snapshot`].
     Snapshot {
         /// Target directory.
@@ -106,6 +113,10 @@ impl Command {
                 target_mib,
                 reply: Responder::new(tx),
             },
+            Request::Evict { dir } => Self::Evict {
+                dir,
+                reply: Responder::new(tx),
+            },
             Request::Snapshot { dir, diff } => Self::Snapshot {
                 dir,
                 diff,
@@ -126,6 +137,7 @@ impl Command {
             Self::Stats(r) => r.refuse(why),
             Self::Sample(r) => r.refuse(why),
             Self::Balloon { reply, .. } => reply.refuse(why),
+            Self::Evict { reply, .. } => reply.refuse(why),
             Self::Snapshot { reply, .. } => reply.refuse(why),
             Self::Restore { reply, .. } => reply.refuse(why),
         }

@@ -7,7 +7,7 @@ use serde_json::{Map, Value};
 use std::fmt;
 use std::path::PathBuf;
 
-pub use crate::balloon::BalloonInfo;
+pub use crate::balloon::{BalloonInfo, EvictInfo};
 
 /// Longest line either side accepts, newline included.
 pub const MAX_LINE: usize = 64 * 1024;
@@ -55,6 +55,15 @@ pub enum Request {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         target_mib: Option<u64>,
     },
+    /// Cold-memory eviction: pushes the guest pages private to this VM
+    /// out of host RAM (to swap where the host has it, else to an unnamed
+    /// sparse file in `dir`, re-mapped over guest RAM). The guest reads
+    /// the same bytes afterwards.
+    Evict {
+        /// Directory for the eviction file (the first eviction only; not
+        /// on tmpfs).
+        dir: PathBuf,
+    },
 }
 
 impl Request {
@@ -69,6 +78,7 @@ impl Request {
             Self::Stats => "stats",
             Self::Sample => "sample",
             Self::Balloon { .. } => "balloon",
+            Self::Evict { .. } => "evict",
         }
     }
 
@@ -84,6 +94,7 @@ impl Request {
             Self::Snapshot { .. } => Reply::Snapshot(SnapshotInfo::from_fields(fields)?),
             Self::Restore { .. } => Reply::Restore(RestoreInfo::from_fields(fields)?),
             Self::Balloon { .. } => Reply::Balloon(BalloonInfo::from_fields(fields)?),
+            Self::Evict { .. } => Reply::Evict(EvictInfo::from_fields(fields)?),
         })
     }
 }
@@ -240,6 +251,21 @@ impl ReplyBody for BalloonInfo {
     }
 }
 
+/// `{"ok":true,"evict":{..}}`.
+impl ReplyBody for EvictInfo {
+    fn serialize_fields<M: SerializeMap>(&self, map: &mut M) -> Result<(), M::Error> {
+        map.serialize_entry("evict", self)
+    }
+
+    fn from_fields(fields: Map<String, Value>) -> serde_json::Result<Self> {
+        #[derive(Deserialize)]
+        struct W {
+            evict: EvictInfo,
+        }
+        serde_json::from_value::<W>(Value::Object(fields)).map(|w| w.evict)
+    }
+}
+
 /// `{"ok":true,"snapshot":{..}}`.
 impl ReplyBody for SnapshotInfo {
     fn serialize_fields<M: SerializeMap>(&self, map: &mut M) -> Result<(), M::Error> {
@@ -293,6 +319,8 @@ pub enum Reply {
     Sample(Sample),
     /// To `balloon`.
     Balloon(BalloonInfo),
+    /// To `evict`.
+    Evict(EvictInfo),
 }
 
 impl Serialize for Reply {
@@ -304,6 +332,7 @@ impl Serialize for Reply {
             Self::Restore(b) => Success(b).serialize(s),
             Self::Sample(b) => Success(b).serialize(s),
             Self::Balloon(b) => Success(b).serialize(s),
+            Self::Evict(b) => Success(b).serialize(s),
         }
     }
 }
@@ -525,6 +554,28 @@ pub(crate) mod tests {
             assert_eq!(s.to_string(), n);
         }
         assert_eq!(format!("{:<8}|", VmState::Paused), "paused  |");
+    }
+
+    #[test]
+    fn evict_request_and_reply_wire_format() {
+        let r = Request::Evict {
+            dir: "/sb/1".into(),
+        };
+        let s = serde_json::to_string(&r).unwrap();
+        assert_eq!(s, r#"{"op":"evict","dir":"/sb/1"}"#);
+        assert!(serde_json::from_str::<Request>(r#"{"op":"evict"}"#).is_err());
+        assert!(serde_json::from_str::<Request>(r#"{"op":"evict","dir":"/a","x":1}"#).is_err());
+        let info = EvictInfo {
+            mode: "file".into(),
+            pages: 3,
+            ..Default::default()
+        };
+        let Value::Object(m) = serde_json::to_value(Reply::Evict(info.clone())).unwrap() else {
+            panic!("not an object");
+        };
+        assert_eq!(m["ok"], Value::Bool(true));
+        assert_eq!(m["evict"]["mode"], "file");
+        assert_eq!(r.decode_reply(m).unwrap(), Reply::Evict(info));
     }
 
     #[test]

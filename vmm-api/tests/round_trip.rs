@@ -7,7 +7,7 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 use tempfile::TempDir;
 use vmm_api::{
-    serve, ApiError, BalloonInfo, Client, Command, Reply, Request, RestoreInfo, Sample,
+    serve, ApiError, BalloonInfo, Client, Command, EvictInfo, Reply, Request, RestoreInfo, Sample,
     SnapshotInfo, Stats, VmState,
 };
 
@@ -39,6 +39,16 @@ fn balloon() -> BalloonInfo {
         target_mib: 16,
         actual_mib: 8,
         inflated_pages: 2048,
+        ..Default::default()
+    }
+}
+
+fn evicted() -> EvictInfo {
+    EvictInfo {
+        mode: "file".into(),
+        pages: 300,
+        mappings: 2,
+        held_ms: 4.5,
         ..Default::default()
     }
 }
@@ -96,6 +106,10 @@ fn vmm() -> (TempDir, Client, Arc<Mutex<Vec<String>>>) {
                 log.push(format!("balloon {target_mib:?}"));
                 reply.ok(balloon())
             }
+            Command::Evict { dir, reply } => {
+                log.push(format!("evict {}", dir.display()));
+                reply.ok(evicted())
+            }
         }
         true
     })
@@ -117,6 +131,7 @@ fn every_request_round_trips_through_the_server() {
         RestoreInfo { restore_ms: 2.5 }
     );
     assert_eq!(c.balloon(Some(16)).unwrap(), balloon());
+    assert_eq!(c.evict(Path::new("/sb/1")).unwrap(), evicted());
     match c.resume().unwrap_err() {
         ApiError::Refused { request, message } => {
             assert_eq!((request, message.as_str()), ("resume", "not paused"))
@@ -133,6 +148,7 @@ fn every_request_round_trips_through_the_server() {
             "snapshot /snap/x true",
             "restore /snap/x [\"/d0\"]",
             "balloon Some(16)",
+            "evict /sb/1",
             "resume"
         ]
     );

@@ -7,8 +7,9 @@ use event_manager::{
 };
 use std::os::unix::io::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
+use std::time::Duration;
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::eventfd::EventFd;
 
@@ -24,6 +25,9 @@ pub enum EventError {
     /// The event manager refused an operation.
     #[error("event thread: {0:?}")]
     Manager(event_manager::Error),
+    /// The thread did not stop serving devices in time.
+    #[error("the event thread stayed busy for {0:?}")]
+    Busy(Duration),
 }
 
 /// Ends the loop when its eventfd is written.
@@ -46,6 +50,11 @@ impl MutEventSubscriber for ExitSubscriber {
 }
 
 /// The running event thread.
+/// While alive, the event thread serves no device ([`EventThread::hold`]).
+pub struct Held {
+    _release: mpsc::Sender<()>,
+}
+
 pub struct EventThread {
     exit: EventFd,
     handle: JoinHandle<()>,
@@ -109,6 +118,30 @@ impl EventThread {
         self.endpoint
             .call_blocking(move |ops| ops.remove_subscriber(id).map(drop))
             .map_err(EventError::Manager)
+    }
+
+    /// Stops the event thread from serving devices until the returned
+    /// guard is dropped (or `longest` passes, so devices never stay stuck
+    /// behind a caller that died): while it holds, no device handler runs,
+    /// so none writes guest memory. Waits at most `wait` for the thread to
+    /// get there (it may be inside a handler).
+    pub fn hold(&self, wait: Duration, longest: Duration) -> Result<Held, EventError> {
+        let (parked_tx, parked_rx) = mpsc::channel::<()>();
+        let (release_tx, release_rx) = mpsc::channel::<()>();
+        self.endpoint
+            .fire(move |_| {
+                let _ = parked_tx.send(());
+                // Returns when the guard goes (its sender dropped) or at
+                // the deadline.
+                let _ = release_rx.recv_timeout(longest);
+            })
+            .map_err(EventError::Manager)?;
+        parked_rx
+            .recv_timeout(wait)
+            .map_err(|_| EventError::Busy(wait))?;
+        Ok(Held {
+            _release: release_tx,
+        })
     }
 
     /// Ends the loop and waits for the thread.

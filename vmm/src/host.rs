@@ -239,12 +239,22 @@ pub fn detect() -> HostReport {
         name: "damon_vaddr",
         available: dm,
         detail: d,
-        action: if dm {
-            "cold guest memory found per VMM process with DAMON vaddr".into()
-        } else {
-            "no per-process DAMON: cold memory is reclaimed by balloon free-page reporting only"
-                .into()
-        },
+        action: "not used: idle sandboxes' memory is evicted by the VMM (see cold_memory)".into(),
+    });
+    let swap = std::fs::read_to_string("/proc/swaps").unwrap_or_default();
+    let areas = swap
+        .lines()
+        .skip(1)
+        .filter(|l| !l.trim().is_empty())
+        .count();
+    checks.push(cold_memory_check(crate::evict_mode::host_mode(), areas));
+    checks.push(Check {
+        name: "balloon",
+        available: true,
+        detail: "in this VMM: stats, deflate-on-OOM, free page reporting".into(),
+        action: "pages a guest frees are given back to the host at once in sandboxes whose \
+                 template has a balloon (shoald: new templates, unless --no-balloon)"
+            .into(),
     });
     let (cg, d) = cgroup_v2();
     checks.push(Check {
@@ -261,6 +271,30 @@ pub fn detect() -> HostReport {
         kvm,
         nested,
         checks,
+    }
+}
+
+/// The `cold_memory` line: how this host's VMMs evict an idle sandbox's
+/// private guest memory (`vm::evict`), `areas` swap areas listed.
+fn cold_memory_check(mode: crate::evict_mode::Mode, areas: usize) -> Check {
+    use crate::evict_mode::Mode;
+    Check {
+        name: "cold_memory",
+        available: true,
+        detail: match areas {
+            0 => "no swap (/proc/swaps lists none)".into(),
+            n => format!("{n} swap area(s) in /proc/swaps"),
+        },
+        action: match mode {
+            Mode::PageOut => "idle sandboxes' private guest memory is paged out to swap \
+                              (MADV_PAGEOUT) by shoald's eviction policy (--evict-idle-s)"
+                .into(),
+            Mode::File => "idle sandboxes' private guest memory is written to a sparse file in \
+                           the sandbox's directory and mapped back from it (no swap: \
+                           MADV_PAGEOUT could not move it) by shoald's eviction policy \
+                           (--evict-idle-s)"
+                .into(),
+        },
     }
 }
 
@@ -299,11 +333,48 @@ mod tests {
             "core_scheduling",
             "vhost_vsock",
             "damon_vaddr",
+            "cold_memory",
+            "balloon",
             "cgroup_v2",
         ] {
             assert!(names.contains(&n), "{n} missing");
         }
         assert!(r.table().lines().count() == r.checks.len() + 1);
         assert!(serde_json::to_string(&r).unwrap().contains("\"kvm\""));
+        // Nothing claims the balloon is the only reclaim, or DAMON is used.
+        assert!(!r.table().contains("balloon free-page reporting only"));
+        assert!(!r.table().contains("with DAMON vaddr"));
+    }
+
+    #[test]
+    fn the_cold_memory_line_names_the_path_this_host_gets() {
+        use crate::evict_mode::{host_mode, Mode};
+        let r = detect();
+        let line = r.checks.iter().find(|c| c.name == "cold_memory").unwrap();
+        let swap = std::fs::read_to_string("/proc/swaps").unwrap_or_default();
+        let has_swap = crate::evict_mode::swaps_listed(&swap);
+        assert_eq!(host_mode() == Mode::PageOut, has_swap);
+        assert_eq!(
+            line.action.contains("MADV_PAGEOUT) by"),
+            has_swap,
+            "{}",
+            line.action
+        );
+        assert_eq!(
+            line.action.contains("sparse file"),
+            !has_swap,
+            "{}",
+            line.action
+        );
+        assert_eq!(
+            line.detail.starts_with("no swap"),
+            !has_swap,
+            "{}",
+            line.detail
+        );
+        let f = cold_memory_check(Mode::File, 0);
+        assert!(f.action.contains("sparse file") && f.detail.contains("no swap"));
+        let p = cold_memory_check(Mode::PageOut, 2);
+        assert!(p.action.contains("swap (MADV_PAGEOUT)") && p.detail.contains("2 swap"));
     }
 }

@@ -5,6 +5,7 @@ pub mod boot;
 pub mod config;
 pub mod cpu;
 pub mod events;
+pub mod evict_mode;
 pub mod host;
 mod kernel_map;
 pub mod layout;

@@ -195,6 +195,8 @@ fn world() -> &'static World {
                     vmm_stock: 0,
                     images: Default::default(),
                     net: Default::default(),
+                    evict: Default::default(),
+                    balloon: None,
                 },
                 Arc::new(shoal_runtime::backend::microvm::MicroVm::new(
                     "/nonexistent/shoal-vmm",

@@ -40,6 +40,7 @@ pub(super) async fn healthz() -> Json<Health> {
 pub(super) async fn metrics_text(AxState(d): D) -> Res<impl IntoResponse> {
     let mut text = d.metrics.render(&gauges(&d)?);
     text.push_str(&crate::net::render_metrics(&d).await);
+    text.push_str(&crate::balloon::render_metrics(&d));
     Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text))
 }
 

@@ -158,6 +158,8 @@ impl TestDaemon {
                 dns: shoald::net_dns::DnsListen::Off,
                 ..Default::default()
             },
+            evict: Default::default(),
+            balloon: None,
         }
     }
 

@@ -524,6 +524,15 @@ impl SandboxVm for MicroVmSandbox {
         Transport::hybrid_vsock(&self.paths.vsock)
     }
 
+    fn evict(&self) -> Option<Result<vmm_api::EvictInfo, BackendError>> {
+        let c = self.control(crate::backend::EVICT_DEADLINE);
+        Some(c.evict(&self.paths.dir).map_err(Into::into))
+    }
+
+    fn balloon(&self, mib: Option<u64>) -> Option<Result<vmm_api::BalloonInfo, BackendError>> {
+        Some(self.control(QUICK).balloon(mib).map_err(Into::into))
+    }
+
     fn freeze(&self) -> Result<(), BackendError> {
         Ok(self.control(QUICK).pause()?)
     }

@@ -216,6 +216,9 @@ impl BackendError {
     }
 }
 
+/// Deadline of a VMM's `evict` request (it writes at most guest RAM).
+pub const EVICT_DEADLINE: Duration = Duration::from_secs(50);
+
 /// One running sandbox VM.
 pub trait SandboxVm: Send + Sync + std::fmt::Debug {
     /// Its kind.
@@ -267,6 +270,21 @@ pub trait SandboxVm: Send + Sync + std::fmt::Debug {
     /// Sends keyboard and pointer events to its display.
     fn input(&self, _events: &[InputEvent]) -> Result<(), BackendError> {
         Err(BackendError::Unsupported(self.kind(), "it has no display"))
+    }
+    /// Pushes the guest memory private to this VM out of host RAM
+    /// (`vmm_api::Request::Evict`; the eviction file, where one is
+    /// needed, goes into the sandbox's directory). `None`: this kind
+    /// cannot.
+    fn evict(&self) -> Option<Result<vmm_api::EvictInfo, BackendError>> {
+        None
+    }
+    /// Its balloon: sets the target (MiB) if given and reports
+    /// (`vmm_api::Request::Balloon`). `None`: this kind has none.
+    fn balloon(
+        &self,
+        _target_mib: Option<u64>,
+    ) -> Option<Result<vmm_api::BalloonInfo, BackendError>> {
+        None
     }
     /// Schedules every thread of its process by `class`
     /// ([`crate::sched::apply`] on [`Self::vmm_pid`]): after each start

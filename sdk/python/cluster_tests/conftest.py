@@ -40,7 +40,7 @@ TcpDaemon = sdk_conftest.TcpDaemon
 TEMPLATE = "py-tiny"
 NAMES = ("n0", "n1", "n2")
 #: Sandboxes each node's daemon admits (--max-sandboxes).
-CAPS = {"n0": 3, "n1": 6, "n2": 9}
+CAPS = {"n0": 3, "n1": 8, "n2": 9}
 NAMESPACE = "shoal"
 
 

@@ -110,7 +110,7 @@ def test_creates_spread_by_free_capacity_and_skip_a_full_node(cluster: ShoalClus
             burst = list(ex.map(lambda _: cluster.create(template=TEMPLATE), range(9)))
         made += burst
         got = Counter(s.node for s in burst)
-        print("burst of 9 over caps 3/6/9:", dict(got))
+        print("burst of 9 over caps 3/8/9:", dict(got))
         assert all(got[n] <= CAPS[n] for n in NAMES), got
         assert got["n2"] >= got["n0"] and max(got.values()) < 9, got
         _kill_all(made)

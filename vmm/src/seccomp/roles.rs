@@ -198,7 +198,14 @@ pub fn main() -> R {
         sys!(SYS_rseq),
         sys!(SYS_set_robust_list),
         sys!(SYS_sched_getaffinity),
+        // Cold-memory eviction: the file's filesystem (never tmpfs), and
+        // dropping its page cache once written.
+        sys!(SYS_fstatfs),
+        sys!(SYS_fadvise64),
     ]);
+    // Eviction to swap, where the host has it (added to every thread's
+    // madvise advice).
+    t.allow_when(sys!(SYS_madvise), arg_in(2, &[int(libc::MADV_PAGEOUT)])?);
     t.allow_when(
         sys!(SYS_prctl),
         arg_in(0, &[int(libc::PR_SET_NAME), int(libc::PR_SET_NO_NEW_PRIVS)])?,

@@ -120,6 +120,7 @@ impl Vm {
             net_override: None,
             balloon: None,
             ram_spans,
+            evictor: Default::default(),
         };
         Ok((vm, kvm))
     }

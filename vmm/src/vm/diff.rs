@@ -18,8 +18,10 @@
 //! `/proc/self/maps`) therefore counts as written too; an all-zero page
 //! is left a hole in `memory.diff` (it reads zeros), and the restore reads
 //! it over the base, so the restored guest sees zeros there, not the base
-//! snapshot's bytes.
+//! snapshot's bytes. Pages mapped from the eviction file (`evict`) are
+//! counted the same way: their bytes are this VM's, not the base's.
 
+use super::maps::{in_spans, mapping_spans, FileId};
 use super::VmError;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -36,38 +38,15 @@ fn io(what: String) -> impl FnOnce(std::io::Error) -> VmError {
     move |source| VmError::Io { what, source }
 }
 
-/// Host address ranges of this process's anonymous mappings (no file),
-/// sorted: over guest RAM, the ranges the balloon replaced.
-fn anonymous_spans() -> Result<Vec<(u64, u64)>, VmError> {
-    let maps = std::fs::read_to_string("/proc/self/maps").map_err(io("/proc/self/maps".into()))?;
-    let mut out: Vec<(u64, u64)> = maps
-        .lines()
-        .filter_map(|l| {
-            let mut f = l.split_whitespace();
-            let (s, e) = f.next()?.split_once('-')?;
-            let inode = f.nth(3)?;
-            let anon = inode == "0" && f.next().is_none_or(|p| p.starts_with("[anon"));
-            anon.then_some((
-                u64::from_str_radix(s, 16).ok()?,
-                u64::from_str_radix(e, 16).ok()?,
-            ))
-        })
-        .collect();
-    out.sort_unstable();
-    Ok(out)
-}
-
-/// Whether host address `a` lies in one of the sorted `spans`.
-fn in_spans(spans: &[(u64, u64)], a: u64) -> bool {
-    let i = spans.partition_point(|&(s, _)| s <= a);
-    i > 0 && a < spans[i - 1].1
-}
-
 /// Page numbers (in memory-file order) that are private to this process:
 /// written since the mapping was made, or given back by the balloon (an
-/// anonymous mapping over the file's).
-pub(super) fn private_pages(mem: &GuestMemoryMmap) -> Result<Vec<u64>, VmError> {
-    let anon = anonymous_spans()?;
+/// anonymous mapping over the file's), or evicted (mapped from the
+/// eviction file `evicted`, whose pages are no part of the base).
+pub(super) fn private_pages(
+    mem: &GuestMemoryMmap,
+    evicted: Option<&FileId>,
+) -> Result<Vec<u64>, VmError> {
+    let (anon, from_file) = mapping_spans(evicted)?;
     let pm = File::open("/proc/self/pagemap").map_err(io("/proc/self/pagemap".into()))?;
     let mut out = Vec::new();
     let mut file_page = 0u64;
@@ -87,7 +66,8 @@ pub(super) fn private_pages(mem: &GuestMemoryMmap) -> Result<Vec<u64>, VmError> 
                 let host = (first + done + i as u64) * PAGE;
                 let written = (v & PM_PRESENT != 0 && v & PM_FILE_OR_SHARED == 0)
                     || v & PM_SWAPPED != 0
-                    || in_spans(&anon, host);
+                    || in_spans(&anon, host)
+                    || in_spans(&from_file, host);
                 if written {
                     out.push(file_page + done + i as u64);
                 }

@@ -61,7 +61,7 @@ fn pages_given_back_by_the_balloon_restore_as_zeros_not_the_base() {
         )
         .unwrap();
 
-    let pages = private_pages(&mem).unwrap();
+    let pages = private_pages(&mem, None).unwrap();
     assert_eq!(pages, [1, 4, 5]);
     let diff = dir.path().join("memory.diff");
     write_diff(&mem, &pages, &diff, PAGES * PAGE).unwrap();

@@ -4,6 +4,8 @@
 mod balloon_dev;
 mod build;
 mod diff;
+mod evict;
+mod maps;
 mod net_dev;
 mod pmem_dev;
 mod restore;
@@ -216,6 +218,8 @@ pub struct Vm {
     /// How each span of guest RAM is mapped now, shared with the balloon
     /// device (which gives pages back by it); see `balloon_dev`.
     ram_spans: Arc<Mutex<devices::virtio::balloon::release::MappedRegions>>,
+    /// Cold-memory eviction (`evict`): its file and counters.
+    evictor: evict::Evictor,
 }
 
 /// What a restore may change about the saved VM.

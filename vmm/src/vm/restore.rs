@@ -330,6 +330,8 @@ impl Vm {
             super::diff::apply_diff(&self.mem, &st.diff_pages, &dir.join("memory.diff"))?;
         }
         self.memory_base = Some(mem_dir);
+        // Nothing maps the eviction file any more.
+        self.evictor.forget_mappings();
         cfg.serial = self.config.serial.clone();
         // A reloaded VM keeps its own vsock socket path.
         if let (Some(v), Some(old)) = (cfg.vsock.as_mut(), self.vsock_path.as_ref()) {
@@ -428,7 +430,7 @@ impl Vm {
                     "a diff snapshot cannot go into its own base directory".into(),
                 ));
             }
-            let pages = super::diff::private_pages(&self.mem)?;
+            let pages = super::diff::private_pages(&self.mem, self.evictor.file_id())?;
             let tmp = dir.join("memory.diff.tmp");
             super::diff::write_diff(&self.mem, &pages, &tmp, total_bytes)?;
             std::fs::rename(&tmp, dir.join("memory.diff"))

@@ -247,7 +247,12 @@ impl Vm {
     ) {
         let idle = ctl.vcpus.is_empty();
         match cmd {
-            c @ (Command::Pause(_) | Command::Snapshot { .. } | Command::Sample(_)) if idle => {
+            c @ (Command::Pause(_)
+            | Command::Snapshot { .. }
+            | Command::Sample(_)
+            | Command::Evict { .. })
+                if idle =>
+            {
                 c.refuse("no guest is running")
             }
             Command::Pause(r) => r.send(ctl.pause_all(rx)),
@@ -272,6 +277,18 @@ impl Vm {
                 }
             }
             Command::Balloon { target_mib, reply } => reply.send(self.balloon_request(target_mib)),
+            Command::Evict { dir, reply } => {
+                let t0 = Instant::now();
+                let was_paused = ctl.paused;
+                if let Err(e) = ctl.pause_all(rx) {
+                    return reply.refuse(e);
+                }
+                let res = self.evict_request(&dir, t0);
+                if !was_paused {
+                    ctl.resume_all();
+                }
+                reply.send(res)
+            }
             Command::Shutdown(r) => {
                 ctl.exit = Some(ExitReason::Stopped);
                 r.ok(())

@@ -16,9 +16,18 @@ from __future__ import annotations
 import random
 import threading
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping, Sequence
+from typing import AbstractSet, Iterable, Mapping, Sequence
 
-__all__ = ["Capacity", "NodeLoad", "Placer", "Ticket", "free_slots"]
+__all__ = [
+    "BUILTIN_IMAGES",
+    "Capacity",
+    "NodeLoad",
+    "Placer",
+    "Ticket",
+    "free_slots",
+    "needs_pull",
+    "split_by_capacity",
+]
 
 
 @dataclass(frozen=True)
@@ -195,3 +204,45 @@ class Placer:
         with self._lock:
             self._inflight.pop(node, None)
             self._recent.pop(node, None)
+
+
+#: The daemon's built-in images (never pulled: ``shoal_images::artifacts::IMAGES``).
+BUILTIN_IMAGES = frozenset({"tiny", "base"})
+
+
+def needs_pull(images: AbstractSet[str], image: str | None, template: str | None) -> bool:
+    """Whether a create of ``image`` on a node whose report lists
+    ``images`` must pull it there first: an OCI image (not a built-in
+    one, no template) not listed (by reference or id)."""
+    return (
+        template is None
+        and image is not None
+        and image not in BUILTIN_IMAGES
+        and image not in images
+    )
+
+
+def split_by_capacity(free: Sequence[int], count: int) -> list[list[int]]:
+    """``count`` call indexes over nodes with ``free`` slots each: shares
+    proportional to the free slots (largest remainders), interleaved so
+    each node gets calls from the whole range; all nodes evenly when
+    none has a free slot."""
+    weights = [max(0, int(f)) for f in free]
+    if sum(weights) == 0:
+        weights = [1] * len(weights)
+    total = sum(weights)
+    quota = [count * w / total for w in weights]
+    shares = [int(q) for q in quota]
+    for i in sorted(range(len(quota)), key=lambda i: shares[i] - quota[i])[: count - sum(shares)]:
+        shares[i] += 1
+    parts: list[list[int]] = [[] for _ in weights]
+    given = [0] * len(weights)
+    for idx in range(count):
+        # The node furthest behind its share takes the next call.
+        j = min(
+            (j for j in range(len(weights)) if given[j] < shares[j]),
+            key=lambda j: (given[j] / shares[j], j),
+        )
+        parts[j].append(idx)
+        given[j] += 1
+    return parts

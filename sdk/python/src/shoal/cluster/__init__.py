@@ -24,6 +24,10 @@ A node whose actor stops reporting (``stale_s``, default 3 s) or whose
 daemon does not answer leaves placement; its sandboxes raise
 :class:`SandboxLost` (a :class:`shoal.SandboxNotFound`); creates go to
 the other nodes; a node that reports again rejoins.
+
+:class:`AsyncShoalCluster` is its asyncio twin (the same methods,
+awaited; sandboxes are :class:`AsyncClusterSandbox`, a
+:class:`shoal.AsyncSandbox`).
 """
 
 try:
@@ -33,13 +37,17 @@ except ImportError as e:  # pragma: no cover - the extra is missing
         "shoal.cluster needs Ray: pip install 'shoal[ray]' (ray==2.60.0)"
     ) from e
 
-from .._placement import Capacity, NodeLoad, Placer, free_slots
+from .._placement import Capacity, NodeLoad, Placer, free_slots, needs_pull, split_by_capacity
+from ._async import AsyncClusterSandbox, AsyncNodeShoal, AsyncShoalCluster
 from ._client import NodeStatus, ShoalCluster
 from ._node import ShoalNode, node_actor_name, node_resource, start_node, stop_node
 from ._report import split_id
 from ._routing import ClusterSandbox, NodeLost, NodeShoal, SandboxLost
 
 __all__ = [
+    "AsyncClusterSandbox",
+    "AsyncNodeShoal",
+    "AsyncShoalCluster",
     "Capacity",
     "ClusterSandbox",
     "NodeLoad",
@@ -51,8 +59,10 @@ __all__ = [
     "ShoalCluster",
     "ShoalNode",
     "free_slots",
+    "needs_pull",
     "node_actor_name",
     "node_resource",
+    "split_by_capacity",
     "split_id",
     "start_node",
     "stop_node",

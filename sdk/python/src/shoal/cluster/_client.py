@@ -16,6 +16,7 @@ import ray
 from .._errors import (
     BadRequest,
     HostFull,
+    ImageNotFound,
     InsufficientStorage,
     KindNotAvailable,
     Retryable,
@@ -25,7 +26,7 @@ from .._errors import (
     Timeout,
 )
 from .._fncall import FnCallArgs, FnCallResult, fncall_args
-from .._placement import NodeLoad, Placer, free_slots
+from .._placement import NodeLoad, Placer, free_slots, needs_pull, split_by_capacity
 from .._types import ContainerArgs, MicroVMArgs, PoolInfo, TemplateInfo, VMArgs
 from ._node import NAMESPACE, REGISTRY, registry
 from ._report import BadReport, NodeReport, parse_report, split_id
@@ -35,8 +36,6 @@ __all__ = ["NodeStatus", "ShoalCluster"]
 
 #: Refusals that send a create to another node.
 _ELSEWHERE = (HostFull, InsufficientStorage, NodeLost)
-
-
 @dataclass(frozen=True)
 class NodeStatus:
     """A node as the registry last saw it."""
@@ -288,6 +287,7 @@ class ShoalCluster:
         template: str | None = None,
         node: str | None = None,
         spread: bool = False,
+        pull_timeout: float = 300.0,
         **kw: Any,
     ) -> ClusterSandbox:
         """Creates a sandbox on a node placement picks and returns it,
@@ -300,7 +300,12 @@ class ShoalCluster:
         refuses (429/503/507) or does not answer sends the create to the
         next choice; :class:`HostFull` when no node could take it. A
         template the cluster knows (:meth:`create_template`) that a node
-        lacks is made there first.
+        lacks is made there first. An OCI ``image`` the chosen node does
+        not have (placement prefers nodes that have it) is pulled there
+        first, within ``pull_timeout`` seconds (:class:`Timeout`; a
+        failed pull raises the daemon's error, e.g. :class:`ImageNotFound`,
+        naming the node and image; a node out of disk (507) sends the
+        create to the next node).
         """
         if template is None and image is None:
             raise BadRequest("create: give an image or a template")
@@ -308,56 +313,83 @@ class ShoalCluster:
         errors: list[str] = []
         t_place = time.perf_counter()
         while True:
-            nodes = self._fresh()
-            specs = self._specs["templates"]
-            if node is not None and node not in nodes:
-                raise NodeLost(f"node {node} is not in the cluster ({self._why(node)})")
-            mem, vcpus = self._shape(nodes, template, kw)
-            loads = [self._load(n) for n in nodes.values() if self._placeable(n, node)]
-            name = self.placer.choose(
-                loads,
-                template=template,
-                image=image,
-                memory_mib=mem,
-                vcpus=vcpus,
-                node=node,
-                spread=spread,
-                exclude=tried,
-                buildable=template is None or template in specs,
-            )
-            if name is None and node is not None and node not in tried:
-                # Pinned: the node's own admission is the final word (this
-                # client's view of it may be a report behind).
-                name = node
-            if name is None:
-                if template is not None and not any(template in n.templates for n in loads):
-                    if template not in specs:
-                        raise TemplateNotFound(f"no live node has the template {template}")
-                detail = "; ".join(errors) or f"{len(loads)} live nodes, none with a free slot"
-                raise HostFull(f"no node of the cluster could take the sandbox: {detail}")
-            ticket = self.placer.begin(name)
+            n, ticket = self._choose(image, template, node, spread, kw, tried, errors)
             placed = False
             try:
-                n = nodes[name]
                 t_node = time.perf_counter()
                 if template is not None and template not in n.report.templates:
                     self._make_template(n, template)
+                if needs_pull(n.report.images, image, template):
+                    self._pull(n, str(image), pull_timeout)
                 sb = n.client.create(image, template=template, **kw)
                 t_place += time.perf_counter() - t_node
                 placed = True
-                out = ClusterSandbox(n.client, sb.info)
-                self.placer.end(ticket, placed=True, now=time.monotonic())
-                with self._lock:
-                    self.placement_s += time.perf_counter() - t_place
-                    self.placements += 1
-                return out
+                return self._placed(ClusterSandbox(n.client, sb.info), ticket, t_place)
             except _ELSEWHERE as e:
-                if isinstance(e, SandboxBusy) or node is not None:
-                    raise
-                tried.append(name)
-                errors.append(f"{name}: {e}")
+                self._refused(e, n, node, tried, errors)
             finally:
                 self.placer.end(ticket, placed=placed, now=time.monotonic())
+
+    # The steps of a create, shared with AsyncShoalCluster.
+
+    def _choose(
+        self,
+        image: str | None,
+        template: str | None,
+        node: str | None,
+        spread: bool,
+        kw: Mapping[str, Any],
+        tried: Sequence[str],
+        errors: Sequence[str],
+    ) -> tuple[_Node, Any]:
+        """The node for the next try of a create, and its placement
+        ticket (``placer.end`` it); raises when no node is left."""
+        nodes = self._fresh()
+        specs = self._specs["templates"]
+        if node is not None and node not in nodes:
+            raise NodeLost(f"node {node} is not in the cluster ({self._why(node)})")
+        mem, vcpus = self._shape(nodes, template, kw)
+        loads = [self._load(n) for n in nodes.values() if self._placeable(n, node)]
+        name = self.placer.choose(
+            loads,
+            template=template,
+            image=image,
+            memory_mib=mem,
+            vcpus=vcpus,
+            node=node,
+            spread=spread,
+            exclude=tried,
+            buildable=template is None or template in specs,
+        )
+        if name is None and node is not None and node not in tried:
+            # Pinned: the node's own admission is the final word (this
+            # client's view of it may be a report behind).
+            name = node
+        if name is None:
+            if template is not None and not any(template in n.templates for n in loads):
+                if template not in specs:
+                    raise TemplateNotFound(f"no live node has the template {template}")
+            detail = "; ".join(errors) or f"{len(loads)} live nodes, none with a free slot"
+            raise HostFull(f"no node of the cluster could take the sandbox: {detail}")
+        return nodes[name], self.placer.begin(name)
+
+    def _placed(self, sb: Any, ticket: Any, t_place: float) -> Any:
+        self.placer.end(ticket, placed=True, now=time.monotonic())
+        with self._lock:
+            self.placement_s += time.perf_counter() - t_place
+            self.placements += 1
+        return sb
+
+    @staticmethod
+    def _refused(
+        e: Exception, n: _Node, pinned: str | None, tried: list[str], errors: list[str]
+    ) -> None:
+        """A node refused a create: re-raised when it must not go
+        elsewhere, else that node is left out of the next try."""
+        if isinstance(e, SandboxBusy) or pinned is not None:
+            raise e
+        tried.append(n.report.node)
+        errors.append(f"{n.report.node}: {e}")
 
     def _placeable(self, n: _Node, pinned: str | None = None) -> bool:
         name = n.report.node
@@ -418,6 +450,35 @@ class ShoalCluster:
             target = self._specs["pools"].get(template)
             if target:
                 n.client.set_pool(template, int(target))
+
+    def _pull(self, n: _Node, image: str, timeout: float) -> None:
+        """Pulls ``image`` on node ``n`` unless it has it (one pull per
+        node and image at a time), within ``timeout`` seconds."""
+        node = n.report.node
+        with self._lock:
+            lock = self._build_locks.setdefault((node, "image:" + image), threading.Lock())
+        with lock:
+            try:
+                n.client.get_image(image)
+                return
+            except ImageNotFound:
+                pass
+            try:
+                n.client.pull_image(image, timeout=timeout)
+            except Timeout as e:
+                raise Timeout(
+                    f"node {node} did not pull the image {image} within {timeout:.0f} s "
+                    f"(the create's pull_timeout): {e.message}"
+                ) from e
+            except ShoalError as e:
+                if isinstance(e, _ELSEWHERE):
+                    raise
+                msg = f"node {node} could not pull the image {image}: {e.message}"
+                try:
+                    err = type(e)(msg, code=e.code, status=e.status)
+                except TypeError:
+                    err = ShoalError(msg, code=e.code, status=e.status)
+                raise err from e
 
     def sandbox(self, image: str | None = None, **kw: Any) -> _Scope:
         """:meth:`create` as a context manager that kills on exit."""
@@ -551,13 +612,11 @@ class ShoalCluster:
         self, calls: Iterable[FnCallArgs], *, concurrency: int | None = None
     ) -> List[FnCallResult]:
         """As :meth:`shoal.Shoal.map_fncall`: the calls split over the live
-        nodes (one batch per node, at most ``concurrency`` at once on
-        each); results in the order of ``calls``."""
+        nodes by their free slots (one batch per node, at most
+        ``concurrency`` at once on each); results in the order of
+        ``calls``."""
         items = [fncall_args(c, {}) for c in calls]
-        nodes = [n for n in self._fresh().values() if self._placeable(n)]
-        if not nodes:
-            raise HostFull("no live node in the cluster")
-        parts: list[list[int]] = [list(range(i, len(items), len(nodes))) for i in range(len(nodes))]
+        nodes, parts = self._split(len(items))
         out: list[FnCallResult | None] = [None] * len(items)
         results = self._each(
             lambda n: n.client.map_fncall(
@@ -571,6 +630,17 @@ class ShoalCluster:
             for i, res in zip(idx, r):
                 out[i] = res
         return [r for r in out if r is not None]
+
+    def _split(self, count: int) -> tuple[List[_Node], List[List[int]]]:
+        """The live nodes and the indexes of ``count`` calls each takes:
+        shares proportional to their reported free slots (evenly when
+        none has one: each node's daemon queues its part)."""
+        nodes = sorted(
+            (n for n in self._fresh().values() if self._placeable(n)), key=lambda n: n.report.node
+        )
+        if not nodes:
+            raise HostFull("no live node in the cluster")
+        return nodes, split_by_capacity([free_slots(n.report.capacity) for n in nodes], count)
 
     # -- templates and pools ------------------------------------------
 
