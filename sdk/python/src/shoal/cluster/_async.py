@@ -27,35 +27,13 @@ from .._types import VMArgs
 from .._placement import needs_pull
 from ._client import _ELSEWHERE, NodeStatus, ShoalCluster, _Node
 from ._report import split_id
-from ._routing import NodeLost, SandboxLost
+from ._routing import NodeLost, NodeRoutes, SandboxLost
 
 __all__ = ["AsyncClusterSandbox", "AsyncNodeShoal", "AsyncShoalCluster"]
 
 
-class AsyncNodeShoal(AsyncShoal):
+class AsyncNodeShoal(NodeRoutes, AsyncShoal):
     """The asyncio client of one node (as :class:`NodeShoal`)."""
-
-    def __init__(self, cluster: ShoalCluster, node: str, url: str, token: str | None, **kw: Any):
-        super().__init__(url, token=token, autostart=False, **kw)
-        self.cluster = cluster
-        self.node = node
-        self._prefix = f"/v1/sandboxes/{node}."
-
-    def __repr__(self) -> str:
-        return f"AsyncNodeShoal({self.node!r}, {str(self.target)!r})"
-
-    def _lost(self, path: str, why: str) -> NodeLost:
-        if path.startswith(self._prefix):
-            sid = self.node + "." + path[len(self._prefix) :].split("/", 1)[0]
-            return SandboxLost(
-                f"sandbox {sid} is lost: its node {self.node} left the cluster ({why})"
-            )
-        return NodeLost(f"node {self.node} left the cluster ({why})")
-
-    def _local(self, path: str) -> str:
-        if path.startswith(self._prefix):
-            return "/v1/sandboxes/" + path[len(self._prefix) :]
-        return path
 
     async def _dead(self) -> bool:
         try:

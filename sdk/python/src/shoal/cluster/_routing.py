@@ -34,22 +34,22 @@ class SandboxLost(NodeLost, SandboxNotFound):
     code = "sandbox_lost"
 
 
-class NodeShoal(Shoal):
-    """The single-host client of one node of a cluster. Requests for the
-    sandbox ``<node>.<id>`` go to ``/v1/sandboxes/<id>`` of this node's
-    daemon; a node that left raises :class:`SandboxLost` /
-    :class:`NodeLost` at once; a failed connection to a daemon that no
-    longer answers ``/healthz`` raises them too and takes the node out of
-    this client's placement until a later report says it answers."""
+class NodeRoutes:
+    """What a node's client (sync or async) adds to the single-host one:
+    the ``<node>.`` prefix of its sandboxes' ids taken off its request
+    paths, and a lost node's error naming the sandbox or the node."""
+
+    node: str
+    _prefix: str
 
     def __init__(self, cluster: ShoalCluster, node: str, url: str, token: str | None, **kw: Any):
-        super().__init__(url, token=token, autostart=False, **kw)
+        super().__init__(url, token=token, autostart=False, **kw)  # type: ignore[call-arg]
         self.cluster = cluster
         self.node = node
         self._prefix = f"/v1/sandboxes/{node}."
 
     def __repr__(self) -> str:
-        return f"NodeShoal({self.node!r}, {str(self.target)!r})"
+        return f"{type(self).__name__}({self.node!r}, {str(getattr(self, 'target', ''))!r})"
 
     def _lost(self, path: str, why: str) -> NodeLost:
         if path.startswith(self._prefix):
@@ -63,6 +63,15 @@ class NodeShoal(Shoal):
         if path.startswith(self._prefix):
             return "/v1/sandboxes/" + path[len(self._prefix) :]
         return path
+
+
+class NodeShoal(NodeRoutes, Shoal):
+    """The single-host client of one node of a cluster. Requests for the
+    sandbox ``<node>.<id>`` go to ``/v1/sandboxes/<id>`` of this node's
+    daemon; a node that left raises :class:`SandboxLost` /
+    :class:`NodeLost` at once; a failed connection to a daemon that no
+    longer answers ``/healthz`` raises them too and takes the node out of
+    this client's placement until a later report says it answers."""
 
     def _dead(self) -> bool:
         """Whether the daemon is gone (after a failed connection): a
