@@ -126,8 +126,12 @@ echo "== [${SECONDS} s] tests" >&2
 # The hostile-guest battery compares a neighbour's exec latency during
 # each attack with its latency just before: it runs last, alone, so the
 # other suites' load does not come and go inside its windows.
+# The Rust test binaries run two at a time (scripts/run-tests.py: longest
+# first by the last run's times, the host-networking ones one after
+# another); a failing binary does not stop the rest, and all failures are
+# listed at the end.
 rust_rc=0
-cargo test --workspace -- --skip hostile_guest_battery || rust_rc=$?
+python3 scripts/run-tests.py --lanes 2 --skip hostile_guest_battery || rust_rc=$?
 echo "== [${SECONDS} s] Rust tests: exit status $rust_rc; waiting for the Python suites" >&2
 sdk_rc=0
 wait "$sdk_pid" || sdk_rc=$?
