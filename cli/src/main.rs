@@ -25,6 +25,7 @@ mod bench_classes;
 mod bench_cmd;
 mod bench_fncall;
 mod bench_image;
+mod bench_vm;
 mod confinement;
 mod daemon_client;
 mod daemon_cmds;
