@@ -653,12 +653,15 @@ pub fn template(g: &Global, op: &crate::TemplateCmd) -> Result<i32> {
             image,
             cpus,
             memory,
+            kind,
             root,
         } => {
+            let vm = kind.as_deref() == Some("vm");
+            let image = image.as_deref().unwrap_or(if vm { "tiny" } else { "base" });
             let req = api::CreateTemplate {
-                kind: None,
+                kind: kind.clone(),
                 vcpus: Some(*cpus),
-                memory_mib: Some(*memory),
+                memory_mib: *memory,
                 ..api::CreateTemplate::new(name, image)
             }
             .with_root(root.request()?);
@@ -675,6 +678,7 @@ pub fn template(g: &Global, op: &crate::TemplateCmd) -> Result<i32> {
                 .map(|t| {
                     vec![
                         t.name.clone(),
+                        t.kind.clone(),
                         t.state.to_string(),
                         t.source.clone(),
                         format!("{}/{}M", t.vcpus, t.memory_mib),
@@ -684,7 +688,9 @@ pub fn template(g: &Global, op: &crate::TemplateCmd) -> Result<i32> {
                 })
                 .collect();
             table(
-                &["NAME", "STATE", "SOURCE", "CPU/MEM", "UPPER", "LAYERS"],
+                &[
+                    "NAME", "KIND", "STATE", "SOURCE", "CPU/MEM", "UPPER", "LAYERS",
+                ],
                 &rows,
             );
             Ok(0)
