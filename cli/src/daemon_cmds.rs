@@ -636,6 +636,9 @@ pub fn fork(g: &Global, a: &ForkArgs) -> Result<i32> {
 
 /// A template's upper layer in a few words.
 fn upper_text(t: &api::Template) -> String {
+    if t.kind == "vm" {
+        return "-".into(); // a vm guest has its disk, no upper layer
+    }
     match (t.upper_disk_mib, t.upper_size_mib) {
         (Some(d), _) => format!("disk {d}M"),
         (None, Some(s)) => format!("tmpfs {s}M"),
