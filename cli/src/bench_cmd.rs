@@ -70,6 +70,10 @@ pub enum BenchCmd {
     /// memory of N sandboxes reading the same files (pmem layers vs
     /// per-sandbox copies).
     Image(crate::bench_image::ImageArgs),
+    /// The vm kind (QEMU q35) next to a microVM of the same size: cold
+    /// boot vs create from the snapshot, freeze/thaw, pause to disk and
+    /// resume, host memory per idle VM; ratios vm/microvm.
+    Vm(crate::bench_vm::VmArgs),
     /// VMM start to first instruction, console, init and exit; vs QEMU microvm.
     Boot {
         /// Boots per system (>= 20 on hardware KVM; each takes seconds on PVM hosts).
@@ -265,6 +269,9 @@ pub fn run(g: &crate::daemon_cmds::Global, a: BenchArgs) -> Result<i32> {
         }
         BenchCmd::Fncall(f) => {
             crate::bench_fncall::run(g, &f, &bench::Output::new(&f.out, plot)).map(|_| 0)
+        }
+        BenchCmd::Vm(v) => {
+            crate::bench_vm::run(g, &v, &bench::Output::new(&v.out, plot)).map(|_| 0)
         }
         BenchCmd::Image(i) => {
             crate::bench_image::run(g, &i, &bench::Output::new(&i.out, plot)).map(|_| 0)
