@@ -73,6 +73,10 @@ pub struct DensityArgs {
     /// Extra shoald arguments for every private daemon.
     #[arg(long, default_value = "")]
     pub daemon_args: String,
+    /// Only print the table and draw the figures of this earlier report
+    /// (no daemon, nothing run).
+    #[arg(long, value_name = "FILE.json")]
+    pub from_json: Option<std::path::PathBuf>,
     /// Where to write the JSON report (figures beside it, or in --plot).
     #[arg(long = "out", default_value = "bench-density.json")]
     pub out: std::path::PathBuf,
@@ -217,7 +221,11 @@ fn run_config(
     if let Some(d) = Duration::from_secs_f64(duration_s).checked_sub(r0.elapsed()) {
         std::thread::sleep(d);
     }
-    let replay = (created_s, t0.elapsed().as_secs_f64());
+    // The window every configuration is compared over: the replay's
+    // planned length from the end of the creates (late requests can run
+    // past it: `replay_end_s`, `lag_s_max`).
+    let replay = (created_s, created_s + duration_s);
+    let replay_end_s = t0.elapsed().as_secs_f64();
     // The idle sandboxes' private guest RAM now.
     let idle = idle_memory(&daemon, plan, &ids, u64::from(a.memory_mib));
     let counters = reclaim_counters(&c.metrics().unwrap_or_default());
@@ -238,6 +246,7 @@ fn run_config(
         created,
         create_s: created_s,
         replay_s: replay,
+        replay_end_s,
         failures: tally.failures.len(),
         first_failures: tally.failures.into_iter().take(5).collect(),
         alloc_execs: tally.alloc_ms.len(),
@@ -306,6 +315,12 @@ fn latency(g: &crate::daemon_cmds::Global, a: &DensityArgs) -> Result<Latency> {
 
 /// Runs it.
 pub fn run(g: &crate::daemon_cmds::Global, a: &DensityArgs, out: &Output) -> Result<()> {
+    if let Some(f) = &a.from_json {
+        let text = std::fs::read_to_string(f)?;
+        let report: DensityReport = serde_json::from_str(&text)
+            .map_err(|e| anyhow::anyhow!("{}: not a density report: {e}", f.display()))?;
+        return out.emit(&report.render(), &report, rep::figures);
+    }
     if g.daemon.is_some() {
         bail!("bench density runs private daemons (it reads their VMMs' memory): drop --daemon");
     }

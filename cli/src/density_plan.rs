@@ -28,7 +28,7 @@ pub struct Event {
 }
 
 /// The mix's parameters.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct MixSpec {
     /// Sandboxes.
     pub sandboxes: usize,

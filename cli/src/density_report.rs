@@ -5,7 +5,7 @@
 
 use crate::density_mem::Sample;
 use crate::density_plan::{self as dp, MixSpec, Plan, Role};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use shoal_bench::plot::{self, Bar, Out, PlotError, Series, XySeries};
 use shoal_bench::stats::summarize;
 use shoal_client::api::Priority;
@@ -13,7 +13,7 @@ use std::fmt::Write;
 use std::path::PathBuf;
 
 /// The idle sandboxes' memory at the end of a configuration (KiB per VMM).
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct IdleMem {
     /// VMMs read.
     pub n: usize,
@@ -44,7 +44,7 @@ impl IdleMem {
 }
 
 /// One configuration's results.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ConfigResult {
     pub name: String,
     pub label: String,
@@ -53,8 +53,12 @@ pub struct ConfigResult {
     pub created: usize,
     /// Seconds to create every sandbox and run its first exec.
     pub create_s: f64,
-    /// The replay's window (s since the configuration's start).
+    /// The replay's window (s since the configuration's start): from the
+    /// end of the creates, its planned length.
     pub replay_s: (f64, f64),
+    /// When the last request of the replay finished (s), at or after the
+    /// window's end.
+    pub replay_end_s: f64,
     pub failures: usize,
     pub first_failures: Vec<String>,
     pub alloc_execs: usize,
@@ -80,7 +84,7 @@ pub struct ConfigResult {
 }
 
 /// One latency case.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct LatencyCase {
     pub label: String,
     pub burners: usize,
@@ -93,7 +97,7 @@ pub struct LatencyCase {
 }
 
 /// The latency part.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Latency {
     pub cores: usize,
     pub cases: Vec<LatencyCase>,
@@ -136,7 +140,7 @@ impl Latency {
 }
 
 /// A goal of issue 21 and where this run stands.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Goal {
     pub goal: String,
     pub measured: String,
@@ -144,7 +148,7 @@ pub struct Goal {
 }
 
 /// The report.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct DensityReport {
     pub host: String,
     pub mix: MixSpec,
@@ -334,7 +338,12 @@ pub fn figures(r: &DensityReport, out: &Out) -> Result<Vec<PathBuf>, PlotError> 
         .iter()
         .filter(|c| !c.samples.is_empty())
         .map(|c| {
-            let pts = c.samples.iter().map(|s| (s.t_s, s.pss_mib)).collect();
+            // Times to 0.1 s: the first sample at 0 keeps the axis linear.
+            let pts = c
+                .samples
+                .iter()
+                .map(|s| ((s.t_s * 10.0).round() / 10.0, s.pss_mib))
+                .collect();
             XySeries::new(c.label.clone(), pts)
         })
         .collect();
