@@ -388,3 +388,105 @@ pub fn figures(r: &DensityReport, out: &Out) -> Result<Vec<PathBuf>, PlotError> 
     }
     Ok(files)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::density_plan::{plan, MixSpec};
+
+    fn config(name: &str, level: f64, idle_private: &[f64]) -> ConfigResult {
+        let samples: Vec<Sample> = (0..=20)
+            .map(|t| Sample {
+                t_s: f64::from(t),
+                vmms: 4,
+                pss_mib: level,
+                anon_mib: level / 2.0,
+                host_used_mib: 1000.0,
+            })
+            .collect();
+        ConfigResult {
+            name: name.into(),
+            label: name.into(),
+            daemon_args: String::new(),
+            sandboxes: 4,
+            created: 4,
+            create_s: 0.0,
+            replay_s: (0.0, 20.0),
+            replay_end_s: 20.0,
+            failures: 0,
+            first_failures: vec![],
+            alloc_execs: 1,
+            alloc_exec_ms_p50: Some(1.0),
+            busy_execs: 0,
+            busy_exec_ms_p50: None,
+            lag_s_max: 0.0,
+            peak_pss_mib: level,
+            integral_pss_mib_s: level * 20.0,
+            mean_pss_mib: level,
+            host_used_base_mib: 1000.0,
+            peak_host_used_mib: 0.0,
+            integral_host_used_mib_s: 0.0,
+            idle: IdleMem::of(idle_private, &[500.0; 2]),
+            counters: Default::default(),
+            samples,
+        }
+    }
+
+    #[test]
+    fn ratios_goals_round_trip_and_figures() {
+        let mix = MixSpec {
+            sandboxes: 4,
+            seed: 1,
+            duration_s: 20.0,
+            alloc_share: 0.25,
+            busy_share: 0.25,
+            alloc_mib: 8,
+            allocs: 1,
+            busy_period_s: 5.0,
+        };
+        let p = plan(&mix);
+        let cases = |ms: [f64; 3]| {
+            let c = |label: &str, burners, priority, v: f64| crate::bench_classes::Case {
+                label: label.into(),
+                burners,
+                priority,
+                ms: vec![v; 3],
+            };
+            vec![
+                c("quiet", 0, Priority::Latency, 100.0),
+                c("1 be", 1, Priority::BestEffort, ms[0]),
+                c("1 lat", 1, Priority::Latency, ms[1]),
+                c("2 be", 2, Priority::BestEffort, ms[2]),
+            ]
+        };
+        let r = DensityReport::new(
+            "pvm".into(),
+            mix,
+            &p,
+            256,
+            20,
+            vec![
+                config("off", 100.0, &[900.0, 800.0]),
+                config("both", 60.0, &[0.0, 2048.0]),
+            ],
+            Some(Latency::of(2, cases([110.0, 200.0, 150.0]))),
+        );
+        assert_eq!(r.integral_ratio_vs_off[1], ("both".into(), Some(0.6)));
+        // 40% lower: met; one idle VMM over 1 MiB: not met; +10%: met.
+        let met: Vec<_> = r.goals.iter().map(|g| g.met).collect();
+        assert_eq!(met, [Some(true), Some(false), Some(true)], "{:?}", r.goals);
+        assert!(r.goals[0].measured.starts_with("40.0% lower"));
+        assert_eq!(r.goals[2].measured, "+10.0%");
+        let t = r.render();
+        assert!(t.contains("[NOT MET]") && t.contains("0.60"), "{t}");
+        // The JSON reads back (--from-json) and draws three figures.
+        let back: DensityReport =
+            serde_json::from_str(&serde_json::to_string(&r).unwrap()).unwrap();
+        assert_eq!(back.render(), t);
+        let d = tempfile::tempdir().unwrap();
+        let out = Out::for_json(d.path(), std::path::Path::new("bench-density.json"));
+        let files = figures(&back, &out).unwrap();
+        assert_eq!(files.len(), 3);
+        assert!(files.iter().all(|f| f.is_file()));
+    }
+}
