@@ -71,7 +71,7 @@ pub struct DensityArgs {
     #[arg(long, default_value_t = 15)]
     pub execs: usize,
     /// Extra shoald arguments for every private daemon.
-    #[arg(long, default_value = "")]
+    #[arg(long, default_value = "", allow_hyphen_values = true)]
     pub daemon_args: String,
     /// Only print the table and draw the figures of this earlier report
     /// (no daemon, nothing run).
