@@ -67,7 +67,8 @@ fn execs(c: &DaemonClient, id: &str, n: usize) -> Result<Vec<f64>> {
 /// sandbox `probe`'s exec latencies meanwhile.
 fn case(
     c: &DaemonClient,
-    a: &ClassesArgs,
+    image: &str,
+    execs_n: usize,
     probe: &str,
     burners: usize,
     p: Priority,
@@ -75,18 +76,79 @@ fn case(
     let mut ids = vec![];
     let res = (|| {
         for _ in 0..burners {
-            let sb = create(c, &a.image, p)?;
+            let sb = create(c, image, p)?;
             ids.push(sb.id.clone());
             c.start_command(&sb.id, &ExecRequest::shell(BURN))?;
         }
         // Let the burners reach their loops.
         std::thread::sleep(std::time::Duration::from_secs(2));
-        execs(c, probe, a.execs)
+        execs(c, probe, execs_n)
     })();
     for id in ids {
         let _ = c.kill(&id);
     }
     res
+}
+
+/// One measured case: the latency sandbox's exec latencies (ms) with
+/// `burners` sandboxes of class `priority` burning beside it.
+pub(crate) struct Case {
+    pub label: String,
+    pub burners: usize,
+    pub priority: Priority,
+    pub ms: Vec<f64>,
+}
+
+/// The quiet host, then for each count of `levels` the burners
+/// best_effort (classes) and latency (the peer: no classes), `execs`
+/// timed execs each, in one latency sandbox of `image` (its template
+/// made already). Labels name the burner count when there are several
+/// levels.
+pub(crate) fn measure(
+    c: &DaemonClient,
+    image: &str,
+    execs: usize,
+    levels: &[usize],
+) -> Result<Vec<Case>> {
+    let probe = create(c, image, Priority::Latency)?;
+    eprintln!(
+        "measured sandbox {} (latency); burners {levels:?}; {execs} execs per case",
+        probe.id
+    );
+    let mut cases = vec![("quiet host (floor)".to_string(), 0, Priority::Latency)];
+    for &n in levels {
+        let k = if levels.len() > 1 {
+            format!("{n} ")
+        } else {
+            String::new()
+        };
+        cases.push((
+            format!("{k}burners best_effort (classes)"),
+            n,
+            Priority::BestEffort,
+        ));
+        cases.push((
+            format!("{k}burners latency (peer: no classes)"),
+            n,
+            Priority::Latency,
+        ));
+    }
+    let mut out = vec![];
+    let res = (|| {
+        for (label, n, p) in cases {
+            eprintln!("{label}...");
+            let ms = case(c, image, execs, &probe.id, n, p)?;
+            out.push(Case {
+                label,
+                burners: n,
+                priority: p,
+                ms,
+            });
+        }
+        Ok::<_, anyhow::Error>(())
+    })();
+    let _ = c.kill(&probe.id);
+    res.map(|_| out)
 }
 
 /// Runs it; the report is the figure's document (a CDF per case).
@@ -104,47 +166,23 @@ pub fn run(g: &crate::daemon_cmds::Global, a: &ClassesArgs, out: &Output) -> Res
         }
     };
     crate::daemon_cmds::image_template(g, &c, &a.image, 1, 128, &Default::default())?;
-    let probe = create(&c, &a.image, Priority::Latency)?;
-    eprintln!(
-        "measured sandbox {} (latency); {burners} burners; {} execs per case",
-        probe.id, a.execs
-    );
-    let cases = [
-        ("quiet host (floor)", 0, Priority::Latency),
-        (
-            "burners best_effort (classes)",
-            burners,
-            Priority::BestEffort,
-        ),
-        (
-            "burners latency (peer: no classes)",
-            burners,
-            Priority::Latency,
-        ),
-    ];
+    let cases = measure(&c, &a.image, a.execs, &[burners]);
+    drop(private);
     let mut series = vec![];
     let mut table = format!(
         "exec latency of a latency sandbox, {burners} sandboxes burning CPU beside it (ms)\n\
          {:<38} {:>4} {:>9} {:>9} {:>9}\n",
         "case", "n", "p50", "p90", "max"
     );
-    let res = (|| {
-        for (label, n, p) in cases {
-            eprintln!("{label}...");
-            let v = case(&c, a, &probe.id, n, p)?;
-            if let Some(s) = summarize(&v) {
-                table.push_str(&format!(
-                    "{label:<38} {:>4} {:>9.1} {:>9.1} {:>9.1}\n",
-                    s.n, s.median, s.p90, s.max
-                ));
-            }
-            series.push(Series::new(label, v));
+    for k in cases? {
+        if let Some(s) = summarize(&k.ms) {
+            table.push_str(&format!(
+                "{:<38} {:>4} {:>9.1} {:>9.1} {:>9.1}\n",
+                k.label, s.n, s.median, s.p90, s.max
+            ));
         }
-        Ok::<_, anyhow::Error>(())
-    })();
-    let _ = c.kill(&probe.id);
-    drop(private);
-    res?;
+        series.push(Series::new(k.label, k.ms));
+    }
     let core = shoal_runtime::sched::core_sched();
     let doc = Doc {
         title: "Exec latency of a latency sandbox beside CPU burners".into(),

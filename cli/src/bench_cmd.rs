@@ -65,6 +65,12 @@ pub enum BenchCmd {
     /// burning CPU, the burners best_effort vs latency (the peer: no
     /// classes) vs none, in one run; JSON + CDF.
     Classes(crate::bench_classes::ClassesArgs),
+    /// Density under reclaim (issue 21): a seeded mix of mostly idle, some
+    /// allocating, a few busy sandboxes replayed with reclaim off, balloon
+    /// free page reporting, idle eviction, both; host memory over time,
+    /// peak and time integral; then the classes' exec latency at 50% and
+    /// 100% best-effort load. JSON + PNG.
+    Density(crate::bench_density::DensityArgs),
     /// An OCI image from a loopback registry: pull + convert vs skopeo +
     /// tar + mkfs.erofs, the first and next sandboxes, idle density, host
     /// memory of N sandboxes reading the same files (pmem layers vs
@@ -266,6 +272,9 @@ pub fn run(g: &crate::daemon_cmds::Global, a: BenchArgs) -> Result<i32> {
         BenchCmd::Fork(f) => bench::fork(g, &f, &bench::Output::new(&f.out, plot)).map(|_| 0),
         BenchCmd::Classes(c) => {
             crate::bench_classes::run(g, &c, &bench::Output::new(&c.out, plot)).map(|_| 0)
+        }
+        BenchCmd::Density(d) => {
+            crate::bench_density::run(g, &d, &bench::Output::new(&d.out, plot)).map(|_| 0)
         }
         BenchCmd::Fncall(f) => {
             crate::bench_fncall::run(g, &f, &bench::Output::new(&f.out, plot)).map(|_| 0)
