@@ -185,6 +185,11 @@ unsafe extern "C" fn main(
     if unsafe { libc::sethostname(c"shoal".as_ptr(), 5) } != 0 {
         sys::report("sethostname", errno());
     }
+    set_fpr_order(
+        kernel_cmdline
+            .as_deref()
+            .map_or(cmdline::FPR_ORDER_DEFAULT, cmdline::fpr_order),
+    );
 
     // Only the words after ` -- ` on the kernel command line are the command.
     let first = if argc > 1 && !argv.is_null() {
@@ -357,6 +362,30 @@ unsafe fn host_main(argc: usize, argv: *const *const c_char, envp: *const *const
 }
 
 /// Mounts everything in `MOUNTS`; never fails, only reports.
+/// Sets free page reporting's order (the balloon driver set its own when
+/// it registered, before init ran; the parameter is writable after). A
+/// kernel without page reporting has no such file: nothing to do.
+fn set_fpr_order(order: u8) {
+    const PARAM: &CStr = c"/sys/module/page_reporting/parameters/page_reporting_order";
+    // SAFETY: the path is a NUL-terminated static string.
+    let fd = unsafe { libc::open(PARAM.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC) };
+    if fd < 0 {
+        let e = errno();
+        if e != libc::ENOENT {
+            sys::report("page_reporting_order", e);
+        }
+        return;
+    }
+    let text = format!("{order}\n");
+    // SAFETY: text is a valid buffer of text.len() bytes; fd is open.
+    let n = unsafe { libc::write(fd, text.as_ptr().cast(), text.len()) };
+    if n < 0 {
+        sys::report("page_reporting_order", errno());
+    }
+    // SAFETY: fd was opened above and is closed once.
+    unsafe { libc::close(fd) };
+}
+
 fn mount_all() {
     let mut sysfs_ok = true;
     for m in MOUNTS {
