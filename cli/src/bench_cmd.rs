@@ -70,6 +70,11 @@ pub enum BenchCmd {
     /// memory of N sandboxes reading the same files (pmem layers vs
     /// per-sandbox copies).
     Image(crate::bench_image::ImageArgs),
+    /// Networking: a sandbox's TCP download throughput, request round
+    /// trips and connections/s to a test host (a netns), vs QEMU microvm
+    /// on a TAP in the same run, and create latency with and without a
+    /// network; JSON + figures. Needs root and qemu-system-x86_64.
+    Net(crate::bench_net::NetArgs),
     /// VMM start to first instruction, console, init and exit; vs QEMU microvm.
     Boot {
         /// Boots per system (>= 20 on hardware KVM; each takes seconds on PVM hosts).
@@ -265,6 +270,9 @@ pub fn run(g: &crate::daemon_cmds::Global, a: BenchArgs) -> Result<i32> {
         }
         BenchCmd::Fncall(f) => {
             crate::bench_fncall::run(g, &f, &bench::Output::new(&f.out, plot)).map(|_| 0)
+        }
+        BenchCmd::Net(n) => {
+            crate::bench_net::run(g, &n, &bench::Output::new(&n.out, plot)).map(|_| 0)
         }
         BenchCmd::Image(i) => {
             crate::bench_image::run(g, &i, &bench::Output::new(&i.out, plot)).map(|_| 0)
