@@ -291,8 +291,9 @@ fn http(mut s: TcpStream, accepted: Instant, sh: &Shared) -> io::Result<()> {
     let t0 = Instant::now();
     let bytes = |p: &str| p.parse::<u64>().ok().filter(|&n| n <= BULK_CAP);
     if path == "/c" {
-        respond(&mut s, "200 OK", b"ok")?;
+        // Recorded first: the guest may be done before this thread is.
         lock(&sh.events).push(Event::Conn(accepted));
+        respond(&mut s, "200 OK", b"ok")?;
     } else if path == "/script" {
         let host = s.local_addr()?.ip().to_string();
         let body = lock(&sh.script).replace("@HOST@", &host);

@@ -3,10 +3,13 @@
 //! host's TAP ([`QEMU_TAP`], in the test host's namespace: no routing, no
 //! policy between the guest and the servers). Its init runs the same guest
 //! script as the Shoal sandbox (fetched from the test host), then the guest
-//! reboots, which `-no-reboot` turns into QEMU's exit.
+//! reboots, which `-no-reboot` turns into QEMU's exit. QEMU runs in a
+//! cgroup beside the sandboxes' (see [`confine`]).
 
 use crate::bench_net_host::{TestHost, HTTP_PORT, QEMU_TAP};
 use anyhow::{bail, Context, Result};
+use shoal_jailer::cgroup::{plan_here, Cgroup};
+use shoal_jailer::CgroupSpec;
 use shoal_runtime::console_lines::ConsoleLines;
 use shoal_runtime::launch::{BootSpec, RootKind, EXIT_PREFIX};
 use std::path::PathBuf;
@@ -29,19 +32,60 @@ pub struct QemuPeer {
     pub kernel_args: String,
     /// Boot to exit limit.
     pub timeout: Duration,
+    /// QEMU's default virtio-net features (checksum and segmentation
+    /// offloads, mergeable receive buffers, event index), or only what
+    /// Shoal's device offers (MAC and link status).
+    pub offloads: bool,
 }
 
-/// A QEMU process, killed and reaped when dropped.
-struct Running(Child);
+/// The device options that leave QEMU's virtio-net with Shoal's features.
+const NO_OFFLOADS: &str = "csum=off,guest_csum=off,gso=off,guest_tso4=off,guest_tso6=off,\
+guest_ecn=off,guest_ufo=off,host_tso4=off,host_tso6=off,host_ecn=off,host_ufo=off,\
+mrg_rxbuf=off,event_idx=off,indirect_desc=off,ctrl_vq=off,ctrl_rx=off,ctrl_vlan=off,\
+ctrl_rx_extra=off,ctrl_mac_addr=off,ctrl_guest_offloads=off,guest_announce=off";
+
+/// A QEMU process, killed and reaped when dropped (then its cgroup
+/// removed).
+struct Running(Child, Option<Cgroup>);
 
 impl Drop for Running {
     fn drop(&mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();
+        if let Some(cg) = &self.1 {
+            cg.remove(Duration::from_secs(5));
+        }
     }
 }
 
+/// Puts `pid` (all its threads) in a cgroup of its own beside the jailed
+/// sandbox VMMs' (`<own cgroup>/shoal/<id>`, the same CPU weight), so the
+/// peer competes for the CPU as one sandbox does, not as a task of the
+/// root group (where it would weigh as much as every sandbox together).
+fn confine(id: &str, pid: u32) -> Result<Cgroup> {
+    let spec = CgroupSpec {
+        cpu_weight: Some(shoal_runtime::jail::CPU_WEIGHT),
+        ..Default::default()
+    };
+    let cg = Cgroup::create(plan_here(id, &spec).context("the peer's cgroup")?)
+        .context("the peer's cgroup")?;
+    for d in &cg.plan().dirs {
+        std::fs::write(d.join("cgroup.procs"), pid.to_string())
+            .with_context(|| format!("moving QEMU into {}", d.display()))?;
+    }
+    Ok(cg)
+}
+
 impl QemuPeer {
+    /// Its name in the report.
+    pub fn name(&self) -> &'static str {
+        if self.offloads {
+            "qemu-microvm"
+        } else {
+            "qemu-no-offload"
+        }
+    }
+
     /// The monitor command line (run inside the test host's namespace,
     /// where its TAP is).
     fn command(&self, host: &TestHost) -> Command {
@@ -96,10 +140,15 @@ impl QemuPeer {
             .arg(format!(
                 "tap,id=n0,ifname={QEMU_TAP},script=no,downscript=no"
             ))
-            .args([
-                "-device",
-                "virtio-net-device,netdev=n0,mac=02:5a:0a:d6:00:02",
-            ])
+            .arg("-device")
+            .arg(format!(
+                "virtio-net-device,netdev=n0,mac=02:5a:0a:d6:00:02{}",
+                if self.offloads {
+                    String::new()
+                } else {
+                    format!(",{NO_OFFLOADS}")
+                }
+            ))
             .arg("-append")
             .arg(cmdline);
         c
@@ -116,7 +165,10 @@ impl QemuPeer {
         let mut child = Running(
             cmd.spawn()
                 .context("cannot start qemu-system-x86_64 (apt-get install qemu-system-x86)")?,
+            None,
         );
+        let id = format!("{}-{}", host.ns, self.name());
+        child.1 = Some(confine(&id, child.0.id())?);
         let (tx, rx) = mpsc::channel::<String>();
         let out = child.0.stdout.take();
         let err = child.0.stderr.take();

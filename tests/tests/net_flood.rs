@@ -174,6 +174,20 @@ fn download_rate(d: &Daemon, id: &str, peer: &Peer, n: usize) -> f64 {
     rates.iter().sum::<f64>() / rates.len() as f64
 }
 
+/// Removes the netns named with its prefix when dropped.
+struct Sweep(String);
+
+impl Drop for Sweep {
+    fn drop(&mut self) {
+        for n in ip(&["netns", "list"]).lines() {
+            let n = n.split_whitespace().next().unwrap_or("");
+            if n.starts_with(&self.0) {
+                let _ = Command::new("ip").args(["netns", "del", n]).status();
+            }
+        }
+    }
+}
+
 #[test]
 fn a_flooding_sandbox_leaves_its_neighbours_throughput_alone() {
     shoal_test_support::require_root("sandbox networks need netns, veth and nftables");
@@ -182,6 +196,8 @@ fn a_flooding_sandbox_leaves_its_neighbours_throughput_alone() {
     let link_prefix = format!("shv{tag}f");
     let pool = format!("10.211.{}.0/24", tag % 250);
     let peer = Peer::new(tag);
+    // Dropped after the daemon: whatever slot a failure left goes too.
+    let _sweep = Sweep(prefix.clone());
     let rate = PPS.to_string();
     let d = Daemon::start(&[
         "--net-rate-pps",
