@@ -616,3 +616,98 @@ fn figures(r: &NetReport, out: &Out) -> Result<Vec<PathBuf>, PlotError> {
     }
     Ok(files)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    fn args(extra: &[&str]) -> NetArgs {
+        #[derive(Parser)]
+        struct A {
+            #[command(flatten)]
+            n: NetArgs,
+        }
+        A::parse_from(std::iter::once("x").chain(extra.iter().copied())).n
+    }
+
+    #[test]
+    fn the_script_downloads_exchanges_and_connects() {
+        let s = script(&args(&[
+            "--bulk-mib",
+            "2",
+            "--downloads",
+            "3",
+            "--connections",
+            "4",
+        ]));
+        assert!(s.contains("-lt 3 ]"), "{s}");
+        assert!(s.contains(&format!("http://@HOST@:{HTTP_PORT}/bulk/{}", 2 << 20)));
+        assert!(s.contains(&format!("nc @HOST@ {ECHO_PORT} -e /bin/cat")));
+        let c = format!(":{HTTP_PORT}/c");
+        assert_eq!(
+            s.matches(&format!("{c} ")).count() + s.matches(&format!("{c}\n")).count(),
+            4
+        );
+        assert!(!script(&args(&["--connections", "0"])).contains(&c));
+    }
+
+    #[test]
+    fn events_become_figures_and_ratios() {
+        let t0 = Instant::now();
+        let ev = |rate: f64| {
+            vec![
+                Event::Bulk {
+                    bytes: 4 << 20,
+                    secs: 4.0 / rate,
+                },
+                Event::Bulk {
+                    bytes: 1,
+                    secs: 0.0,
+                },
+                Event::Rtts(vec![2.0, 4.0]),
+                Event::Conn(t0),
+                Event::Conn(t0 + Duration::from_millis(500)),
+                Event::Conn(t0 + Duration::from_secs(1)),
+            ]
+        };
+        let s = traffic("shoal", ev(1.0));
+        assert_eq!(s.download_mib_s, vec![1.0]);
+        assert_eq!(s.request_ms, vec![2.0, 4.0]);
+        assert_eq!((s.connections, s.connections_per_s), (3, Some(2.0)));
+        let q = traffic("qemu-microvm", ev(2.0));
+        let r = report(&args(&[]), vec![s, q], {
+            let mut c = Creates {
+                plain: None,
+                networked: None,
+                added_p50_ms: Some(0.5),
+                plain_ms: vec![],
+                networked_ms: vec![],
+            };
+            c.plain = summarize(&[1.0]);
+            c
+        });
+        let ratio = |n: &str| {
+            r.ratio_shoal_over_qemu
+                .iter()
+                .find(|x| x.0 == n)
+                .map(|x| x.1)
+        };
+        assert_eq!(ratio("qemu-microvm download_mib_s_p50"), Some(0.5));
+        assert_eq!(ratio("qemu-microvm connections_per_s"), Some(1.0));
+        assert_eq!(r.goals.len(), 2);
+        assert!(!r.goals[0].met && r.goals[1].met, "{:?}", r.goals);
+        assert!(r.render().contains("NOT met"));
+    }
+
+    #[test]
+    fn qemu_peers_are_named() {
+        assert_eq!(qemu_variants(&args(&[])).unwrap(), vec![true, false]);
+        assert_eq!(
+            qemu_variants(&args(&["--qemu", "no-offload"])).unwrap(),
+            vec![false]
+        );
+        assert!(qemu_variants(&args(&["--no-qemu"])).unwrap().is_empty());
+        assert!(qemu_variants(&args(&["--qemu", "kvmtool"])).is_err());
+    }
+}
