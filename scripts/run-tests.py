@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""scripts/run-tests.py [--lanes N] [--skip NAME ...]
+"""scripts/run-tests.py [--lanes N] [--skip NAME ...] [--more-lanes-after FILE ...] [-p PKG ...]
 
 Runs every test binary of the workspace (what `cargo test --workspace`
 runs: lib, bin and integration tests, then the doc tests) in N lanes at
@@ -10,7 +10,10 @@ every failure is listed at the end, and the exit status is 1 if any failed.
 Why lanes: most KVM tests wait on one emulated guest vCPU at a time, and
 many binaries hold one or two long tests, so one binary at a time leaves a
 core idle for much of the run. Each binary still runs its own tests on
-libtest's threads.
+libtest's threads. With --more-lanes-after, the lanes after the first wait
+for those files (scripts/test.sh: until the Python suites beside it end),
+so the host's cores are not shared by more guests than the tests' timing
+was made for.
 
 The order comes from the last run's wall times (target/test-times.json),
 else from the table below (seconds measured in a full CI run on a 2-core
@@ -91,6 +94,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--lanes", type=int, default=2)
     ap.add_argument("--skip", action="append", default=[], help="a test name filter to skip (libtest --skip)")
+    ap.add_argument("--more-lanes-after", action="append", default=[], metavar="FILE",
+                    help="lanes after the first start only once FILE exists (repeatable: all of them)")
     ap.add_argument("-p", "--package", action="append", default=[], help="only this package (default: all)")
     args = ap.parse_args()
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -114,6 +119,14 @@ def main():
     pending = list(jobs)
 
     def lane(n):
+        if n > 1 and args.more_lanes_after:
+            while not all(os.path.exists(f) for f in args.more_lanes_after):
+                with lock:
+                    if not pending:
+                        return
+                time.sleep(2)
+            with lock:
+                print(f"== [{time.monotonic() - t0:.0f} s] lane {n} starts", file=sys.stderr, flush=True)
         while True:
             with lock:
                 if not pending:

@@ -98,19 +98,31 @@ cluster_suite() {
     (cd sdk/python && SHOAL_BIN_DIR="$bins" ../../target/rayenv/bin/python -m pytest -q \
         --durations=10 -p no:cacheprovider cluster_tests)
 }
+# Each suite leaves a file in $suites_done when it ends (the Rust tests
+# take a second lane only then).
+suites_done=$(mktemp -d)
 (
     set -o pipefail
-    sdk_suite 2>&1 | sed -u 's/^/[py] /' >&2
+    rc=0
+    sdk_suite 2>&1 | sed -u 's/^/[py] /' >&2 || rc=$?
+    touch "$suites_done/py"
+    exit "$rc"
 ) &
 sdk_pid=$!
 (
     set -o pipefail
-    cluster_suite 2>&1 | sed -u 's/^/[ray] /' >&2
+    rc=0
+    cluster_suite 2>&1 | sed -u 's/^/[ray] /' >&2 || rc=$?
+    touch "$suites_done/ray"
+    exit "$rc"
 ) &
 ray_pid=$!
 (
     set -o pipefail
-    e2b_suite 2>&1 | sed -u 's/^/[e2b] /' >&2
+    rc=0
+    e2b_suite 2>&1 | sed -u 's/^/[e2b] /' >&2 || rc=$?
+    touch "$suites_done/e2b"
+    exit "$rc"
 ) &
 e2b_pid=$!
 # A failing step below ends the script: the Python suites (pytest and the
@@ -126,12 +138,15 @@ echo "== [${SECONDS} s] tests" >&2
 # The hostile-guest battery compares a neighbour's exec latency during
 # each attack with its latency just before: it runs last, alone, so the
 # other suites' load does not come and go inside its windows.
-# The Rust test binaries run two at a time (scripts/run-tests.py: longest
+# The Rust test binaries run one at a time beside the Python suites and
+# two at a time once those have ended (scripts/run-tests.py: longest
 # first by the last run's times, the host-networking ones one after
 # another); a failing binary does not stop the rest, and all failures are
 # listed at the end.
 rust_rc=0
-python3 scripts/run-tests.py --lanes 2 --skip hostile_guest_battery || rust_rc=$?
+python3 scripts/run-tests.py --lanes 2 --skip hostile_guest_battery \
+    --more-lanes-after "$suites_done/py" --more-lanes-after "$suites_done/ray" \
+    --more-lanes-after "$suites_done/e2b" || rust_rc=$?
 echo "== [${SECONDS} s] Rust tests: exit status $rust_rc; waiting for the Python suites" >&2
 sdk_rc=0
 wait "$sdk_pid" || sdk_rc=$?
@@ -143,6 +158,7 @@ ray_rc=0
 wait "$ray_pid" || ray_rc=$?
 echo "== [${SECONDS} s] Shoal on Ray suite: exit status $ray_rc" >&2
 trap - EXIT
+rm -rf "$suites_done"
 echo "== [${SECONDS} s] the hostile-guest battery (alone)" >&2
 battery_rc=0
 cargo test -p shoal-tests --test hostile || battery_rc=$?

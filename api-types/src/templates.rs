@@ -205,6 +205,10 @@ pub struct Template {
     /// `network`, each on its own slot.
     #[serde(default)]
     pub network: bool,
+    /// The kind of its sandboxes: `microvm`, or `vm` (a QEMU q35 guest
+    /// with a display); empty from older daemons (theirs are microVMs).
+    #[serde(default)]
+    pub kind: String,
 }
 
 /// A warm pool: sandboxes of a template restored ahead of time.
@@ -257,10 +261,14 @@ mod tests {
             upper_disk_mib: None,
             image: Some("sha256:ab".into()),
             network: true,
+            kind: "vm".into(),
         };
         let v = serde_json::to_value(&t).unwrap();
         assert_eq!(v["image"], "sha256:ab");
-        assert_eq!(v["network"], true);
+        assert_eq!(
+            (&v["network"], &v["kind"]),
+            (&serde_json::json!(true), &serde_json::json!("vm"))
+        );
         assert_eq!(v["dir"], "/d");
         assert_eq!(v["layers"], serde_json::json!([]));
         assert!(v["error"].is_null() && v["upper_disk_mib"].is_null(), "{v}");

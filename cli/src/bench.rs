@@ -244,7 +244,11 @@ impl Drop for PrivateDaemon {
         // SAFETY: SIGTERM to our own child.
         unsafe { libc::kill(self.child.id().cast_signed(), libc::SIGTERM) };
         let _ = self.child.wait();
-        for p in shoal_runtime::vm::vmms_under(&self.dir) {
+        let qemus = shoal_runtime::vm::processes_under(&self.dir, "qemu-system-x86_64");
+        for p in shoal_runtime::vm::vmms_under(&self.dir)
+            .into_iter()
+            .chain(qemus)
+        {
             p.kill();
             p.wait_gone(Duration::from_secs(2));
         }

@@ -75,6 +75,10 @@ pub enum BenchCmd {
     /// on a TAP in the same run, and create latency with and without a
     /// network; JSON + figures. Needs root and qemu-system-x86_64.
     Net(crate::bench_net::NetArgs),
+    /// The vm kind (QEMU q35) next to a microVM of the same size: cold
+    /// boot vs create from the snapshot, freeze/thaw, pause to disk and
+    /// resume, host memory per idle VM; ratios vm/microvm.
+    Vm(crate::bench_vm::VmArgs),
     /// VMM start to first instruction, console, init and exit; vs QEMU microvm.
     Boot {
         /// Boots per system (>= 20 on hardware KVM; each takes seconds on PVM hosts).
@@ -273,6 +277,9 @@ pub fn run(g: &crate::daemon_cmds::Global, a: BenchArgs) -> Result<i32> {
         }
         BenchCmd::Net(n) => {
             crate::bench_net::run(g, &n, &bench::Output::new(&n.out, plot)).map(|_| 0)
+        }
+        BenchCmd::Vm(v) => {
+            crate::bench_vm::run(g, &v, &bench::Output::new(&v.out, plot)).map(|_| 0)
         }
         BenchCmd::Image(i) => {
             crate::bench_image::run(g, &i, &bench::Output::new(&i.out, plot)).map(|_| 0)

@@ -636,6 +636,9 @@ pub fn fork(g: &Global, a: &ForkArgs) -> Result<i32> {
 
 /// A template's upper layer in a few words.
 fn upper_text(t: &api::Template) -> String {
+    if t.kind == "vm" {
+        return "-".into(); // a vm guest has its disk, no upper layer
+    }
     match (t.upper_disk_mib, t.upper_size_mib) {
         (Some(d), _) => format!("disk {d}M"),
         (None, Some(s)) => format!("tmpfs {s}M"),
@@ -653,12 +656,15 @@ pub fn template(g: &Global, op: &crate::TemplateCmd) -> Result<i32> {
             image,
             cpus,
             memory,
+            kind,
             root,
         } => {
+            let vm = kind.as_deref() == Some("vm");
+            let image = image.as_deref().unwrap_or(if vm { "tiny" } else { "base" });
             let req = api::CreateTemplate {
-                kind: None,
+                kind: kind.clone(),
                 vcpus: Some(*cpus),
-                memory_mib: Some(*memory),
+                memory_mib: *memory,
                 ..api::CreateTemplate::new(name, image)
             }
             .with_root(root.request()?);
@@ -675,6 +681,7 @@ pub fn template(g: &Global, op: &crate::TemplateCmd) -> Result<i32> {
                 .map(|t| {
                     vec![
                         t.name.clone(),
+                        t.kind.clone(),
                         t.state.to_string(),
                         t.source.clone(),
                         format!("{}/{}M", t.vcpus, t.memory_mib),
@@ -684,7 +691,9 @@ pub fn template(g: &Global, op: &crate::TemplateCmd) -> Result<i32> {
                 })
                 .collect();
             table(
-                &["NAME", "STATE", "SOURCE", "CPU/MEM", "UPPER", "LAYERS"],
+                &[
+                    "NAME", "KIND", "STATE", "SOURCE", "CPU/MEM", "UPPER", "LAYERS",
+                ],
                 &rows,
             );
             Ok(0)

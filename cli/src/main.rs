@@ -3,8 +3,9 @@
 //! - `shoal run [--image base|tiny] -- CMD...`: run CMD in a fresh sandbox
 //!   through the daemon (`shoald`, started on demand), stream its output,
 //!   exit with its exit code.
-//! - `shoal create|ls|exec|attach|cp|snapshot|fork|net|pause|resume|rm`, `shoal template
-//!   ...`, `shoal pool ...`, `shoal stats`: sandboxes through the daemon;
+//! - `shoal create|ls|exec|attach|cp|snapshot|fork|net|pause|resume|rm`,
+//!   `shoal screen|input` (a vm sandbox's display), `shoal template ...`,
+//!   `shoal pool ...`, `shoal stats`: sandboxes through the daemon;
 //!   `shoal daemon start|stop|status`: the local daemon itself.
 //! - `shoal vm ...`: sandboxes without the daemon (one VMM process each).
 //! - `shoal restore`: a snapshot in the foreground.
@@ -28,10 +29,12 @@ mod bench_image;
 mod bench_net;
 mod bench_net_host;
 mod bench_net_qemu;
+mod bench_vm;
 mod confinement;
 mod daemon_client;
 mod daemon_cmds;
 mod daemon_ctl;
+mod display_cmds;
 mod fncall_cmd;
 mod image_cmd;
 mod net_arg;
@@ -234,6 +237,11 @@ enum Cmd {
         /// Sandbox id.
         id: String,
     },
+    /// Write a PNG of a vm sandbox's screen.
+    Screen(display_cmds::ScreenArgs),
+    /// Send keyboard and pointer events to a vm sandbox's display
+    /// (`shoal input ID type:ls key:ret move:16384,16384 click:left`).
+    Input(display_cmds::InputArgs),
     /// Kill sandboxes and remove everything they had.
     Rm {
         /// Sandbox ids.
@@ -304,15 +312,20 @@ pub enum TemplateCmd {
     Create {
         /// Name.
         name: String,
-        /// Image: tiny or base.
-        #[arg(long, default_value = "base")]
-        image: String,
+        /// Image: tiny or base (default base; tiny, the only one, for a
+        /// vm template).
+        #[arg(long)]
+        image: Option<String>,
         /// vCPUs.
         #[arg(long, default_value_t = 1)]
         cpus: u32,
-        /// Memory in MiB.
-        #[arg(long, default_value_t = 128)]
-        memory: u32,
+        /// Memory in MiB (default 128; 256 for a vm template).
+        #[arg(long)]
+        memory: Option<u32>,
+        /// Kind of its sandboxes: microvm, or vm (a QEMU q35 guest with a
+        /// display: `shoal screen`, `shoal input`; no layers or upper layer).
+        #[arg(long, value_parser = ["microvm", "vm"])]
+        kind: Option<String>,
         #[command(flatten)]
         root: RootArgs,
     },
@@ -575,6 +588,8 @@ fn main() {
         Cmd::Net { id, policy } => dc::set_network(g, &id, &policy),
         Cmd::Pause { id } => dc::lifecycle(g, &id, "pause"),
         Cmd::Resume { id } => dc::lifecycle(g, &id, "resume"),
+        Cmd::Screen(a) => display_cmds::screen(g, &a),
+        Cmd::Input(a) => display_cmds::input(g, &a),
         Cmd::Rm { ids } => dc::rm(g, &ids),
         Cmd::Template { op } => dc::template(g, &op),
         Cmd::Pool { op } => dc::pool(g, &op),

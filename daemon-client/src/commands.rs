@@ -4,6 +4,9 @@
 use crate::{api, Body, ClientError, DaemonClient, ExecStream, Result};
 use std::io::Read;
 
+/// Longest screenshot read (the daemon's own cap is 64 MiB).
+pub const MAX_SCREEN: u64 = 64 << 20;
+
 fn sandbox(id: &str) -> String {
     format!(
         "/v1/sandboxes/{}",
@@ -108,6 +111,40 @@ impl DaemonClient {
     /// timeout, each if given.
     pub fn update_sandbox(&self, id: &str, req: &api::UpdateSandbox) -> Result<api::Sandbox> {
         self.call("PATCH", &sandbox(id), Some(req))
+    }
+
+    /// `GET /v1/sandboxes/{id}/screen`: a PNG of a `vm` sandbox's display
+    /// (at most [`MAX_SCREEN`] bytes are read).
+    pub fn screen(&self, id: &str) -> Result<Vec<u8>> {
+        let r = self
+            .request("GET", &format!("{}/screen", sandbox(id)), Body::Empty)?
+            .ok()?;
+        let mut png = Vec::new();
+        r.body
+            .take(MAX_SCREEN + 1)
+            .read_to_end(&mut png)
+            .map_err(|e| ClientError::Protocol(format!("reading the screen: {e}")))?;
+        if png.len() as u64 > MAX_SCREEN {
+            return Err(ClientError::Protocol(format!(
+                "the screen is over {MAX_SCREEN} bytes"
+            )));
+        }
+        if !png.starts_with(b"\x89PNG\r\n\x1a\n") {
+            return Err(ClientError::Protocol(format!(
+                "the screen is not a PNG ({} bytes)",
+                png.len()
+            )));
+        }
+        Ok(png)
+    }
+
+    /// `POST /v1/sandboxes/{id}/input`: keyboard and pointer events for a
+    /// `vm` sandbox's display, in order (1 to [`api::MAX_INPUT_EVENTS`]).
+    pub fn input(&self, id: &str, events: &[api::InputEvent]) -> Result<()> {
+        let b = api::InputRequest {
+            events: events.to_vec(),
+        };
+        self.no_body("POST", &format!("{}/input", sandbox(id)), Some(&b))
     }
 
     /// A call answered with no body (204).

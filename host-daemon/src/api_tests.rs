@@ -585,6 +585,7 @@ fn every_field_is_documented() {
         upper_disk_mib: Some(64),
         image: Some("sha256:ab".into()),
         network: false,
+        kind: "microvm".into(),
     };
     let command = t::Command {
         id: "1".into(),

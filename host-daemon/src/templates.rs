@@ -36,6 +36,7 @@ impl From<TemplateRow> for Template {
             upper_disk_mib: t.root.upper_disk_mib,
             image: t.image,
             network: t.net,
+            kind: t.kind.as_str().into(),
         }
     }
 }

@@ -281,6 +281,21 @@ fn command_opens_log_files_and_spawn_reports_readiness() {
     ));
 }
 
+/// `f` moved to a descriptor number of 200 or more (close-on-exec).
+fn high_fd(f: std::fs::File) -> std::fs::File {
+    use std::os::fd::{AsRawFd, FromRawFd};
+    // SAFETY: F_DUPFD_CLOEXEC on a descriptor `f` owns returns a new one
+    // or -1; nothing else is touched.
+    let fd = unsafe { libc::fcntl(f.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 200) };
+    assert!(
+        fd >= 200,
+        "F_DUPFD_CLOEXEC: {}",
+        std::io::Error::last_os_error()
+    );
+    // SAFETY: `fd` was just made by fcntl and is owned by nothing else.
+    unsafe { std::fs::File::from_raw_fd(fd) }
+}
+
 #[test]
 fn pmem_files_are_passed_at_fixed_numbers() {
     use std::os::fd::AsRawFd;
@@ -288,8 +303,11 @@ fn pmem_files_are_passed_at_fixed_numbers() {
     let (a, b) = (dir.path().join("a.img"), dir.path().join("b.img"));
     std::fs::write(&a, "image-a").unwrap();
     std::fs::write(&b, "image-b").unwrap();
-    let fa = Arc::new(open_image(&a).expect("a regular file"));
-    let fb = Arc::new(open_image(&b).expect("a regular file"));
+    // Held at high numbers: the stand-in VMM's shell (dash) moves its own
+    // script's descriptor to 10 or above (12 here, with 10 and 11 taken),
+    // which a low number of ours could be by chance.
+    let fa = Arc::new(high_fd(open_image(&a).expect("a regular file")));
+    let fb = Arc::new(high_fd(open_image(&b).expect("a regular file")));
     // Not a regular file: not opened here (the VMM reports it).
     assert!(open_image(Path::new("/dev/null")).is_none());
     assert!(open_image(&dir.path().join("missing")).is_none());

@@ -288,12 +288,24 @@ fn the_linux_driver_inflates_deflates_reports_and_its_clones_read_zeros() {
     // 15 MiB of bytes in the snapshot, in the buffer of a process (dd,
     // blocked writing into a pipe no one reads): killed in each clone, its
     // pages are freed, reported and given back there, and must then read
-    // zeros, not the bytes the snapshot holds.
+    // zeros, not the bytes the snapshot holds. The snapshot waits until dd
+    // holds its buffer (its read is the emulated guest kernel copying 16
+    // MiB: seconds on a loaded PVM host).
     let (out, err, _) = sh(
         &c,
         "for i in 1 2 3 4 5 6 7 8; do cat /bin/busybox; done > /tmp/fill; \
          (dd if=/tmp/fill bs=16M count=1 2>/dev/null | sleep 100000) </dev/null >/dev/null 2>&1 & \
-         sleep 2; rm /tmp/fill; pidof dd",
+         i=0; while [ $i -lt 120 ]; do \
+           r=$(grep VmRSS /proc/$(pidof dd)/status 2>/dev/null | tr -cd 0-9); \
+           [ \"${r:-0}\" -ge 15000 ] && break; i=$((i+1)); sleep 1; done; \
+         rm /tmp/fill; pidof dd; echo rss=${r:-0}",
+    );
+    assert!(
+        out.lines()
+            .find_map(|l| l.strip_prefix("rss="))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .is_some_and(|kib| kib >= 15000),
+        "dd did not come to hold its 16 MiB buffer within 2 minutes: {out}{err}"
     );
     eprintln!("filled: dd {out}{err}");
     drop(c);

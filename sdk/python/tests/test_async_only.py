@@ -1,11 +1,14 @@
 """What only an asyncio client does: many calls at once from one event
-loop, and the RL rollout shape (fork, fan out, gather)."""
+loop, and the RL rollout shape (fork, fan out, gather); and the one
+full-VM test (its boot is too long to run through both clients)."""
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
 import time
+
+import pytest
 
 import shoal
 from conftest import POOL, TEMPLATE
@@ -158,3 +161,34 @@ async def test_100_mib_upload_and_download_with_checksums(aclient, big_template,
         assert total == big_size and got.hexdigest() == sent.hexdigest()
     finally:
         await sb.kill()
+
+
+async def test_a_vm_sandbox_with_its_screen_and_input(aclient):
+    """The one full-VM test (a QEMU q35 boot: ~20-45 s on a PVM host,
+    then a restore): run_vm makes the vm template on first use, the
+    sandbox runs commands like any other, its screen is a PNG, input
+    events are taken (a bad one is refused), and a microVM has no
+    display."""
+    args = shoal.VMArgs(command=["echo", "from q35"], metadata={"suite": "vm"})
+    sb = await aclient.run_vm(args)
+    try:
+        assert sb.last_result is not None and sb.last_result.text == "from q35\n"
+        t = await aclient.get_template(args.template_name())
+        assert (t.kind, t.memory_mib, t.state) == ("vm", 256, "ready")
+        png = await sb.screen()
+        w, h = shoal.display.png_size(png)
+        assert w >= 320 and h >= 200, (w, h)
+        d = shoal.display
+        await sb.input(d.move(100, 200) + d.key("shift") + d.type_text("ls -l\n"))
+        with pytest.raises(shoal.BadRequest):
+            await sb.input([{"type": "key", "key": "NO;quit", "down": True}])
+        # The daemon's own check of the pointer range (the helpers refuse it first).
+        with pytest.raises(shoal.BadRequest):
+            await sb.input([{"type": "move", "x": 0, "y": 40000}])
+        # Listed by its labels like any sandbox.
+        assert (await aclient.list(metadata={"suite": "vm"}))[0].id == sb.id
+    finally:
+        await sb.kill()
+    async with aclient.sandbox(template=TEMPLATE) as micro:
+        with pytest.raises(shoal.Conflict):
+            await micro.screen()

@@ -278,12 +278,14 @@ def test_per_kind_entry_points(client):
         assert sb.last_result is not None and sb.last_result.text == "up\n"
     finally:
         sb.kill()
-    for run, args in (
-        (client.run_container, shoal.ContainerArgs(image="debian:12")),
-        (client.run_vm, shoal.VMArgs(disk_image="/x.img")),
-    ):
-        with pytest.raises(shoal.KindNotAvailable, match="not available on this daemon yet"):
-            run(args)
+    with pytest.raises(shoal.KindNotAvailable, match="not available on this daemon yet"):
+        client.run_container(shoal.ContainerArgs(image="debian:12"))
+    # A vm from a disk of one's own is not served yet (refused before any call).
+    with pytest.raises(shoal.KindNotAvailable, match="disk image of your own"):
+        client.run_vm(shoal.VMArgs(disk_image="/x.img"))
+    # A template of another kind is not taken for a vm one.
+    with pytest.raises(shoal.Conflict, match="not a vm template"):
+        client.run_vm(shoal.VMArgs(template=TEMPLATE))
 
 
 def test_daemon_calls(client):

@@ -17,6 +17,7 @@ Two mirrored clients with the same names and docstrings: :class:`Shoal` /
 See ``sdk/python/README.md`` for the guide.
 """
 
+from . import display
 from ._async_client import AsyncShoal
 from ._async_files import AsyncFiles
 from ._async_sandbox import AsyncCommand, AsyncSandbox
@@ -131,6 +132,7 @@ __all__ = [
     "Unauthorized",
     "VMArgs",
     "default_socket",
+    "display",
     "default_state_dir",
     "start_daemon",
 ]

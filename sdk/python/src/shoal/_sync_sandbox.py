@@ -10,11 +10,13 @@ from typing import (
     Any,
     Iterator,
     Callable,
+    Iterable,
     Mapping,
     Sequence,
 )
 
 from . import _sio as _io
+from . import display
 from ._sync_files import Files
 from ._core import (
     check_priority,
@@ -120,6 +122,30 @@ class Sandbox:
         a policy that does not parse."""
         body = network_body(network)
         return self._update(self._do("PUT", "/network", json=body))
+
+    # -- display (vm sandboxes) ---------------------------------------
+
+    def screen(self) -> bytes:
+        """A screenshot of a ``vm`` sandbox's display: PNG bytes
+        (``shoal.display.png_size`` reads its size). :class:`Conflict`
+        for kinds without a display (microVMs, containers)."""
+        r = self.client._send(
+            "GET", self._path + "/screen", not_found=SandboxNotFound, stream=False
+        )
+        png = r.content
+        if not png.startswith(b"\x89PNG\r\n\x1a\n"):
+            raise ShoalError(f"screen of {self.id}: the answer is not a PNG ({len(png)} bytes)")
+        return png
+
+    def input(self, events: Iterable[Mapping[str, Any]]) -> None:
+        """Sends keyboard and pointer ``events`` to a ``vm`` sandbox's
+        display, in order (made with ``shoal.display``: ``key``,
+        ``type_text``, ``move``, ``click``...; more than 256 go in several
+        requests). :class:`BadRequest` for an invalid event,
+        :class:`Conflict` for kinds without a display."""
+        evs = display.check_events(events)
+        for i in range(0, len(evs), display.MAX_EVENTS):
+            self._do("POST", "/input", json={"events": evs[i : i + display.MAX_EVENTS]})
 
     def snapshot(self, template: str | None = None) -> TemplateInfo:
         """Snapshots the running sandbox into a new template (named

@@ -295,6 +295,8 @@ class TemplateInfo:
     image: str | None = None
     """The OCI image (``sha256:...``) of a container template or of a
     snapshot of one."""
+    kind: str = "microvm"
+    """The kind of its sandboxes: ``microvm`` or ``vm``."""
 
     @classmethod
     def from_json(cls, v: Mapping[str, Any]) -> TemplateInfo:
@@ -311,6 +313,7 @@ class TemplateInfo:
             upper_size_mib=v.get("upper_size_mib"),
             upper_disk_mib=v.get("upper_disk_mib"),
             image=v.get("image"),
+            kind=str(v.get("kind") or "microvm"),
         )
 
 
@@ -411,13 +414,34 @@ class ContainerArgs:
 
 @dataclass
 class VMArgs:
-    """A full VM (a disk image with its own kernel and firmware). Not
-    served by this daemon yet: :meth:`AsyncShoal.run_vm` raises
-    :class:`KindNotAvailable`."""
+    """What :meth:`AsyncShoal.run_vm` starts: a full VM (the ``vm`` kind:
+    a QEMU q35 guest with a display, ``sandbox.screen()`` and
+    ``sandbox.input()``) from a ``vm`` ``template``, or from ``image``,
+    whose vm template (``vm-IMAGE-Nc-Mm``, ``vcpus`` and ``memory_mib``)
+    is made on first use (a boot and a snapshot: ~20-45 s on a PVM host).
+    vm templates boot the ``tiny`` image with Shoal's kernel today.
 
-    disk_image: str
+    ``command``, when given, is run once the sandbox is up (its result is
+    on ``sandbox.last_result``). ``disk_image`` (a guest's own disk, with
+    its own kernel and firmware) is not served yet: it raises
+    :class:`KindNotAvailable`.
+    """
+
+    template: str | None = None
+    image: str = "tiny"
     vcpus: int = 1
-    memory_mib: int = 1024
+    memory_mib: int = 256
+    ttl_s: int = 0
+    idle_timeout_s: int = 0
+    metadata: dict[str, str] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+    keep_running: bool = False
+    command: list[str] | str | None = None
+    disk_image: str | None = None
+
+    def template_name(self) -> str:
+        """The template a create from ``image`` uses."""
+        return self.template or f"vm-{self.image}-{self.vcpus}c-{self.memory_mib}m"
 
 
 T = TypeVar("T")

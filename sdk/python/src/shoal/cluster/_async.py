@@ -291,7 +291,10 @@ class AsyncShoalCluster:
         raise KindNotAvailable(f"container sandboxes are not available yet ({args!r:.200})")
 
     async def run_vm(self, args: VMArgs) -> AsyncClusterSandbox:
-        raise KindNotAvailable(f"full VMs are not available yet ({args!r:.200})")
+        raise KindNotAvailable(
+            f"full VMs are not available on a cluster yet, only through one host's "
+            f"AsyncShoal.run_vm ({args!r:.200})"
+        )
 
     async def run_fncall(self, args: FnCallArgs | None = None, /, **fields: Any) -> FnCallResult:
         """As :meth:`ShoalCluster.run_fncall`."""

@@ -583,8 +583,12 @@ class ShoalCluster:
         raise KindNotAvailable(f"container sandboxes are not available yet ({args!r:.200})")
 
     def run_vm(self, args: VMArgs) -> ClusterSandbox:
-        """Not available (as on a single host)."""
-        raise KindNotAvailable(f"full VMs are not available yet ({args!r:.200})")
+        """Not available on a cluster yet (a single host's
+        :meth:`shoal.Shoal.run_vm` is)."""
+        raise KindNotAvailable(
+            f"full VMs are not available on a cluster yet, only through one host's "
+            f"Shoal.run_vm ({args!r:.200})"
+        )
 
     def _any_node(self, exclude: Sequence[str] = ()) -> _Node:
         nodes = self._fresh()
