@@ -76,6 +76,11 @@ pub enum BenchCmd {
     /// memory of N sandboxes reading the same files (pmem layers vs
     /// per-sandbox copies).
     Image(crate::bench_image::ImageArgs),
+    /// Networking: a sandbox's TCP download throughput, request round
+    /// trips and connections/s to a test host (a netns), vs QEMU microvm
+    /// on a TAP in the same run, and create latency with and without a
+    /// network; JSON + figures. Needs root and qemu-system-x86_64.
+    Net(crate::bench_net::NetArgs),
     /// The vm kind (QEMU q35) next to a microVM of the same size: cold
     /// boot vs create from the snapshot, freeze/thaw, pause to disk and
     /// resume, host memory per idle VM; ratios vm/microvm.
@@ -278,6 +283,9 @@ pub fn run(g: &crate::daemon_cmds::Global, a: BenchArgs) -> Result<i32> {
         }
         BenchCmd::Fncall(f) => {
             crate::bench_fncall::run(g, &f, &bench::Output::new(&f.out, plot)).map(|_| 0)
+        }
+        BenchCmd::Net(n) => {
+            crate::bench_net::run(g, &n, &bench::Output::new(&n.out, plot)).map(|_| 0)
         }
         BenchCmd::Vm(v) => {
             crate::bench_vm::run(g, &v, &bench::Output::new(&v.out, plot)).map(|_| 0)
