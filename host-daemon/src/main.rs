@@ -105,8 +105,11 @@ struct Args {
     agent_call_timeout: u64,
     /// Pause the vCPUs of a sandbox after this many ms without requests
     /// (continued on the next one; 0: never). Idle guests cost ~1% of a
-    /// CPU each on PVM hosts.
-    #[arg(long, default_value_t = 2000)]
+    /// CPU each on PVM hosts. A guest reports the memory it freed ~2 s
+    /// after the free (Linux's page reporting delay) and reporting takes it
+    /// guest time: a sandbox frozen sooner keeps that memory until it runs
+    /// again.
+    #[arg(long, default_value_t = 5000)]
     freeze_idle_ms: u64,
     /// Give new templates no virtio-balloon (by default each gets one with
     /// free page reporting and deflate-on-OOM: pages a guest frees go back
