@@ -22,6 +22,6 @@ pub use artifacts::{artifacts, cmdline, host_agent, image, kernel, tiny_template
 pub use bins::{build_bins, shoal_cli};
 pub use console::Console;
 pub use layers::{debugfs, layer};
-pub use netcmd::ip;
+pub use netcmd::{ip, PeerNs};
 pub use prereq::{kvm, kvm_serial, require_kvm, require_root};
 pub use sandbox::{file_data, sh, RunningSandbox};

@@ -13,10 +13,9 @@ mod daemon_harness;
 
 use daemon_harness::{wait_for, Daemon};
 use shoal_client::api::{CreateSandbox, ErrorCode, NetworkSpec};
-use shoal_test_support::ip;
+use shoal_test_support::{ip, PeerNs};
 use std::io::Write;
 use std::net::{Ipv4Addr, TcpListener, UdpSocket};
-use std::process::{Command, Stdio};
 
 fn netns_list() -> Vec<String> {
     ip(&["netns", "list"])
@@ -28,48 +27,27 @@ fn netns_list() -> Vec<String> {
 /// A test host: a netns joined to the host by a veth (host side `.1/30`,
 /// its side `.2/30`), with TCP listeners answering one line each.
 struct Peer {
-    ns: String,
-    host_link: String,
+    net: PeerNs,
     addr: Ipv4Addr,
 }
 
 impl Peer {
     fn new(tag: u32) -> Peer {
-        let ns = format!("shnp{tag}");
-        let host_link = format!("shnp{tag}h");
-        let _ = Command::new("ip")
-            .args(["netns", "del", &ns])
-            .stderr(Stdio::null())
-            .status();
-        let _ = Command::new("ip")
-            .args(["link", "del", &host_link])
-            .stderr(Stdio::null())
-            .status();
         let third = u8::try_from(tag % 250).unwrap();
-        let (h, p) = (
+        let net = PeerNs::create(
+            &format!("shnp{tag}"),
             Ipv4Addr::new(10, 216, third, 1),
             Ipv4Addr::new(10, 216, third, 2),
         );
-        ip(&["netns", "add", &ns]);
-        ip(&[
-            "link", "add", &host_link, "type", "veth", "peer", "name", "eth0", "netns", &ns,
-        ]);
-        ip(&["addr", "add", &format!("{h}/30"), "dev", &host_link]);
-        ip(&["link", "set", &host_link, "up"]);
-        ip(&["-n", &ns, "addr", "add", &format!("{p}/30"), "dev", "eth0"]);
-        ip(&["-n", &ns, "link", "set", "eth0", "up"]);
-        ip(&["-n", &ns, "link", "set", "lo", "up"]);
-        ip(&["-n", &ns, "route", "add", "default", "via", &h.to_string()]);
         Peer {
-            ns,
-            host_link,
-            addr: p,
+            addr: net.addr,
+            net,
         }
     }
 
     fn serve(&self, port: u16, reply: &'static str) {
         let addr = self.addr;
-        let l = shoal_hostnet::netns::run_in(&self.ns, move || TcpListener::bind((addr, port)))
+        let l = shoal_hostnet::netns::run_in(&self.net.ns, move || TcpListener::bind((addr, port)))
             .expect("listen in the peer's netns");
         std::thread::spawn(move || {
             for mut s in l.incoming().flatten() {
@@ -110,7 +88,7 @@ impl Peer {
     /// A DNS zone on the peer's port 53 (UDP), answering `names`.
     fn serve_dns(&self, names: &'static [(&'static str, Ipv4Addr)]) {
         let addr = self.addr;
-        let s = shoal_hostnet::netns::run_in(&self.ns, move || UdpSocket::bind((addr, 53)))
+        let s = shoal_hostnet::netns::run_in(&self.net.ns, move || UdpSocket::bind((addr, 53)))
             .expect("a DNS socket in the peer's netns");
         std::thread::spawn(move || {
             let mut buf = [0u8; 1500];
@@ -120,15 +98,6 @@ impl Peer {
                 }
             }
         });
-    }
-}
-
-impl Drop for Peer {
-    fn drop(&mut self) {
-        let _ = Command::new("ip").args(["netns", "del", &self.ns]).status();
-        let _ = Command::new("ip")
-            .args(["link", "del", &self.host_link])
-            .status();
     }
 }
 

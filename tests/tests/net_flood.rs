@@ -12,10 +12,10 @@ mod daemon_harness;
 use daemon_harness::Daemon;
 use shoal_client::api::{CreateSandbox, ExecRequest, NetworkSpec};
 use shoal_client::ClientError;
-use shoal_test_support::ip;
+use shoal_test_support::{ip, PeerNs};
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, TcpListener, TcpStream};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -40,8 +40,7 @@ const SINK: u16 = 9000;
 /// `GET /N` (N bytes, timed from the request to the client's close) on
 /// [`HTTP`] and discarding (and counting) what arrives on [`SINK`].
 struct Peer {
-    ns: String,
-    host_link: String,
+    net: PeerNs,
     addr: Ipv4Addr,
     /// Seconds of each timed download.
     downloads: Arc<Mutex<Vec<f64>>>,
@@ -51,32 +50,17 @@ struct Peer {
 
 impl Peer {
     fn new(tag: u32) -> Peer {
-        let ns = format!("shnf{tag}");
-        let host_link = format!("shnf{tag}h");
-        for args in [["netns", "del", &ns], ["link", "del", &host_link]] {
-            let _ = Command::new("ip").args(args).stderr(Stdio::null()).status();
-        }
         let t = u8::try_from(tag % 250).unwrap();
         let (h, p) = (Ipv4Addr::new(10, 212, t, 1), Ipv4Addr::new(10, 212, t, 2));
-        ip(&["netns", "add", &ns]);
-        ip(&[
-            "link", "add", &host_link, "type", "veth", "peer", "name", "eth0", "netns", &ns,
-        ]);
-        ip(&["addr", "add", &format!("{h}/30"), "dev", &host_link]);
-        ip(&["link", "set", &host_link, "up"]);
-        ip(&["-n", &ns, "addr", "add", &format!("{p}/30"), "dev", "eth0"]);
-        ip(&["-n", &ns, "link", "set", "eth0", "up"]);
-        ip(&["-n", &ns, "link", "set", "lo", "up"]);
-        ip(&["-n", &ns, "route", "add", "default", "via", &h.to_string()]);
+        let net = PeerNs::create(&format!("shnf{tag}"), h, p);
         let peer = Peer {
-            ns,
-            host_link,
+            net,
             addr: p,
             downloads: Arc::default(),
             sunk: Arc::default(),
         };
         let listen = |port: u16| {
-            shoal_hostnet::netns::run_in(&peer.ns, move || TcpListener::bind((p, port)))
+            shoal_hostnet::netns::run_in(&peer.net.ns, move || TcpListener::bind((p, port)))
                 .expect("listen in the peer's netns")
         };
         let (http, sink) = (listen(HTTP), listen(SINK));
@@ -138,15 +122,6 @@ fn serve_download(mut s: TcpStream, downloads: &Mutex<Vec<f64>>) {
     while let Ok(1..) = s.read(&mut buf) {}
     if sent {
         downloads.lock().unwrap().push(t0.elapsed().as_secs_f64());
-    }
-}
-
-impl Drop for Peer {
-    fn drop(&mut self) {
-        let _ = Command::new("ip").args(["netns", "del", &self.ns]).status();
-        let _ = Command::new("ip")
-            .args(["link", "del", &self.host_link])
-            .status();
     }
 }
 
