@@ -578,6 +578,7 @@ fn template_layers_and_upper_layers_end_to_end() {
         (&json!([kit_s]), &json!(2), &Value::Null)
     );
     assert_eq!(small["image"], Value::Null, "a built-in image's template");
+    assert_eq!(small["kind"], "microvm", "the default kind");
     assert_eq!(
         keys(&small),
         [
@@ -585,6 +586,7 @@ fn template_layers_and_upper_layers_end_to_end() {
             "dir",
             "error",
             "image",
+            "kind",
             "layers",
             "memory_mib",
             "name",
