@@ -82,7 +82,11 @@ fn a_stocked_vmm_serves_one_create_and_the_stock_refills() {
 fn a_dead_stocked_vmm_is_discarded_never_handed_out() {
     let d = with_stock(1);
     d.create();
-    d.wait_for("the stock filled", T, || stock_procs(&d).len() == 1);
+    // Ready, not only started: a stocked VMM killed while it starts is a
+    // failed fill, not a dead entry.
+    d.wait_for("the stock filled", T, || {
+        stocked(&d) == 1.0 && stock_procs(&d).len() == 1
+    });
     let (dead_id, pid) = stock_procs(&d).into_iter().next().unwrap();
     crash(pid);
     d.wait_for("the process died", T, || gone(pid));
