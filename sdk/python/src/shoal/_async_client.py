@@ -330,13 +330,7 @@ class AsyncShoal:
             pause_at_ttl=args.pause_at_ttl,
             priority=args.priority,
         )
-        if args.command is not None:
-            try:
-                sb.last_result = await sb.exec(args.command, check=True)
-            except BaseException:
-                await sb.kill()
-                raise
-        return sb
+        return await _run_first(sb, args.command)
 
     async def run_container(self, args: ContainerArgs) -> AsyncSandbox:
         """Containers: not available on this daemon yet (raises
@@ -434,13 +428,7 @@ class AsyncShoal:
             env=args.env,
             keep_running=args.keep_running,
         )
-        if args.command is not None:
-            try:
-                sb.last_result = await sb.exec(args.command, check=True)
-            except BaseException:
-                await sb.kill()
-                raise
-        return sb
+        return await _run_first(sb, args.command)
 
     # -- templates and pools ------------------------------------------
 
@@ -635,3 +623,15 @@ def _unavailable(kind: str, args: object) -> str:
         f"run_vm(VMArgs(...)) or run_fncall(FnCallArgs(...))); got {type(args).__name__}"
     )
 
+
+async def _run_first(sb: AsyncSandbox, command: list[str] | str | None) -> AsyncSandbox:
+    """Runs a kind entry point's ``command`` (if any) in its new sandbox,
+    keeping the result in ``last_result``; a failure kills the sandbox and
+    is raised."""
+    if command is not None:
+        try:
+            sb.last_result = await sb.exec(command, check=True)
+        except BaseException:
+            await sb.kill()
+            raise
+    return sb

@@ -330,13 +330,7 @@ class Shoal:
             pause_at_ttl=args.pause_at_ttl,
             priority=args.priority,
         )
-        if args.command is not None:
-            try:
-                sb.last_result = sb.exec(args.command, check=True)
-            except BaseException:
-                sb.kill()
-                raise
-        return sb
+        return _run_first(sb, args.command)
 
     def run_container(self, args: ContainerArgs) -> Sandbox:
         """Containers: not available on this daemon yet (raises
@@ -434,13 +428,7 @@ class Shoal:
             env=args.env,
             keep_running=args.keep_running,
         )
-        if args.command is not None:
-            try:
-                sb.last_result = sb.exec(args.command, check=True)
-            except BaseException:
-                sb.kill()
-                raise
-        return sb
+        return _run_first(sb, args.command)
 
     # -- templates and pools ------------------------------------------
 
@@ -635,3 +623,15 @@ def _unavailable(kind: str, args: object) -> str:
         f"run_vm(VMArgs(...)) or run_fncall(FnCallArgs(...))); got {type(args).__name__}"
     )
 
+
+def _run_first(sb: Sandbox, command: list[str] | str | None) -> Sandbox:
+    """Runs a kind entry point's ``command`` (if any) in its new sandbox,
+    keeping the result in ``last_result``; a failure kills the sandbox and
+    is raised."""
+    if command is not None:
+        try:
+            sb.last_result = sb.exec(command, check=True)
+        except BaseException:
+            sb.kill()
+            raise
+    return sb
