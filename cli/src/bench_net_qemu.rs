@@ -11,7 +11,7 @@ use anyhow::{bail, Context, Result};
 use shoal_jailer::cgroup::{plan_here, Cgroup};
 use shoal_jailer::CgroupSpec;
 use shoal_runtime::console_lines::ConsoleLines;
-use shoal_runtime::launch::{BootSpec, RootKind, EXIT_PREFIX};
+use shoal_runtime::launch::{BootSpec, Monitor, RootKind, EXIT_PREFIX};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
@@ -88,7 +88,7 @@ impl QemuPeer {
 
     /// The monitor command line (run inside the test host's namespace,
     /// where its TAP is).
-    fn command(&self, host: &TestHost) -> Command {
+    fn command(&self, host: &TestHost) -> Result<Command> {
         let guest = host.qemu_guest;
         let init = format!(
             "\"ip addr add {guest}/24 dev eth0 && ip link set eth0 up && \
@@ -108,34 +108,19 @@ impl QemuPeer {
             upper_disk: None,
             upper_size_mib: None,
         };
-        // QEMU puts the first device on the last of microvm's eight
+        // The boot benchmark's QEMU microvm line (runtime::launch) plus a
+        // virtio-net device on the TAP. QEMU puts the first device (the
+        // root disk, named by launch) on the last of microvm's eight
         // virtio-mmio transports and the next on the one before; it would
-        // append these words after the init's " -- " itself, so they are
-        // named here. It ignores reboot=k on microvm: reboot by triple
-        // fault, which -no-reboot turns into an exit.
-        let extra = format!(
-            "{} virtio_mmio.device=512@0xfeb00e00:12 virtio_mmio.device=512@0xfeb00c00:11 reboot=t",
-            self.kernel_args
-        );
-        let cmdline = vmm_api::cmdline::insert_kernel_args(&spec.kernel_cmdline(), extra.trim());
+        // append these words after the init's " -- " itself, so the net
+        // device's is named here.
+        let qemu = spec.command(&Monitor::QemuMicrovm {
+            kernel_args: format!("{} virtio_mmio.device=512@0xfeb00c00:11", self.kernel_args),
+        })?;
         let mut c = Command::new("ip");
-        c.args(["netns", "exec", &host.ns, "qemu-system-x86_64"])
-            .args([
-                "-M",
-                "microvm,acpi=off,auto-kernel-cmdline=off",
-                "-enable-kvm",
-            ])
-            .args(["-cpu", "host,-arch-capabilities", "-smp", "1", "-m", "128"])
-            .args(["-nodefaults", "-no-user-config", "-display", "none"])
-            .args(["-serial", "stdio", "-no-reboot"])
-            .arg("-kernel")
-            .arg(&self.kernel)
-            .arg("-drive")
-            .arg(format!(
-                "file={},if=none,id=root,format=raw,readonly=on",
-                self.root.display()
-            ))
-            .args(["-device", "virtio-blk-device,drive=root"])
+        c.args(["netns", "exec", &host.ns])
+            .arg(qemu.get_program())
+            .args(qemu.get_args())
             .arg("-netdev")
             .arg(format!(
                 "tap,id=n0,ifname={QEMU_TAP},script=no,downscript=no"
@@ -148,17 +133,15 @@ impl QemuPeer {
                 } else {
                     format!(",{NO_OFFLOADS}")
                 }
-            ))
-            .arg("-append")
-            .arg(cmdline);
-        c
+            ));
+        Ok(c)
     }
 
     /// Boots the peer and waits until its script has run (the guest's
     /// `SHOAL-EXIT 0`) and QEMU has exited; `progress` gets the guest's
     /// console lines that are not the kernel's.
     pub fn run(&self, host: &TestHost, progress: &mut dyn FnMut(&str)) -> Result<()> {
-        let mut cmd = self.command(host);
+        let mut cmd = self.command(host)?;
         cmd.stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
