@@ -207,13 +207,31 @@ impl Client {
             },
             Failure::Reply(cause) => self.bad(req, cause),
         };
-        let mut s = connect(&self.sock, deadline).map_err(fail)?;
-        write_all(&mut s, &line, deadline).map_err(fail)?;
-        let reply = read_line(&mut s, deadline).map_err(fail)?;
-        let Value::Object(mut fields) =
-            serde_json::from_slice(&reply).map_err(|e| self.bad(req, ReplyError::Json(e)))?
-        else {
-            return Err(self.bad(req, ReplyError::NoOk));
+        // A busy refusal comes before the request is read (every control
+        // connection was in use, often by ones whose callers already have
+        // their replies): nothing was done, so it is sent again, backing off,
+        // until the deadline.
+        let mut pause = Duration::from_millis(1);
+        let mut fields = loop {
+            let mut s = connect(&self.sock, deadline).map_err(fail)?;
+            // The server may refuse before reading: a write that fails then
+            // is answered by the refusal it wrote first.
+            let sent = write_all(&mut s, &line, deadline);
+            let reply = match read_line(&mut s, deadline) {
+                Ok(r) => r,
+                Err(e) => return Err(fail(sent.err().unwrap_or(e))),
+            };
+            let Value::Object(fields) =
+                serde_json::from_slice(&reply).map_err(|e| self.bad(req, ReplyError::Json(e)))?
+            else {
+                return Err(self.bad(req, ReplyError::NoOk));
+            };
+            let busy = fields.get("busy") == Some(&Value::Bool(true));
+            if !busy || deadline.saturating_duration_since(Instant::now()) <= pause {
+                break fields;
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(50));
         };
         match fields.get("ok") {
             Some(Value::Bool(true)) => Ok(fields),

@@ -6,8 +6,8 @@
 //! the reply line.
 
 use crate::wire::{
-    refusal_line, success_line, BalloonInfo, EvictInfo, ReplyBody, Request, RestoreInfo, Sample,
-    SnapshotInfo, Stats, MAX_LINE,
+    busy_line, refusal_line, success_line, BalloonInfo, EvictInfo, ReplyBody, Request, RestoreInfo,
+    Sample, SnapshotInfo, Stats, MAX_LINE,
 };
 use std::fmt::Display;
 use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
@@ -262,7 +262,7 @@ pub fn serve_with(
                     active.fetch_sub(1, Ordering::AcqRel);
                     // Best effort: the caller may not read; never wait on it.
                     let _ = conn.set_nonblocking(true);
-                    let _ = conn.write_all(&refusal_line(&format!(
+                    let _ = conn.write_all(&busy_line(&format!(
                         "too many control connections (at most {max} at once); try again"
                     )));
                     continue;

@@ -95,7 +95,9 @@ fn stats_answered(path: &std::path::Path) -> String {
     let mut s = UnixStream::connect(path).unwrap();
     s.set_read_timeout(Some(std::time::Duration::from_secs(10)))
         .unwrap();
-    s.write_all(b"{\"op\":\"stats\"}\n").unwrap();
+    // A server that refuses before reading may have closed already: the
+    // write can fail, and the refusal it wrote is still there to read.
+    let _ = s.write_all(b"{\"op\":\"stats\"}\n");
     read_line(&mut BufReader::new(s))
 }
 
@@ -202,4 +204,45 @@ fn every_server_thread_runs_init_and_a_failing_init_stops_serving() {
         assert!(std::time::Instant::now() < deadline, "still listening");
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
+}
+
+#[test]
+fn a_client_retries_a_busy_refusal_until_a_connection_frees() {
+    let (_d, path, l) = socket();
+    serve(l, |cmd| {
+        match cmd {
+            Command::Stats(r) => r.ok(crate::wire::tests::stats()),
+            other => other.refuse("nope"),
+        }
+        true
+    })
+    .unwrap();
+    let mut held: Vec<UnixStream> = (0..MAX_CONNECTIONS)
+        .map(|_| UnixStream::connect(&path).unwrap())
+        .collect();
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    // The refusal says the request was never read.
+    let l = stats_answered(&path);
+    assert!(l.contains("\"busy\":true"), "{l}");
+    // With every connection held for longer than its deadline, the client
+    // ends with that refusal.
+    let c = crate::Client::new(&path, std::time::Duration::from_millis(300));
+    match c.stats() {
+        Err(crate::ApiError::Refused { message, .. }) => {
+            assert!(
+                message.contains("too many control connections"),
+                "{message}"
+            )
+        }
+        other => panic!("{other:?}"),
+    }
+    // One freed within its deadline: the client gets its answer.
+    let c = crate::Client::new(&path, std::time::Duration::from_secs(10));
+    let freed = held.pop();
+    let t = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        drop(freed);
+    });
+    assert_eq!(c.stats().unwrap(), crate::wire::tests::stats());
+    t.join().unwrap();
 }

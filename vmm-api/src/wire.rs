@@ -349,11 +349,15 @@ impl<T: ReplyBody> Serialize for Success<'_, T> {
     }
 }
 
-/// A refusal: `{"ok":false,"error":"..."}`.
+/// A refusal: `{"ok":false,"error":"..."}`, with `"busy":true` when the
+/// request was never read (every control connection was in use), so the
+/// caller may send it again.
 #[derive(Serialize)]
 struct Refusal<'a> {
     ok: bool,
     error: &'a str,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    busy: bool,
 }
 
 /// One reply line (newline included) for a success.
@@ -363,7 +367,21 @@ pub(crate) fn success_line<T: ReplyBody>(body: &T) -> Vec<u8> {
 
 /// One reply line for a refusal.
 pub(crate) fn refusal_line(error: &str) -> Vec<u8> {
-    line(&Refusal { ok: false, error })
+    line(&Refusal {
+        ok: false,
+        error,
+        busy: false,
+    })
+}
+
+/// The refusal sent before reading a request, when every connection is in
+/// use: nothing was done, and the caller may retry.
+pub(crate) fn busy_line(error: &str) -> Vec<u8> {
+    line(&Refusal {
+        ok: false,
+        error,
+        busy: true,
+    })
 }
 
 fn line(v: &impl Serialize) -> Vec<u8> {
@@ -374,6 +392,7 @@ fn line(v: &impl Serialize) -> Vec<u8> {
         .unwrap_or_else(|_| br#"{"ok":false,"error":"reply could not be encoded"}"#.to_vec());
     if b.len() >= MAX_LINE {
         b = serde_json::to_vec(&Refusal {
+            busy: false,
             ok: false,
             error: "reply too long for the control socket",
         })
