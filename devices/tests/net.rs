@@ -489,7 +489,7 @@ fn device_restore_checks_the_state_and_takes_the_new_mac() {
         assert!(!dev.handle().signal_config_change(), "inactive");
 
         let bad = NetState {
-            acked_features: 1 << 0,
+            acked_features: 1 << 17,
             ..state.clone()
         };
         assert!(matches!(

@@ -130,11 +130,16 @@ impl Guest {
         Self::with_device(Net::new(tap, &cfg).unwrap())
     }
 
-    pub fn with_device(mut dev: Net) -> Self {
+    pub fn with_device(dev: Net) -> Self {
+        Self::with_features(dev, FEATURES)
+    }
+
+    /// A device brought up by a driver that takes `features`.
+    pub fn with_features(mut dev: Net, features: u64) -> Self {
         let events = dev.take_events().unwrap();
         let handle = dev.handle();
         let mut d = Driver::with_mem(Box::new(dev), mem_sized(MEM_SIZE));
-        let st = d.bring_up_queues(FEATURES, &[QSIZE, QSIZE]);
+        let st = d.bring_up_queues(features, &[QSIZE, QSIZE]);
         assert_ne!(st & status::DRIVER_OK, 0, "activated");
         let mut em = EventManager::new().unwrap();
         em.add_subscriber(events);
@@ -170,8 +175,14 @@ impl Guest {
     /// Puts `frame` behind a zero header in the next tx slot and makes it
     /// available, without notifying.
     pub fn queue_tx(&mut self, frame: &[u8]) -> u16 {
+        self.queue_tx_with(&[0; VNET_HDR_LEN], frame)
+    }
+
+    /// Puts `frame` behind `hdr` in the next tx slot and makes it
+    /// available, without notifying.
+    pub fn queue_tx_with(&mut self, hdr: &[u8; VNET_HDR_LEN], frame: &[u8]) -> u16 {
         let addr = TX_AREA + u64::from(self.tx_next) * TX_SLOT;
-        let mut buf = vec![0u8; VNET_HDR_LEN];
+        let mut buf = hdr.to_vec();
         buf.extend_from_slice(frame);
         assert!(u64::try_from(buf.len()).unwrap() <= TX_SLOT);
         self.d.mem.write_slice(&buf, GuestAddress(addr)).unwrap();
@@ -184,6 +195,13 @@ impl Guest {
     /// Sends `frame` (queues it and notifies tx).
     pub fn send(&mut self, frame: &[u8]) -> u16 {
         let head = self.queue_tx(frame);
+        self.d.notify_queue(1);
+        head
+    }
+
+    /// Sends `frame` behind `hdr` (queues it and notifies tx).
+    pub fn send_with(&mut self, hdr: &[u8; VNET_HDR_LEN], frame: &[u8]) -> u16 {
+        let head = self.queue_tx_with(hdr, frame);
         self.d.notify_queue(1);
         head
     }

@@ -75,8 +75,10 @@ pub struct NetHandle {
     shared: Shared,
 }
 
-const FEATURES: u64 =
-    (1 << VIRTIO_F_VERSION_1) | (1 << VIRTIO_NET_F_MAC) | (1 << VIRTIO_NET_F_STATUS);
+const FEATURES: u64 = (1 << VIRTIO_F_VERSION_1)
+    | (1 << VIRTIO_NET_F_MAC)
+    | (1 << VIRTIO_NET_F_STATUS)
+    | super::offload::OFFLOAD_FEATURES;
 
 impl Net {
     /// A device on `tap` with `cfg`'s MAC and rate limits. Register the
@@ -92,6 +94,10 @@ impl Net {
         let tx = limiter(cfg.tx_rate, "tx")?;
         let timer = TimerFd::new().map_err(|e| NetError::TimerFd(e.into()))?;
         set_nonblocking(timer.as_raw_fd()).map_err(NetError::TimerFd)?;
+        // A TAP reused from an earlier device may still have offloads on:
+        // none until this device's driver takes them (best effort: frames
+        // asking for more than the driver took are dropped anyway).
+        let _ = tap.set_offload(0);
         let tap_fd = tap.as_raw_fd();
         let timer_fd = timer.as_raw_fd();
         let shared = Arc::new(Mutex::new(Inner::new(tap, mac, rx, tx, timer)));
@@ -220,6 +226,7 @@ impl VirtioDevice for Net {
             got: q.len(),
         })?;
         let mut inner = lock(&self.shared);
+        inner.set_tap_offload();
         inner.active = Some(Active { mem, irq, rx, tx });
         // Frames may have queued on the TAP before the driver came.
         inner.process();

@@ -1,5 +1,6 @@
 //! virtio-net on a host TAP interface: one rx and one tx queue, the
-//! host-given MAC in config space, no offloads and no control queue.
+//! host-given MAC in config space, checksum and TCP segmentation offloads
+//! ([`offload`]) and no control queue.
 //!
 //! Two halves share one lock, as with vsock: [`Net`] is the virtio device
 //! the MMIO transport drives from vCPU threads (guest tx, rx refills), and
@@ -17,13 +18,15 @@
 //! edge-triggered readiness is not re-armed while rx waits, so a guest that
 //! gives no buffers costs nothing. Frames that do not fit the guest's
 //! buffer are dropped and counted (VIRTIO_NET_F_MRG_RXBUF is not offered:
-//! the driver must post buffers of at least 1526 bytes, as Linux does).
+//! the driver must post buffers of at least 1526 bytes, as Linux does, or
+//! of 64 KiB once it takes GUEST_TSO4/6, as Linux does too).
 //!
 //! The guest's driver must take VIRTIO_NET_F_MAC (Linux does): one that
-//! picks a MAC of its own has every frame dropped as spoofed. Neither
-//! VIRTIO_RING_F_EVENT_IDX nor any checksum/GSO offload is offered; the TAP
-//! must keep an MTU of at most 1500 (larger frames do not fit the buffers
-//! a driver posts without MRG_RXBUF, and are dropped as `rx_too_small`).
+//! picks a MAC of its own has every frame dropped as spoofed.
+//! VIRTIO_RING_F_EVENT_IDX is not offered. The TAP must keep an MTU of at
+//! most 1500 (larger frames do not fit the buffers a driver posts without
+//! MRG_RXBUF and GUEST_TSO, and are dropped as `rx_too_small`); it hands
+//! over 64 KiB TCP segments only to a driver that took GUEST_TSO4/6.
 //!
 //! The MAC is the host's: the guest cannot write config space, and a
 //! restored clone gets a new TAP and MAC ([`NetArgs`]). Linux reads the MAC
@@ -33,6 +36,7 @@
 
 mod device;
 mod events;
+pub mod offload;
 mod persist;
 mod shared;
 pub mod tap;

@@ -3,6 +3,7 @@
 //! between the TAP and the rx and tx queues. [`super::device`] (vCPU
 //! threads) and [`super::events`] (the event thread) both drive it.
 
+use super::offload;
 use super::tap::Tap;
 use super::{MacAddr, ETH_HDR_LEN, MAX_FRAME_LEN, VNET_HDR_LEN};
 use crate::rate_limiter::RateLimiter;
@@ -45,7 +46,8 @@ pub struct NetCounters {
     /// Host frames dropped: the guest's buffer had a device-readable
     /// descriptor or an address outside guest memory.
     pub rx_malformed: u64,
-    /// TAP read errors (other than "nothing queued").
+    /// TAP read errors (other than "nothing queued"), and frames from the
+    /// TAP whose header asks for an offload the driver did not take.
     pub rx_tap_errors: u64,
     /// Times the rx rate limit stopped delivery until its deadline.
     pub rx_throttled: u64,
@@ -187,10 +189,18 @@ impl Inner {
         self.rx_held.unwrap_or(0)
     }
 
+    /// Tells the TAP which offloads it may use toward the driver: what
+    /// the driver took. A failure leaves the TAP sending whole frames, which
+    /// every driver takes.
+    pub fn set_tap_offload(&mut self) {
+        let _ = self.tap.set_offload(offload::tun_offload(self.acked));
+    }
+
     /// Drops the queues and the held frame (driver reset).
     pub fn deactivate(&mut self) {
         self.active = None;
         self.acked = 0;
+        self.set_tap_offload();
         self.rx_held = None;
         self.rx_retry = None;
         self.tx_retry = None;
@@ -283,10 +293,10 @@ impl Inner {
                     let src = &frame[VNET_HDR_LEN + 6..VNET_HDR_LEN + 12];
                     if src != self.mac.0 {
                         self.counters.tx_spoofed += 1;
+                    } else if !offload::tx_header(self.acked, frame) {
+                        // Offload fields it did not take, or out of the frame.
+                        self.counters.tx_malformed += 1;
                     } else {
-                        // No offloads were offered: whatever the guest put
-                        // in the header's checksum and GSO fields goes.
-                        frame[..VNET_HDR_LEN].fill(0);
                         match self.tap.write(frame) {
                             Ok(_) => {
                                 self.counters.tx_packets += 1;
@@ -309,11 +319,12 @@ impl Inner {
         loop {
             match self.tap.read(&mut self.rx_buf) {
                 Ok(n) if (VNET_HDR_LEN + ETH_HDR_LEN..=MAX_FRAME_LEN).contains(&n) => {
-                    // No offloads: no checksum or GSO flags; one buffer.
-                    self.rx_buf[..VNET_HDR_LEN].fill(0);
-                    self.rx_buf[10..12].copy_from_slice(&1u16.to_le_bytes());
-                    self.rx_held = Some(n);
-                    return true;
+                    // Offloads the driver did not take: dropped. One buffer.
+                    if offload::rx_header(self.acked, &mut self.rx_buf[..n]) {
+                        self.rx_held = Some(n);
+                        return true;
+                    }
+                    self.counters.rx_tap_errors += 1;
                 }
                 Ok(_) => self.counters.rx_tap_errors += 1,
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}

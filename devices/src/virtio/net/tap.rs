@@ -1,10 +1,11 @@
 //! A TAP interface (`/dev/net/tun` with IFF_TAP | IFF_NO_PI | IFF_VNET_HDR),
 //! non-blocking, with a 12-byte `virtio_net_hdr_v1` before every frame.
 //!
-//! No offloads are enabled (TUNSETOFFLOAD is left at 0): the kernel hands
-//! the device whole, checksummed frames no larger than the interface's MTU
-//! and expects the same back, so the header's checksum and GSO fields are
-//! always zero in both directions.
+//! Offloads toward the device start off (TUNSETOFFLOAD 0: whole,
+//! checksummed frames no larger than the interface's MTU); the device
+//! turns on what its driver took ([`super::offload`]). Frames written to
+//! the TAP may carry a partial checksum or be a TCP segment of up to 64
+//! KiB, as their header says; the kernel finishes and segments them.
 //!
 //! A TAP opened here without IFF_PERSIST disappears when its last fd is
 //! closed; a persistent one made beforehand (`ip tuntap add ... mode tap`,
@@ -202,6 +203,19 @@ impl Tap {
         // SAFETY: F_SETFL with the flags just read plus O_NONBLOCK.
         if flags < 0 || unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
             return Err(self.configure_error(std::io::Error::last_os_error()));
+        }
+        Ok(())
+    }
+
+    /// Sets which offloads the kernel may use in frames it hands over
+    /// (`TUN_F_*` flags; 0: whole, checksummed frames of at most the MTU).
+    pub fn set_offload(&self, flags: u32) -> std::io::Result<()> {
+        let arg = libc::c_ulong::from(flags);
+        // SAFETY: TUNSETOFFLOAD takes its flags by value; the return value
+        // is checked.
+        let r = unsafe { libc::ioctl(self.file.as_raw_fd(), super::offload::TUNSETOFFLOAD, arg) };
+        if r < 0 {
+            return Err(std::io::Error::last_os_error());
         }
         Ok(())
     }
