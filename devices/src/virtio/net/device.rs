@@ -11,7 +11,10 @@ use super::{
 };
 use crate::rate_limiter::{RateLimitError, RateLimiter};
 use crate::virtio::persist::QueueState;
-use crate::virtio::{ActivateError, VirtioDevice, VirtioInterrupt, INT_CONFIG, VIRTIO_F_VERSION_1};
+use crate::virtio::{
+    ActivateError, VirtioDevice, VirtioInterrupt, INT_CONFIG, VIRTIO_F_VERSION_1,
+    VIRTIO_RING_F_EVENT_IDX,
+};
 use snapshot::Persist;
 use std::os::fd::AsRawFd;
 use std::sync::{Arc, Mutex};
@@ -76,6 +79,7 @@ pub struct NetHandle {
 }
 
 const FEATURES: u64 = (1 << VIRTIO_F_VERSION_1)
+    | (1 << VIRTIO_RING_F_EVENT_IDX)
     | (1 << VIRTIO_NET_F_MAC)
     | (1 << VIRTIO_NET_F_STATUS)
     | super::offload::OFFLOAD_FEATURES;
@@ -221,11 +225,15 @@ impl VirtioDevice for Net {
         irq: Arc<VirtioInterrupt>,
         queues: Vec<Queue>,
     ) -> Result<(), ActivateError> {
-        let [rx, tx] = <[Queue; 2]>::try_from(queues).map_err(|q| ActivateError::QueueCount {
-            expected: 2,
-            got: q.len(),
-        })?;
+        let [mut rx, mut tx] =
+            <[Queue; 2]>::try_from(queues).map_err(|q| ActivateError::QueueCount {
+                expected: 2,
+                got: q.len(),
+            })?;
         let mut inner = lock(&self.shared);
+        let event_idx = inner.acked & (1 << VIRTIO_RING_F_EVENT_IDX) != 0;
+        rx.set_event_idx(event_idx);
+        tx.set_event_idx(event_idx);
         inner.set_tap_offload();
         inner.active = Some(Active { mem, irq, rx, tx });
         // Frames may have queued on the TAP before the driver came.

@@ -23,7 +23,8 @@
 //!
 //! The guest's driver must take VIRTIO_NET_F_MAC (Linux does): one that
 //! picks a MAC of its own has every frame dropped as spoofed.
-//! VIRTIO_RING_F_EVENT_IDX is not offered. The TAP must keep an MTU of at
+//! VIRTIO_RING_F_EVENT_IDX is offered: interrupts and notifications only
+//! where the other side's event index asks for them. The TAP must keep an MTU of at
 //! most 1500 (larger frames do not fit the buffers a driver posts without
 //! MRG_RXBUF and GUEST_TSO, and are dropped as `rx_too_small`); it hands
 //! over 64 KiB TCP segments only to a driver that took GUEST_TSO4/6.

@@ -215,8 +215,11 @@ impl Inner {
         };
         let tx_used = self.process_tx(&mut a);
         let rx_used = self.process_rx(&mut a);
-        let notify = (rx_used && a.rx.needs_notification(&a.mem).unwrap_or(true))
-            || (tx_used && a.tx.needs_notification(&a.mem).unwrap_or(true));
+        // Both asked (each call ends that queue's count of new entries);
+        // with EVENT_IDX the driver's used_event says whether it wants it.
+        let rx_wants = rx_used && a.rx.needs_notification(&a.mem).unwrap_or(true);
+        let tx_wants = tx_used && a.tx.needs_notification(&a.mem).unwrap_or(true);
+        let notify = rx_wants || tx_wants;
         if notify {
             let _ = a.irq.signal(INT_USED_RING);
         }
@@ -274,7 +277,23 @@ impl Inner {
         if self.tx_retry.is_some_and(|t| (self.clock)() < t) {
             return false;
         }
-        while let Some(chain) = a.tx.pop_descriptor_chain(&a.mem) {
+        // Whether the ring was looked at again since the last chain (a ring
+        // whose index is garbage says "more" but yields nothing: once).
+        let mut rechecked = false;
+        loop {
+            let Some(chain) = a.tx.pop_descriptor_chain(&a.mem) else {
+                // Drained: ask for the driver's next notification (with
+                // EVENT_IDX, avail_event moves here) and look once more
+                // for a frame added meanwhile.
+                match a.tx.enable_notification(&a.mem) {
+                    Ok(true) if !rechecked => {
+                        rechecked = true;
+                        continue;
+                    }
+                    _ => break,
+                }
+            };
+            rechecked = false;
             let head = chain.head_index();
             match read_chain(&a.mem, chain, &mut self.tx_buf) {
                 Err(TxDrop::Malformed) => self.counters.tx_malformed += 1,
@@ -345,6 +364,7 @@ impl Inner {
         if self.rx_retry.is_some_and(|t| (self.clock)() < t) {
             return false;
         }
+        let mut rechecked = false;
         loop {
             if self.rx_held.is_none() && !self.fill_held() {
                 break;
@@ -352,9 +372,18 @@ impl Inner {
             let len = self.rx_held.unwrap_or(0);
             let Some(chain) = a.rx.pop_descriptor_chain(&a.mem) else {
                 // No buffer: keep the frame, read no more until the guest
-                // adds buffers (its notify runs this again).
-                break;
+                // adds buffers (its notify runs this again; with EVENT_IDX
+                // avail_event moves here so it does notify), unless it
+                // added one meanwhile.
+                match a.rx.enable_notification(&a.mem) {
+                    Ok(true) if !rechecked => {
+                        rechecked = true;
+                        continue;
+                    }
+                    _ => break,
+                }
             };
+            rechecked = false;
             let head = chain.head_index();
             let now = (self.clock)();
             if let Err(until) = self.rx_limiter.consume(frame_bytes(len), now) {
