@@ -51,8 +51,9 @@ pub struct NetArgs {
     #[arg(long, default_value_t = 20)]
     pub creates: usize,
     /// The QEMU peers (comma-separated): `default` (QEMU's virtio-net
-    /// with its checksum and segmentation offloads), `no-offload` (only
-    /// the features Shoal's device offers); each boots once.
+    /// with its checksum and segmentation offloads), `no-offload` (MAC
+    /// and link status only: no offloads, mergeable buffers or event
+    /// index); each boots once.
     #[arg(long, default_value = "default,no-offload")]
     pub qemu: String,
     /// Skip the QEMU peers.
@@ -471,12 +472,13 @@ fn report(a: &NetArgs, traffic: Vec<Traffic>, creates: Creates) -> NetReport {
             "every traffic figure is measured by the test host (a netns); on PVM hosts it is \
              bound by the guest kernel's emulation, for both systems"
                 .into(),
-            "shoal: guest -> virtio-net (no offloads) -> TAP in the sandbox's slot (nftables \
+            "shoal: guest -> virtio-net (checksum and TCP segmentation offloads, event \
+             index; no mergeable receive buffers) -> TAP in the sandbox's slot (nftables \
              policy, conntrack) -> veth -> host routing and NAT -> the test host's veth"
                 .into(),
             "qemu-microvm: guest -> virtio-net (QEMU's defaults: checksum and segmentation \
              offloads, mergeable receive buffers, event index) -> a TAP in the test host's \
-             namespace; qemu-no-offload: the same with only the features Shoal's device offers"
+             namespace; qemu-no-offload: the same with none of those (MAC and link status only)"
                 .into(),
             "downloads: busybox wget to /dev/null; requests: 64-byte request, 64-byte echo by \
              `nc -e /bin/cat` on one TCP connection; connections: one wget fetching many URLs"

@@ -33,12 +33,13 @@ pub struct QemuPeer {
     /// Boot to exit limit.
     pub timeout: Duration,
     /// QEMU's default virtio-net features (checksum and segmentation
-    /// offloads, mergeable receive buffers, event index), or only what
-    /// Shoal's device offers (MAC and link status).
+    /// offloads, mergeable receive buffers, event index), or none of
+    /// them (MAC and link status only: a baseline without offloads).
     pub offloads: bool,
 }
 
-/// The device options that leave QEMU's virtio-net with Shoal's features.
+/// The device options that leave QEMU's virtio-net with MAC and link
+/// status only (no offloads, mergeable buffers or event index).
 const NO_OFFLOADS: &str = "csum=off,guest_csum=off,gso=off,guest_tso4=off,guest_tso6=off,\
 guest_ecn=off,guest_ufo=off,host_tso4=off,host_tso6=off,host_ecn=off,host_ufo=off,\
 mrg_rxbuf=off,event_idx=off,indirect_desc=off,ctrl_vq=off,ctrl_rx=off,ctrl_vlan=off,\
