@@ -355,6 +355,7 @@ fn templates_pools_events() {
         owner: Some("token:t".into()),
         image: Some("sha256:ab".into()),
         net: false,
+        disk: None,
         root: shoal_api::RootRequest {
             layers: vec!["/l/kit.img".into(), "tiny".into()],
             upper_size_mib: None,
