@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds Shoal's guest images, cached.
 #
-#   scripts/build-images.sh [tiny|base|all]      (default: all)
+#   scripts/build-images.sh [tiny|base|all|vm]   (default: all; vm only when named)
 #
 #   tiny: busybox-static + /sbin/shoal-agent (also /init), as tiny.erofs
 #         (read-only root) and tiny.cpio (uncompressed newc initramfs).
@@ -10,6 +10,13 @@
 #   base: minimal Debian bookworm (minbase + python3, bash, ca-certificates),
 #         stripped, with /sbin/shoal-agent and the account `user` (uid 1000,
 #         home /home/user: the E2B SDK's default user), as base.erofs.
+#   vm:   a disk for the `vm` kind (QEMU), from the same debootstrap result
+#         as base (Debian packages only): ext4 (LABEL=shoal-root), the
+#         agent at /usr/local/sbin/shoal-agent (and /sbin/shoal-agent) and
+#         as the systemd unit shoal-agent.service (enabled; for guests that
+#         boot systemd), made raw and converted to vm.qcow2. No kernel or
+#         bootloader: Shoal's kernel boots it (root=/dev/vda, init=the
+#         agent). Size: SHOAL_VM_DISK_SIZE (default 2G, sparse).
 #
 #   The erofs images are DAX-ready for virtio-pmem (/dev/pmem0 with
 #   rootflags=dax) and work as virtio-blk disks too: uncompressed, 4 KiB
@@ -18,7 +25,7 @@
 #   maps pmem in 2 MiB sub-sections).
 #
 # stdout: exactly `tiny_erofs=PATH`, `tiny_cpio=PATH`, `tiny_agent_erofs=PATH`,
-# `base_erofs=PATH` (those
+# `base_erofs=PATH`, `vm_qcow2=PATH` (those
 # built for the argument); everything else goes to stderr.
 #
 # Cache: ${SHOAL_CACHE:-$HOME/.cache/shoal}/images/<key>/, key = sha256 over
@@ -41,16 +48,17 @@ die() {
 
 what=${1:-all}
 case "$what" in
-tiny | base | all) ;;
+tiny | base | all | vm) ;;
 -h | --help)
 	sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//' >&2
 	exit 0
 	;;
-*) die "unknown image '$what' (expected tiny, base or all)" ;;
+*) die "unknown image '$what' (expected tiny, base, all or vm)" ;;
 esac
-want_tiny=0 want_base=0
+want_tiny=0 want_base=0 want_vm=0
 [[ $what == tiny || $what == all ]] && want_tiny=1
 [[ $what == base || $what == all ]] && want_base=1
+[[ $what == vm ]] && want_vm=1
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 SCRIPT="$ROOT/scripts/build-images.sh"
@@ -125,6 +133,7 @@ ensure_packages() {
 pkgs=()
 ((want_tiny)) && pkgs+=(busybox-static cpio erofs-utils)
 ((want_base)) && pkgs+=(debootstrap erofs-utils)
+((want_vm)) && pkgs+=(debootstrap e2fsprogs qemu-utils)
 ensure_packages "${pkgs[@]}"
 
 # ---------------------------------------------------------------- agent
@@ -350,6 +359,62 @@ build_base() {
 	out_lines+=("base_erofs=$dir/base.erofs")
 }
 
+# The vm disk: the debootstrap result as base gets it, on ext4, with the
+# agent as /usr/local/sbin/shoal-agent and as a systemd unit.
+build_vm() {
+	local tar key dir tmp r size
+	rootfs_tarball
+	tar=$ROOTFS_TAR
+	size=${SHOAL_VM_DISK_SIZE:-2G}
+	[[ $size =~ ^[0-9]+[MG]$ ]] || die "SHOAL_VM_DISK_SIZE=$size: give e.g. 2G or 512M"
+	key=$(printf 'vm\n%s\n%s\n%s\n' "$common_key" "$(basename "$(dirname "$tar")")" "$size" |
+		sha256sum | cut -c1-32)
+	dir="$IMAGES/vm-$key"
+	if [[ -f $dir/vm.qcow2 ]]; then
+		log "vm: cached in $dir"
+	else
+		[[ $(id -u) == 0 ]] || die "making the vm disk needs root (file owners, device nodes)"
+		log "vm: making vm.qcow2 ($size)"
+		new_tmp vm
+		tmp=$TMP
+		r="$tmp/root"
+		mkdir "$r"
+		tar -C "$r" --numeric-owner --xattrs -xpf "$tar" || die "extracting $tar failed"
+		strip_rootfs "$r"
+		add_default_user "$r"
+		install -D -m 0755 "$r/sbin/shoal-agent" "$r/usr/local/sbin/shoal-agent"
+		mkdir -p "$r/etc/systemd/system/multi-user.target.wants"
+		cat >"$r/etc/systemd/system/shoal-agent.service" <<-'EOF'
+			[Unit]
+			Description=Shoal guest agent (serves the host over the virtio-serial port org.shoal.agent)
+			After=local-fs.target
+
+			[Service]
+			ExecStart=/usr/local/sbin/shoal-agent --guest
+			Restart=always
+			RestartSec=1
+			# The host waits for SHOAL-INIT-READY on the first serial port.
+			StandardOutput=journal+console
+			StandardError=journal+console
+			TTYPath=/dev/ttyS0
+
+			[Install]
+			WantedBy=multi-user.target
+		EOF
+		ln -sf ../shoal-agent.service "$r/etc/systemd/system/multi-user.target.wants/shoal-agent.service"
+		printf 'LABEL=shoal-root / ext4 errors=remount-ro 0 1\n' >"$r/etc/fstab"
+		mkfs.ext4 -q -F -L shoal-root -d "$r" "$tmp/vm.raw" "$size" >&2 ||
+			die "mkfs.ext4 -d failed for the vm disk"
+		rm -rf --one-file-system "$r"
+		qemu-img convert -q -f raw -O qcow2 "$tmp/vm.raw" "$tmp/vm.qcow2" >&2 ||
+			die "qemu-img convert failed for the vm disk"
+		rm -f "$tmp/vm.raw"
+		publish "$tmp" "$dir"
+		log "vm: done"
+	fi
+	out_lines+=("vm_qcow2=$dir/vm.qcow2")
+}
+
 # One build at a time per cache (a concurrent caller waits, then finds the
 # images cached).
 mkdir -p "$IMAGES"
@@ -360,5 +425,6 @@ if ! flock -n 9; then
 fi
 
 ((want_tiny)) && build_tiny
+((want_vm)) && build_vm
 ((want_base)) && build_base
 printf '%s\n' "${out_lines[@]}"

@@ -58,7 +58,9 @@ pub use sandbox::{
     CreateSandbox, ListFilter, Priority, Sandbox, SandboxState, SnapshotRequest, UpdateSandbox,
 };
 pub use stats::{Event, EventQuery, HostStats, Limits, Stats, Usage};
-pub use templates::{CreateTemplate, Pool, RootRequest, SetPool, Template, TemplateState};
+pub use templates::{
+    CreateTemplate, Pool, RootRequest, SetPool, Template, TemplateDisk, TemplateState,
+};
 
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;

@@ -56,8 +56,10 @@ impl std::fmt::Display for TemplateState {
 pub struct CreateTemplate {
     /// Name (1-64 letters, digits, `-`, `_` or `.`).
     pub name: String,
-    /// Image (`tiny` or `base`).
+    /// Image (`tiny` or `base`); may be left out (empty) for a `vm`
+    /// template with its own `disk`.
     #[schema(example = "tiny")]
+    #[serde(default)]
     pub image: String,
     /// vCPUs (default 1).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -93,6 +95,47 @@ pub struct CreateTemplate {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(example = "microvm")]
     pub kind: Option<String>,
+    /// A `vm` template's own disk instead of an image: an absolute path of
+    /// a raw or qcow2 file under the daemon's layers directory (no backing
+    /// file; never written: each sandbox gets a qcow2 overlay over it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk: Option<String>,
+    /// Its format, `raw` or `qcow2` (default: what `qemu-img info` finds;
+    /// if given, it must agree).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk_format: Option<String>,
+    /// How the disk boots: `shoal` (default: Shoal's kernel, the disk's
+    /// file system as the root, `disk_init` as PID 1; needed on PVM hosts)
+    /// or `none` (the firmware boots the disk's own bootloader; hardware
+    /// KVM).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(example = "shoal")]
+    pub disk_kernel: Option<String>,
+    /// With `disk_kernel: shoal`, the root device (default `/dev/vda`; a
+    /// partition: `/dev/vda1`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk_root: Option<String>,
+    /// With `disk_kernel: shoal`, Shoal's agent inside the disk, run as
+    /// init (default `/usr/local/sbin/shoal-agent`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk_init: Option<String>,
+}
+
+/// A `vm` template's own disk, as the daemon checked and keeps it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct TemplateDisk {
+    /// The base image (never written).
+    pub path: String,
+    /// `raw` or `qcow2`.
+    pub format: String,
+    /// `shoal` (Shoal's kernel) or `none` (the firmware boots the disk).
+    pub kernel: String,
+    /// Root device (with Shoal's kernel).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub root: Option<String>,
+    /// Init inside the disk (with Shoal's kernel).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub init: Option<String>,
 }
 
 impl CreateTemplate {
@@ -108,6 +151,11 @@ impl CreateTemplate {
             upper_size_mib: None,
             upper_disk_mib: None,
             network: false,
+            disk: None,
+            disk_format: None,
+            disk_kernel: None,
+            disk_root: None,
+            disk_init: None,
         }
     }
 
@@ -209,6 +257,9 @@ pub struct Template {
     /// with a display); empty from older daemons (theirs are microVMs).
     #[serde(default)]
     pub kind: String,
+    /// A `vm` template's own disk (null: it boots `source`'s image).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk: Option<TemplateDisk>,
 }
 
 /// A warm pool: sandboxes of a template restored ahead of time.
@@ -262,6 +313,7 @@ mod tests {
             image: Some("sha256:ab".into()),
             network: true,
             kind: "vm".into(),
+            disk: None,
         };
         let v = serde_json::to_value(&t).unwrap();
         assert_eq!(v["image"], "sha256:ab");

@@ -106,6 +106,52 @@ fn build_named(r: &lang_layers::Recipe, out: &Path) -> Result<i32> {
     Ok(0)
 }
 
+/// `shoal image build base --kind vm -o OUT`: the vm kind's Debian disk
+/// (`scripts/build-images.sh vm`: cached by a hash of the debootstrap
+/// result, the script and the agent), copied to `out`.
+pub fn build_vm(src: &str, out: &Path) -> Result<i32> {
+    let cached = vm_disk(src)?;
+    shoal_images::layers::clone_file(&cached, out)
+        .with_context(|| format!("cannot copy {} to {}", cached.display(), out.display()))?;
+    let size = std::fs::metadata(out).map(|m| m.len()).unwrap_or(0);
+    println!(
+        "disk      {} (qcow2, {:.1} MiB)",
+        out.display(),
+        size as f64 / 1048576.0
+    );
+    println!("cached    {}", cached.display());
+    println!(
+        "use       POST /v1/templates {{\"name\":\"NAME\",\"kind\":\"vm\",\"disk\":\"{}\"}} \
+         (a path under the daemon's layers directory)",
+        out.display()
+    );
+    Ok(0)
+}
+
+/// The cached vm disk built from `src` (only `base`: Debian packages).
+fn vm_disk(src: &str) -> Result<PathBuf> {
+    if src != "base" {
+        bail!(
+            "--kind vm builds from `base` (Debian packages, debootstrap) only, not {src:?}; \
+             to bring your own disk, give it to the daemon as it is (raw or qcow2)"
+        );
+    }
+    let c = shoal_images::artifacts::build::Checkout::find()
+        .context("--kind vm needs a Shoal checkout (scripts/build-images.sh)")?;
+    let live = crate::progress::Live::start_quiet("building the vm disk (debootstrap: minutes)");
+    let out = c.run_script(
+        "build-images.sh",
+        &["vm"],
+        &mut shoal_images::artifacts::build::quiet_unless_slow(),
+    );
+    drop(live);
+    let out = out?;
+    out.lines()
+        .find_map(|l| l.strip_prefix("vm_qcow2="))
+        .map(PathBuf::from)
+        .context("scripts/build-images.sh vm printed no vm_qcow2=PATH")
+}
+
 /// `shoal image layers`: the built-in layers.
 pub fn layers() -> Result<i32> {
     let layout = artifacts::Layout::default_location();
@@ -171,6 +217,12 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("needs `base` or an erofs image"), "{e}");
+    }
+
+    #[test]
+    fn a_vm_disk_comes_from_base_only() {
+        let e = super::vm_disk("/tmp/rootfs.tar").unwrap_err().to_string();
+        assert!(e.contains("from `base`"), "{e}");
     }
 
     #[test]

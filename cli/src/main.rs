@@ -408,6 +408,13 @@ enum ImageCmd {
         /// chroot of an overlay (only the upper layer is kept).
         #[arg(long, value_name = "PKGS", conflicts_with_all = ["agent", "no_agent"])]
         packages: Vec<String>,
+        /// `microvm` (default: the erofs image above) or `vm`: a qcow2
+        /// disk for the vm kind from SRC `base`'s Debian packages (ext4,
+        /// the agent at /usr/local/sbin/shoal-agent and as the systemd
+        /// unit shoal-agent.service; cached, then copied to OUTPUT).
+        #[arg(long, default_value = "microvm", value_parser = ["microvm", "vm"],
+              conflicts_with_all = ["agent", "no_agent", "packages"])]
+        kind: String,
     },
     /// The built-in layers (name, packages, cached file).
     Layers,
@@ -636,8 +643,12 @@ fn main() {
                     agent,
                     no_agent,
                     packages,
+                    kind,
                 },
-        } => image_cmd::build(&source, &output, agent, no_agent, &packages),
+        } => match kind.as_str() {
+            "vm" => image_cmd::build_vm(&source, &output),
+            _ => image_cmd::build(&source, &output, agent, no_agent, &packages),
+        },
         Cmd::Image {
             op: ImageCmd::Layers,
         } => image_cmd::layers(),

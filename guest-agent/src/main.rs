@@ -64,6 +64,7 @@ const REBOOT_BUILTIN: &std::ffi::CStr = c"@reboot";
 
 const USAGE: &[u8] = b"usage: shoal-agent [COMMAND [ARG]...]   (as PID 1)\n\
        shoal-agent --listen unix:PATH|vsock:PORT\n\
+       shoal-agent --guest   (a guest's service: as PID 1 serves, no mounts)\n\
 shoal-agent is the PID 1 init of Shoal guests (kernel command line: ... -- COMMAND ARG...;\n\
 with no command it serves the agent protocol on vsock port 5000). As an ordinary\n\
 process it only serves the protocol, with --listen.\n";
@@ -329,6 +330,16 @@ unsafe fn host_main(argc: usize, argv: *const *const c_char, envp: *const *const
         unsafe { c_strings(argv) }
     };
     let addr = match args.get(1..) {
+        // A service of a guest that booted its own init (systemd): serve
+        // as PID 1 would (vsock, else the virtio-serial port), without
+        // the mounts.
+        Some([flag]) if flag == b"--guest" => {
+            // SAFETY: prctl with integer arguments only.
+            unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
+            // SAFETY: forwarded from the caller.
+            let env = unsafe { guest_env(envp) };
+            serve_guest(env, &ListenAddr::Vsock(agent_proto::VSOCK_PORT))
+        }
         Some([flag, addr]) if flag == b"--listen" => ListenAddr::parse(addr),
         _ => None,
     };

@@ -31,6 +31,7 @@ fn shared_schemas() -> BTreeMap<String, Value> {
         schema::<t::CreateTemplate>(),
         schema::<t::Template>(),
         schema::<t::TemplateState>(),
+        schema::<t::TemplateDisk>(),
         schema::<t::Pool>(),
         schema::<t::SetPool>(),
         schema::<t::Stats>(),

@@ -585,7 +585,14 @@ fn every_field_is_documented() {
         upper_disk_mib: Some(64),
         image: Some("sha256:ab".into()),
         network: false,
-        kind: "microvm".into(),
+        kind: "vm".into(),
+        disk: Some(t::TemplateDisk {
+            path: "/l/d.qcow2".into(),
+            format: "qcow2".into(),
+            kernel: "shoal".into(),
+            root: Some("/dev/vda".into()),
+            init: Some("/sbin/shoal-agent".into()),
+        }),
     };
     let command = t::Command {
         id: "1".into(),

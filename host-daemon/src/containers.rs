@@ -210,6 +210,7 @@ pub async fn oci_template(
                 upper_disk_mib: upper.disk_mib(),
             },
             net,
+            disk: None,
         };
         let spec = TemplateSpec {
             upper,

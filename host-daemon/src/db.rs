@@ -11,7 +11,7 @@ use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 
 /// Current schema version (stored in `PRAGMA user_version`).
-pub const SCHEMA_VERSION: i64 = 9;
+pub const SCHEMA_VERSION: i64 = 10;
 
 /// Errors of the state database.
 #[derive(Debug, thiserror::Error)]
@@ -135,6 +135,10 @@ pub struct TemplateRow {
     /// ones, each restored onto its own slot (issue 18).
     #[serde(default)]
     pub net: bool,
+    /// A `vm` template's own disk (stored as JSON; NULL: it boots its
+    /// image).
+    #[serde(default)]
+    pub disk: Option<shoal_api::TemplateDisk>,
 }
 
 /// Seconds since the epoch.
@@ -155,7 +159,7 @@ const SANDBOX_COLS: &str = "id, template, state, vcpus, memory_mib, pid, backend
      keep_running, kind, pause_at_ttl, net, priority";
 
 const TEMPLATE_COLS: &str = "name, source, vcpus, memory_mib, dir, state, error, created_at, \
-     owned, layers, upper_size_mib, upper_disk_mib, kind, owner, image, net";
+     owned, layers, upper_size_mib, upper_disk_mib, kind, owner, image, net, disk";
 
 /// A stored count or duration (never negative; SQLite has only i64).
 fn count(v: i64) -> u64 {
@@ -254,6 +258,18 @@ fn template_row(r: &Row<'_>) -> rusqlite::Result<TemplateRow> {
         owner: r.get(13)?,
         image: r.get(14)?,
         net: r.get(15)?,
+        disk: r
+            .get::<_, Option<String>>(16)?
+            .map(|s| {
+                serde_json::from_str(&s).map_err(|e| {
+                    rusqlite::Error::FromSqlConversionFailure(
+                        16,
+                        rusqlite::types::Type::Text,
+                        e.into(),
+                    )
+                })
+            })
+            .transpose()?,
     })
 }
 
@@ -545,7 +561,7 @@ impl Db {
         self.conn.execute(
             &format!(
                 "INSERT OR REPLACE INTO templates ({TEMPLATE_COLS})
-                 VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16)"
+                 VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17)"
             ),
             params![
                 t.name,
@@ -564,6 +580,9 @@ impl Db {
                 t.owner,
                 t.image,
                 t.net,
+                t.disk
+                    .as_ref()
+                    .map(|d| serde_json::to_string(d).unwrap_or_default()),
             ],
         )?;
         Ok(())

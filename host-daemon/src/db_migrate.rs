@@ -35,6 +35,9 @@ pub(super) fn run(tx: &Transaction<'_>, from: i64) -> Result<()> {
     if from < 9 {
         v9(tx)?;
     }
+    if from < 10 {
+        v10(tx)?;
+    }
     Ok(())
 }
 
@@ -164,5 +167,11 @@ fn v8(tx: &Transaction<'_>) -> Result<()> {
 /// Sandboxes' CPU classes (`latency` for every earlier one).
 fn v9(tx: &Transaction<'_>) -> Result<()> {
     tx.execute_batch("ALTER TABLE sandboxes ADD COLUMN priority TEXT NOT NULL DEFAULT 'latency';")?;
+    Ok(())
+}
+
+/// `vm` templates' own disks, as JSON (NULL for every earlier template).
+fn v10(tx: &Transaction<'_>) -> Result<()> {
+    tx.execute_batch("ALTER TABLE templates ADD COLUMN disk TEXT;")?;
     Ok(())
 }

@@ -355,6 +355,7 @@ fn templates_pools_events() {
         owner: Some("token:t".into()),
         image: Some("sha256:ab".into()),
         net: false,
+        disk: None,
         root: shoal_api::RootRequest {
             layers: vec!["/l/kit.img".into(), "tiny".into()],
             upper_size_mib: None,
@@ -373,6 +374,21 @@ fn templates_pools_events() {
     db.put_template(&n).unwrap();
     assert!(db.template("n").unwrap().unwrap().net);
     assert!(db.delete_template("n").unwrap());
+    // A vm template's own disk is kept (schema 10).
+    let v = TemplateRow {
+        name: "v".into(),
+        disk: Some(shoal_api::TemplateDisk {
+            path: "/l/d.qcow2".into(),
+            format: "qcow2".into(),
+            kernel: "shoal".into(),
+            root: Some("/dev/vda".into()),
+            init: Some("/sbin/shoal-agent".into()),
+        }),
+        ..n.clone()
+    };
+    db.put_template(&v).unwrap();
+    assert_eq!(db.template("v").unwrap(), Some(v));
+    assert!(db.delete_template("v").unwrap());
     db.set_pool("t", 3).unwrap();
     assert_eq!(db.pools().unwrap(), vec![("t".to_string(), 3)]);
     assert!(db.delete_template("t").unwrap());
@@ -462,7 +478,8 @@ fn networks_round_trip_and_version_6_rows_have_none() {
         db.conn
             .execute_batch(
                 "ALTER TABLE sandboxes DROP COLUMN net; ALTER TABLE templates DROP COLUMN net; \
-                 ALTER TABLE sandboxes DROP COLUMN priority; PRAGMA user_version = 6;",
+                 ALTER TABLE sandboxes DROP COLUMN priority; \
+                 ALTER TABLE templates DROP COLUMN disk; PRAGMA user_version = 6;",
             )
             .unwrap();
     }
@@ -503,7 +520,10 @@ fn priorities_round_trip_and_version_8_rows_are_latency() {
         db.put_sandbox(&row("old", State::Running)).unwrap();
         // Back to what a version-8 daemon wrote: no `priority` column.
         db.conn
-            .execute_batch("ALTER TABLE sandboxes DROP COLUMN priority; PRAGMA user_version = 8;")
+            .execute_batch(
+                "ALTER TABLE sandboxes DROP COLUMN priority; \
+                 ALTER TABLE templates DROP COLUMN disk; PRAGMA user_version = 8;",
+            )
             .unwrap();
     }
     let db = Db::open(&p).unwrap();

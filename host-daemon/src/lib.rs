@@ -65,6 +65,7 @@ pub mod supervisor;
 pub mod template_dirs;
 pub mod template_names;
 pub mod templates;
+pub mod vm_disk;
 pub mod vm_templates;
 pub mod watch;
 

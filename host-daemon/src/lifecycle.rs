@@ -418,6 +418,8 @@ pub async fn snapshot(
         owner: Some(owner.id()),
         // A container sandbox's snapshot keeps its image (exec defaults).
         image: from.as_ref().and_then(|f| f.image.clone()),
+        // A snapshot of a sandbox of a disk's template is over that disk.
+        disk: from.as_ref().and_then(|f| f.disk.clone()),
         root: from.map(|f| f.root).unwrap_or_default(),
         // A networked sandbox's snapshot has its net device: its sandboxes
         // are networked ones, each on its own slot.

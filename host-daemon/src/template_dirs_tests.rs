@@ -37,6 +37,7 @@ fn template(name: &str, dir: PathBuf, state: &str) -> TemplateRow {
         owner: None,
         image: None,
         net: false,
+        disk: None,
         root: shoal_api::RootRequest::default(),
     }
 }

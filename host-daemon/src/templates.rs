@@ -37,6 +37,7 @@ impl From<TemplateRow> for Template {
             image: t.image,
             network: t.net,
             kind: t.kind.as_str().into(),
+            disk: t.disk,
         }
     }
 }
@@ -181,6 +182,7 @@ fn create_checked(
             upper_disk_mib: upper.disk_mib(),
         },
         net: req.network,
+        disk: None,
     };
     let vcpus8 = u8::try_from(vcpus).map_err(|_| {
         ApiError::BadRequest(format!("vcpus {vcpus}: expected 1..={}", ops::MAX_VCPUS))
@@ -618,17 +620,7 @@ mod tests {
         use std::time::Duration;
         let tmp = tempfile::tempdir().unwrap();
         let d = daemon(&tmp.path().join("state"), &tmp.path().join("none"));
-        let req = CreateTemplate {
-            kind: None,
-            name: "t1".into(),
-            image: "tiny".into(),
-            vcpus: None,
-            memory_mib: None,
-            layers: vec![],
-            upper_size_mib: None,
-            upper_disk_mib: None,
-            network: false,
-        };
+        let req = CreateTemplate::new("t1", "tiny");
         let t = create_template(&d, req, &Principal::Uid(0)).await.unwrap();
         assert_eq!(t.state, TemplateState::Building);
         assert!(
@@ -698,6 +690,7 @@ mod tests {
             owner: None,
             image: None,
             net: false,
+            disk: None,
             root: shoal_api::RootRequest::default(),
         };
         d.db(|db| db.put_template(&squat)).unwrap();

@@ -12,6 +12,7 @@ use shoal_runtime::sandbox::TemplateSpec;
 use std::sync::Arc;
 
 use crate::auth::Principal;
+use crate::vm_disk::CheckedDisk;
 
 /// Guest memory of a `vm` template that names none (MiB): a q35 guest
 /// with our kernel wants more than a microVM's 128.
@@ -37,19 +38,21 @@ pub fn other_kind(d: &Daemon, kind: Option<&str>) -> ApiResult<Option<Kind>> {
     Ok(Some(kind))
 }
 
-/// Registers template `req` of `kind` and builds it in the background.
+/// Registers template `req` of `kind` and builds it in the background
+/// (from the tiny image, or from `disk`: [`crate::vm_disk`]).
 pub fn create(
     d: &Arc<Daemon>,
     req: CreateTemplate,
     kind: Kind,
     who: &Principal,
+    disk: Option<CheckedDisk>,
 ) -> ApiResult<TemplateRow> {
     let refuse = |what: &str| {
         Err(ApiError::BadRequest(format!(
             "a {kind} template takes no {what}"
         )))
     };
-    if req.image != "tiny" {
+    if disk.is_none() && req.image != "tiny" {
         return Err(ApiError::BadRequest(format!(
             "image '{}': a {kind} template boots the tiny image only",
             req.image
@@ -68,7 +71,10 @@ pub fn create(
         req.vcpus.unwrap_or(1),
         req.memory_mib.unwrap_or(VM_DEFAULT_MEMORY_MIB),
     );
-    templates::check_shape(&req.image, vcpus, mem)?;
+    match &disk {
+        None => templates::check_shape(&req.image, vcpus, mem)?,
+        Some(_) => templates::check_size(vcpus, mem)?,
+    }
     crate::inputs::check_servable(&d.cfg.limits, vcpus, mem)?;
     crate::inputs::check_disk_servable(&d.cfg.limits, mem, None)?;
     // Never a derived (daemon-made) name: those are the default kind's.
@@ -81,7 +87,10 @@ pub fn create(
     })?;
     let t = TemplateRow {
         name: req.name.clone(),
-        source: format!("image:{}", req.image),
+        source: match &disk {
+            None => format!("image:{}", req.image),
+            Some(c) => format!("disk:{}", c.view.path),
+        },
         kind,
         vcpus,
         memory_mib: mem,
@@ -94,8 +103,12 @@ pub fn create(
         image: None,
         root: RootRequest::default(),
         net: false,
+        disk: disk.as_ref().map(|c| c.view.clone()),
     };
     // The backend boots its configured image: no layers to open.
-    let spec = TemplateSpec::new(&req.image, vcpus8, mem);
+    let spec = TemplateSpec {
+        vm_disk: disk.map(|c| c.disk),
+        ..TemplateSpec::new(&req.image, vcpus8, mem)
+    };
     templates::register_and_build(d, t, spec, Vec::new())
 }

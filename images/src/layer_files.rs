@@ -104,6 +104,30 @@ pub fn open_layer(dir: &Path, layer: &str) -> Result<LayerFile, LayerError> {
     })
 }
 
+/// Where [`open_beneath_dir`] found no file to open.
+#[derive(Debug, thiserror::Error)]
+pub enum BeneathError {
+    /// Not an absolute path lexically beneath the directory (no `.`, `..`).
+    #[error("not an absolute path under {0}")]
+    Outside(PathBuf),
+    /// The open failed (missing, a symbolic link on the way: `ELOOP` or
+    /// `EXDEV`, unreadable, ...).
+    #[error(transparent)]
+    Open(#[from] std::io::Error),
+}
+
+/// Opens the caller-named `path` read-only from beneath `dir` as
+/// [`open_layer`] does (no symbolic links, `O_NONBLOCK` for the open only,
+/// close-on-exec), without looking at its contents. Blocking.
+pub fn open_beneath_dir(dir: &Path, path: &Path) -> Result<File, BeneathError> {
+    let rel = beneath(dir, path).ok_or_else(|| BeneathError::Outside(dir.into()))?;
+    let dirfd = open_dir(dir)?;
+    let file = File::from(open_beneath(&dirfd, &rel)?);
+    // SAFETY: F_SETFL on a descriptor we own; no memory is passed.
+    unsafe { libc::fcntl(file.as_raw_fd(), libc::F_SETFL, 0) };
+    Ok(file)
+}
+
 /// `path` relative to `dir`, if it is lexically beneath it with plain
 /// components only (no `.`, `..`, nothing after a root).
 fn beneath(dir: &Path, path: &Path) -> Option<PathBuf> {

@@ -59,6 +59,9 @@ pub struct TemplateSpec {
     pub net: Option<crate::vmm_net::BootNet>,
     /// A virtio-balloon device at the boot (its clones keep it).
     pub balloon: Option<crate::vmm_balloon::BalloonOptions>,
+    /// A `vm` template's own disk instead of the image (microVMs refuse
+    /// one).
+    pub vm_disk: Option<crate::backend::qemu_disk::VmDisk>,
 }
 
 impl TemplateSpec {
@@ -72,6 +75,7 @@ impl TemplateSpec {
             upper: Upper::default(),
             net: None,
             balloon: None,
+            vm_disk: None,
         }
     }
 }

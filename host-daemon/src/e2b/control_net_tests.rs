@@ -44,6 +44,7 @@ fn template(name: &str, source: &str, net: bool) -> crate::db::TemplateRow {
         owner: None,
         image: None,
         net,
+        disk: None,
         root: RootRequest {
             layers: vec!["fncall-python".into()],
             ..RootRequest::default()

@@ -315,6 +315,11 @@ impl SandboxBackend for MicroVm {
         layers: &[shoal_images::layer_files::Layer],
         dir: &Path,
     ) -> Result<(), BackendError> {
+        if spec.vm_disk.is_some() {
+            return Err(BackendError::Reply(
+                "a microvm template takes no vm disk".into(),
+            ));
+        }
         build_from_layout(
             &self.artifacts,
             &self.vmm,

@@ -284,9 +284,7 @@ impl SandboxBackend for Qemu {
                 "the vm kind takes no layers or network yet".into(),
             ));
         }
-        let image = self.image.clone().ok_or_else(|| {
-            BackendError::Reply("no disk image configured for the vm kind".into())
-        })?;
+        let image = super::qemu_disk::image_for(self.image.as_ref(), spec.vm_disk.as_ref())?;
         let vm_spec = VmSpec {
             vcpus: spec.vcpus,
             memory_mib: spec.memory_mib,

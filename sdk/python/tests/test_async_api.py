@@ -279,8 +279,9 @@ async def test_per_kind_entry_points(aclient):
         await sb.kill()
     with pytest.raises(shoal.KindNotAvailable, match="not available on this daemon yet"):
         await aclient.run_container(shoal.ContainerArgs(image="debian:12"))
-    # A vm from a disk of one's own is not served yet (refused before any call).
-    with pytest.raises(shoal.KindNotAvailable, match="disk image of your own"):
+    # A vm from a disk of one's own: the daemon takes disks from under its
+    # layers directory only (checked before anything boots).
+    with pytest.raises(shoal.BadRequest, match="layers directory"):
         await aclient.run_vm(shoal.VMArgs(disk_image="/x.img"))
     # A template of another kind is not taken for a vm one.
     with pytest.raises(shoal.Conflict, match="not a vm template"):

@@ -223,3 +223,17 @@ def test_image_calls_reach_the_image_routes():
         c.get_image("x/none:1")
     with pytest.raises(shoal.BadRequest):
         c.get_image("a" * 600)
+
+
+def test_vm_disk_templates_are_named_by_the_disk_and_its_options():
+    a = shoal.VMArgs(disk_image="/srv/layers/d.qcow2")
+    b = shoal.VMArgs(disk_image="/srv/layers/d.qcow2", disk_init="/sbin/shoal-agent")
+    assert a.template_name().startswith("vm-disk-") and a.template_name().endswith("-1c-256m")
+    assert a.template_name() != b.template_name()
+    assert shoal.VMArgs().template_name() == "vm-tiny-1c-256m"
+    assert shoal.VMArgs(disk_image="/d", template="mine").template_name() == "mine"
+    t = shoal.TemplateInfo.from_json(
+        {"name": "t", "kind": "vm", "disk": {"path": "/d", "format": "raw", "kernel": "shoal"}}
+    )
+    assert t.disk == {"path": "/d", "format": "raw", "kernel": "shoal"}
+    assert shoal.TemplateInfo.from_json({"name": "u"}).disk is None

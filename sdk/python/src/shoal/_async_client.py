@@ -391,14 +391,11 @@ class AsyncShoal:
         display) as ``args`` describes (see :class:`VMArgs`): from its
         vm template, made first when ``args.image`` has none yet (waits
         for the boot), and runs ``args.command`` when set (``check=True``;
-        the result is on ``sandbox.last_result``). :class:`BadRequest`
-        when the daemon does not run vm sandboxes (no QEMU, ``--no-vm``);
-        :class:`KindNotAvailable` for ``disk_image``."""
-        if args.disk_image is not None:
-            raise KindNotAvailable(
-                f"vm sandboxes from a disk image of your own ({args.disk_image}) are not "
-                f"available yet: vm templates boot the tiny image (VMArgs(image='tiny'))"
-            )
+        the result is on ``sandbox.last_result``). With
+        ``args.disk_image`` the template boots that disk (raw or qcow2,
+        never written). :class:`BadRequest` when the daemon does not run
+        vm sandboxes (no QEMU, ``--no-vm``) or refuses the disk (not under
+        its layers directory, a backing file, not an image)."""
         name = args.template_name()
         try:
             t = await self.get_template(name)
@@ -408,10 +405,15 @@ class AsyncShoal:
             try:
                 t = await self.create_template(
                     name,
-                    args.image,
+                    "" if args.disk_image is not None else args.image,
                     vcpus=args.vcpus,
                     memory_mib=args.memory_mib,
                     kind="vm",
+                    disk=args.disk_image,
+                    disk_format=args.disk_format,
+                    disk_kernel=args.disk_kernel,
+                    disk_root=args.disk_root,
+                    disk_init=args.disk_init,
                     wait=False,
                 )
             except Conflict:  # made by another client meanwhile
@@ -443,6 +445,11 @@ class AsyncShoal:
         upper_size_mib: int | None = None,
         upper_disk_mib: int | None = None,
         kind: str | None = None,
+        disk: str | None = None,
+        disk_format: str | None = None,
+        disk_kernel: str | None = None,
+        disk_root: str | None = None,
+        disk_init: str | None = None,
         wait: bool = True,
         timeout: float = 600.0,
     ) -> TemplateInfo:
@@ -451,11 +458,20 @@ class AsyncShoal:
         and raises :class:`ShoalError` if its build failed. ``kind``
         ``"vm"`` makes a full VM template (QEMU q35 with a display; the
         ``tiny`` image, 256 MiB by default, no layers or upper layer
-        choice); its sandboxes are created as any others'."""
-        body: dict[str, Any] = {"name": name, "image": image}
+        choice); its sandboxes are created as any others'. With ``disk``
+        (``kind="vm"``, ``image`` empty) it boots that raw or qcow2 file
+        instead (see :class:`VMArgs` for the ``disk_*`` options)."""
+        body: dict[str, Any] = {"name": name}
+        if image or disk is None:
+            body["image"] = image
         if kind is not None:
             body["kind"] = kind
         for k, v in (
+            ("disk", disk),
+            ("disk_format", disk_format),
+            ("disk_kernel", disk_kernel),
+            ("disk_root", disk_root),
+            ("disk_init", disk_init),
             ("vcpus", vcpus),
             ("memory_mib", memory_mib),
             ("upper_size_mib", upper_size_mib),

@@ -5,6 +5,7 @@ older SDK)."""
 from __future__ import annotations
 
 import base64
+import hashlib
 from dataclasses import dataclass, field
 from typing import Any, Iterable, List, Literal, Mapping, TypeVar
 
@@ -297,6 +298,9 @@ class TemplateInfo:
     snapshot of one."""
     kind: str = "microvm"
     """The kind of its sandboxes: ``microvm`` or ``vm``."""
+    disk: dict[str, Any] | None = None
+    """A vm template's own disk: ``path``, ``format``, ``kernel``
+    (``shoal`` or ``none``), ``root`` and ``init``; None otherwise."""
 
     @classmethod
     def from_json(cls, v: Mapping[str, Any]) -> TemplateInfo:
@@ -314,6 +318,7 @@ class TemplateInfo:
             upper_disk_mib=v.get("upper_disk_mib"),
             image=v.get("image"),
             kind=str(v.get("kind") or "microvm"),
+            disk=dict(v["disk"]) if isinstance(v.get("disk"), Mapping) else None,
         )
 
 
@@ -419,12 +424,24 @@ class VMArgs:
     ``sandbox.input()``) from a ``vm`` ``template``, or from ``image``,
     whose vm template (``vm-IMAGE-Nc-Mm``, ``vcpus`` and ``memory_mib``)
     is made on first use (a boot and a snapshot: ~20-45 s on a PVM host).
-    vm templates boot the ``tiny`` image with Shoal's kernel today.
+    vm templates boot the ``tiny`` image with Shoal's kernel, or
+    ``disk_image``.
+
+    ``disk_image``: a raw or qcow2 disk of your own (an absolute path on
+    the daemon's host, under its layers directory; no backing file), never
+    written: each sandbox gets an overlay over it. Its template
+    (``vm-disk-HASH-Nc-Mm``, the hash of the path and the ``disk_*``
+    options) is made on first use. ``disk_kernel`` ``"shoal"`` (default)
+    boots it with Shoal's kernel, its file system on ``disk_root``
+    (default ``/dev/vda``) as the root and ``disk_init`` (default
+    ``/usr/local/sbin/shoal-agent``, where ``shoal image build base --kind
+    vm`` puts the agent) as init; ``"none"`` boots the disk's own
+    bootloader (hardware KVM only). ``disk_format``: ``raw`` or ``qcow2``
+    (default: detected). A disk changed in place keeps its old template:
+    give a new path or delete the template.
 
     ``command``, when given, is run once the sandbox is up (its result is
-    on ``sandbox.last_result``). ``disk_image`` (a guest's own disk, with
-    its own kernel and firmware) is not served yet: it raises
-    :class:`KindNotAvailable`.
+    on ``sandbox.last_result``).
     """
 
     template: str | None = None
@@ -438,10 +455,30 @@ class VMArgs:
     keep_running: bool = False
     command: list[str] | str | None = None
     disk_image: str | None = None
+    disk_format: str | None = None
+    disk_kernel: str | None = None
+    disk_root: str | None = None
+    disk_init: str | None = None
 
     def template_name(self) -> str:
-        """The template a create from ``image`` uses."""
-        return self.template or f"vm-{self.image}-{self.vcpus}c-{self.memory_mib}m"
+        """The template a create from ``image`` (or ``disk_image``) uses."""
+        if self.template:
+            return self.template
+        shape = f"{self.vcpus}c-{self.memory_mib}m"
+        if self.disk_image is not None:
+            key = "\n".join(
+                str(v or "")
+                for v in (
+                    self.disk_image,
+                    self.disk_format,
+                    self.disk_kernel,
+                    self.disk_root,
+                    self.disk_init,
+                )
+            )
+            h = hashlib.sha256(key.encode()).hexdigest()[:12]
+            return f"vm-disk-{h}-{shape}"
+        return f"vm-{self.image}-{shape}"
 
 
 T = TypeVar("T")
