@@ -59,6 +59,9 @@ pub struct TemplateSpec {
     pub net: Option<crate::vmm_net::BootNet>,
     /// A virtio-balloon device at the boot (its clones keep it).
     pub balloon: Option<crate::vmm_balloon::BalloonOptions>,
+    /// The `vm` kind: the guest runs a shell on its serial console instead
+    /// of Shoal's agent; exec and files go through that console.
+    pub serial_console: bool,
 }
 
 impl TemplateSpec {
@@ -72,6 +75,7 @@ impl TemplateSpec {
             upper: Upper::default(),
             net: None,
             balloon: None,
+            serial_console: false,
         }
     }
 }
