@@ -95,7 +95,11 @@ pub fn create(
         root: RootRequest::default(),
         net: false,
     };
-    // The backend boots its configured image: no layers to open.
-    let spec = TemplateSpec::new(&req.image, vcpus8, mem);
+    // The backend boots its configured image: no layers to open. Without
+    // the agent, exec and files go through the guest's serial console.
+    let spec = TemplateSpec {
+        serial_console: req.agent == Some(false),
+        ..TemplateSpec::new(&req.image, vcpus8, mem)
+    };
     templates::register_and_build(d, t, spec, Vec::new())
 }
