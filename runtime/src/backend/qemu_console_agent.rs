@@ -359,7 +359,8 @@ impl Conn<'_> {
             Some(Kind::Exec) => {
                 let r = req!(ExecRequest);
                 let exec_id = self.sh.next_exec.fetch_add(1, Ordering::Relaxed);
-                if !self.reply(id, &ExecStarted { exec_id, pid: 0 }) {
+                // The command's own pid is not known here: the console shell's.
+                if !self.reply(id, &ExecStarted { exec_id, pid: 1 }) {
                     return false;
                 }
                 if r.stdin {
