@@ -182,14 +182,16 @@ fn a_vm_without_the_agent_through_its_serial_console() {
     assert!(out.stdout.ends_with("-e 0\nafter\n"), "{out:?}");
 
     // Files: a binary round trip, stat, a missing file.
-    let data: Vec<u8> = (0..=255u8).cycle().take(5000).collect();
+    // Every byte value (small: each byte crosses an emulated UART, slow
+    // on a loaded PVM host).
+    let data: Vec<u8> = (0..=255u8).rev().chain(0..=255u8).collect();
     let up = d.must(
         "upload",
         d.c.put_file(id, &api::UploadQuery::new("/tmp/blob"), &mut &data[..]),
     );
-    assert_eq!(up.bytes, 5000);
+    assert_eq!(up.bytes, 512);
     let st = d.must("stat", d.c.stat(id, "/tmp/blob"));
-    assert_eq!((st.r#type, st.size), (api::FileType::File, 5000));
+    assert_eq!((st.r#type, st.size), (api::FileType::File, 512));
     let mut dl = d.must("download", d.c.get_file(id, "/tmp/blob"));
     let mut down = Vec::new();
     std::io::Read::read_to_end(&mut dl, &mut down).unwrap();
@@ -212,7 +214,7 @@ fn a_vm_without_the_agent_through_its_serial_console() {
     wait_for("the paused sandbox's QEMU to end", 30, || qemus(&d) == 0);
     d.must("resume", d.c.resume(id));
     let out = d.sh(id, "wc -c < /tmp/blob");
-    assert_eq!(out.stdout.trim(), "5000", "{out:?}");
+    assert_eq!(out.stdout.trim(), "512", "{out:?}");
 
     d.kill(id);
     wait_for("the sandbox's QEMU to end", 30, || qemus(&d) == 0);
