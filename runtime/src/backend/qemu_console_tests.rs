@@ -13,12 +13,14 @@ fn shell_console(path: &Path) {
         for c in l.incoming() {
             let c = c.unwrap();
             let out = c.try_clone().unwrap();
-            std::process::Command::new("sh")
+            let mut sh = std::process::Command::new("sh")
                 .stdin(std::process::Stdio::from(std::os::fd::OwnedFd::from(c)))
                 .stdout(std::process::Stdio::from(std::os::fd::OwnedFd::from(out)))
                 .stderr(std::process::Stdio::null())
                 .spawn()
                 .unwrap();
+            // It ends when the console's connection closes.
+            std::thread::spawn(move || sh.wait());
         }
     });
 }
