@@ -35,7 +35,7 @@ KNOWN_SECS = {
     "sandbox": 51, "snapshot_small": 49, "containers": 48, "evict_guest": 47,
     "net_guest": 38, "vsock_guest_flood": 34, "pmem": 31, "fork": 31,
     "fake_daemon": 26, "lang_layers": 25, "jail": 18, "vm_qemu_guest": 16,
-    "seccomp": 16, "agent": 14, "vm_daemon": 14, "vm_disk": 60, "vsock_limits": 13,
+    "seccomp": 16, "agent": 14, "vm_daemon": 300, "vm_disk": 60, "vsock_limits": 13,
     "cpu_class": 13, "linux_boot": 12, "fncall_cost": 12,
 }
 

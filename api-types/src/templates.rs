@@ -119,6 +119,12 @@ pub struct CreateTemplate {
     /// init (default `/usr/local/sbin/shoal-agent`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub disk_init: Option<String>,
+    /// `vm` kind only: `false` boots the guest without Shoal's agent, with
+    /// a shell on its serial console instead (`init=/bin/sh`), and exec
+    /// and files go through that console (stdout and stderr together,
+    /// files up to 1 MiB, one request at a time). Default `true`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent: Option<bool>,
 }
 
 /// A `vm` template's own disk, as the daemon checked and keeps it.
@@ -143,6 +149,7 @@ impl CreateTemplate {
     pub fn new(name: impl Into<String>, image: impl Into<String>) -> CreateTemplate {
         CreateTemplate {
             kind: None,
+            agent: None,
             name: name.into(),
             image: image.into(),
             vcpus: None,

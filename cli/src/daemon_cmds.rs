@@ -657,12 +657,14 @@ pub fn template(g: &Global, op: &crate::TemplateCmd) -> Result<i32> {
             cpus,
             memory,
             kind,
+            no_agent,
             root,
         } => {
             let vm = kind.as_deref() == Some("vm");
             let image = image.as_deref().unwrap_or(if vm { "tiny" } else { "base" });
             let req = api::CreateTemplate {
                 kind: kind.clone(),
+                agent: no_agent.then_some(false),
                 vcpus: Some(*cpus),
                 memory_mib: *memory,
                 ..api::CreateTemplate::new(name, image)

@@ -330,6 +330,10 @@ pub enum TemplateCmd {
         /// display: `shoal screen`, `shoal input`; no layers or upper layer).
         #[arg(long, value_parser = ["microvm", "vm"])]
         kind: Option<String>,
+        /// With `--kind vm`: boot the guest without Shoal's agent, with a
+        /// shell on its serial console that exec and files go through.
+        #[arg(long)]
+        no_agent: bool,
         #[command(flatten)]
         root: RootArgs,
     },

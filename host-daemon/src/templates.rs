@@ -138,6 +138,11 @@ pub async fn create_template(
     who: &Principal,
 ) -> ApiResult<TemplateRow> {
     check_name("template", &req.name)?;
+    if req.agent == Some(false) {
+        return Err(ApiError::BadRequest(
+            "'agent': false is for templates of kind 'vm' (a serial console instead)".into(),
+        ));
+    }
     let (vcpus, mem) = (req.vcpus.unwrap_or(1), req.memory_mib.unwrap_or(128));
     check_shape(&req.image, vcpus, mem)?;
     crate::inputs::check_servable(&d.cfg.limits, vcpus, mem)?;

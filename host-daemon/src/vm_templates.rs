@@ -105,9 +105,12 @@ pub fn create(
         net: false,
         disk: disk.as_ref().map(|c| c.view.clone()),
     };
-    // The backend boots its configured image: no layers to open.
+    // The backend boots its configured image or the template's disk: no
+    // layers to open. Without the agent, exec and files go through the
+    // guest's serial console.
     let spec = TemplateSpec {
         vm_disk: disk.map(|c| c.disk),
+        serial_console: req.agent == Some(false),
         ..TemplateSpec::new(&req.image, vcpus8, mem)
     };
     templates::register_and_build(d, t, spec, Vec::new())

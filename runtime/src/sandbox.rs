@@ -62,6 +62,9 @@ pub struct TemplateSpec {
     /// A `vm` template's own disk instead of the image (microVMs refuse
     /// one).
     pub vm_disk: Option<crate::backend::qemu_disk::VmDisk>,
+    /// The `vm` kind: the guest runs a shell on its serial console instead
+    /// of Shoal's agent; exec and files go through that console.
+    pub serial_console: bool,
 }
 
 impl TemplateSpec {
@@ -76,6 +79,7 @@ impl TemplateSpec {
             net: None,
             balloon: None,
             vm_disk: None,
+            serial_console: false,
         }
     }
 }

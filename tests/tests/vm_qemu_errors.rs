@@ -22,6 +22,7 @@ fn spec(base: &Path) -> VmSpec {
         append: String::new(),
         firmware: Firmware::Bios,
         ready_marker: None,
+        serial_console: false,
     }
 }
 

@@ -39,6 +39,7 @@ fn spec() -> VmSpec {
         append: shoal_runtime::backend::qemu::vm_cmdline(&shoal_test_support::cmdline(), &pvm),
         firmware: Firmware::Bios,
         ready_marker: Some("SHOAL-INIT-READY".into()),
+        serial_console: false,
     }
 }
 

@@ -21,6 +21,8 @@ pub mod microvm_template;
 pub mod qemu;
 pub mod qemu_bridge;
 pub mod qemu_disk;
+pub mod qemu_console;
+pub mod qemu_console_agent;
 pub mod qemu_input;
 pub mod qemu_launch;
 pub mod qemu_probe;

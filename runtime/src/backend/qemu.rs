@@ -132,7 +132,12 @@ impl Qemu {
         write_spec(&qdir, spec)?;
         let cmd = launch::command(&self.tools, spec, &qdir, None)?;
         let vm = self.start(dir, &qdir, spec, cmd)?;
-        if let Some(m) = &spec.ready_marker {
+        if spec.serial_console {
+            if let Err(e) = vm.wait_shell(self.boot_timeout) {
+                vm.destroy(Duration::from_secs(5));
+                return Err(e);
+            }
+        } else if let Some(m) = &spec.ready_marker {
             if let Err(e) = launch::wait_marker(&vm.proc, &qdir, m, self.boot_timeout) {
                 vm.destroy(Duration::from_secs(5));
                 return Err(e);
@@ -219,7 +224,13 @@ fn prepare(dir: &Path) -> Result<PathBuf, BackendError> {
         path: qdir.clone(),
         source,
     })?;
-    for f in [launch::QMP_SOCK, launch::PORT_SOCK, AGENT_SOCK, CONSOLE_LOG] {
+    for f in [
+        launch::QMP_SOCK,
+        launch::PORT_SOCK,
+        AGENT_SOCK,
+        CONSOLE_LOG,
+        super::qemu_console::CONSOLE_SOCK,
+    ] {
         let _ = std::fs::remove_file(qdir.join(f));
     }
     Ok(qdir)
@@ -285,15 +296,20 @@ impl SandboxBackend for Qemu {
             ));
         }
         let image = super::qemu_disk::image_for(self.image.as_ref(), spec.vm_disk.as_ref())?;
+        let console = spec.serial_console;
         let vm_spec = VmSpec {
             vcpus: spec.vcpus,
             memory_mib: spec.memory_mib,
             base: image.base,
             base_format: image.base_format,
             kernel: image.kernel,
-            append: image.append,
+            append: match console {
+                true => super::qemu_console::cmdline(&image.append),
+                false => image.append,
+            },
             firmware: image.firmware,
-            ready_marker: image.ready_marker,
+            ready_marker: image.ready_marker.filter(|_| !console),
+            serial_console: console,
         };
         let boot_dir = dir.with_extension("boot");
         let r = self.boot(&boot_dir, &vm_spec).and_then(|vm| {
@@ -409,7 +425,7 @@ pub struct QemuVm {
     /// The agent's socket, bridged to the virtio-serial port, and the
     /// console log's size cap: threads of this process, started again by a
     /// reattach.
-    bridge: Mutex<Option<(super::qemu_bridge::Bridge, launch::ConsoleCap)>>,
+    bridge: Mutex<Option<(super::qemu_console_agent::Link, launch::ConsoleCap)>>,
 }
 
 impl QemuVm {
@@ -427,7 +443,7 @@ impl QemuVm {
     /// session there: the guest drops any streams of an earlier bridge).
     fn start_bridge(&self) -> Result<(), BackendError> {
         let sock = self.qdir.join(AGENT_SOCK);
-        let b = super::qemu_bridge::Bridge::start(&sock, &self.qdir.join(launch::PORT_SOCK))
+        let b = super::qemu_console_agent::Link::start(&self.qdir, &sock, self.spec.serial_console)
             .map_err(|source| BackendError::Io {
                 path: sock.clone(),
                 source,
@@ -436,6 +452,20 @@ impl QemuVm {
             .map_err(|source| BackendError::Io { path: sock, source })?;
         *lock(&self.bridge) = Some((b, cap));
         Ok(())
+    }
+
+    /// Waits until a freshly booted console-shell guest's shell answers,
+    /// and sets it up (`qemu_console::wait_shell`).
+    fn wait_shell(&self, timeout: Duration) -> Result<(), BackendError> {
+        let g = lock(&self.bridge);
+        let c = g.as_ref().and_then(|(l, _)| l.console());
+        let c = c.ok_or_else(|| BackendError::Reply("no serial console".into()))?;
+        super::qemu_console::wait_shell(c, timeout, &|| self.proc.alive()).map_err(|e| {
+            BackendError::NotReady {
+                timeout,
+                detail: format!("{e}; {}", launch::last_words(&self.qdir)),
+            }
+        })
     }
 
     /// Runs `f` on a QMP session of its own. A session per request (a
@@ -536,7 +566,11 @@ impl SandboxVm for QemuVm {
     }
 
     fn agent(&self) -> Transport {
-        Transport::hybrid_vsock(self.qdir.join(AGENT_SOCK))
+        match self.spec.serial_console {
+            // Served here, over the console (qemu_console_agent.rs).
+            true => Transport::Unix(self.qdir.join(AGENT_SOCK)),
+            false => Transport::hybrid_vsock(self.qdir.join(AGENT_SOCK)),
+        }
     }
 
     fn freeze(&self) -> Result<(), BackendError> {
@@ -595,7 +629,11 @@ impl SandboxVm for QemuVm {
         super::end(&self.proc, timeout);
         self.proc.reap();
         remove_cgroups(&self.cgroups);
-        for f in [launch::QMP_SOCK, launch::PORT_SOCK] {
+        for f in [
+            launch::QMP_SOCK,
+            launch::PORT_SOCK,
+            super::qemu_console::CONSOLE_SOCK,
+        ] {
             let _ = std::fs::remove_file(self.qdir.join(f));
         }
     }
@@ -609,7 +647,12 @@ impl SandboxVm for QemuVm {
     }
 
     fn reap(&self) -> Option<std::process::ExitStatus> {
-        self.proc.reap()
+        let st = self.proc.reap();
+        // Gone: its cgroup goes now, not at the next sweep.
+        if !self.proc.alive() {
+            remove_cgroups(&self.cgroups);
+        }
+        st
     }
 
     fn last_words(&self) -> String {

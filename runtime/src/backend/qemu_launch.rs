@@ -65,6 +65,10 @@ pub struct VmSpec {
     /// A console line that says the guest is up (Shoal's agent prints
     /// `SHOAL-INIT-READY`); `None`: running is enough.
     pub ready_marker: Option<String>,
+    /// The guest runs no Shoal agent but a shell on its serial console,
+    /// which exec and files go through (`qemu_console.rs`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub serial_console: bool,
 }
 
 impl VmSpec {
@@ -209,10 +213,13 @@ pub fn command(
         .args(["-device", "usb-tablet,bus=usb.0"])
         // Appending, so that the log can be cut from outside (ConsoleCap).
         .arg("-chardev")
-        .arg(format!(
-            "file,id=console,path={},append=on",
-            qdir.join(CONSOLE_LOG).display()
-        ))
+        .arg(match spec.serial_console {
+            false => format!(
+                "file,id=console,path={},append=on",
+                qdir.join(CONSOLE_LOG).display()
+            ),
+            true => super::qemu_console::chardev(qdir, &qdir.join(CONSOLE_LOG)),
+        })
         .args(["-serial", "chardev:console"])
         .arg("-qmp")
         .arg(format!(
@@ -573,6 +580,7 @@ mod tests {
             append: String::new(),
             firmware: Firmware::Bios,
             ready_marker: None,
+            serial_console: false,
         };
         spec.check().unwrap();
         let e = VmSpec {
