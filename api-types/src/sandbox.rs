@@ -265,6 +265,12 @@ pub struct Sandbox {
     pub id: String,
     /// Template it was restored from.
     pub template: String,
+    /// How its VM runs (its template's kind): `microvm` (our VMM; plain,
+    /// FnCall and container sandboxes alike) or `vm` (a QEMU q35 guest
+    /// with a display); empty from older daemons (theirs are microVMs).
+    #[serde(default)]
+    #[schema(example = "microvm")]
+    pub kind: String,
     /// State.
     pub state: SandboxState,
     /// vCPUs.
@@ -418,6 +424,7 @@ mod tests {
         let s = Sandbox {
             id: "abc".into(),
             template: "t".into(),
+            kind: "microvm".into(),
             state: SandboxState::Running,
             vcpus: 1,
             memory_mib: 128,
@@ -440,6 +447,7 @@ mod tests {
         };
         let v = serde_json::to_value(&s).unwrap();
         assert_eq!(v["priority"], "latency", "{v}");
+        assert_eq!(v["kind"], "microvm", "{v}");
         assert!(v.get("smt_isolation").is_none() && v.get("warnings").is_none());
         assert!(v["pid"].is_null() && v["error"].is_null(), "{v}");
         assert!(v["network"].is_null() && v["guest_addr"].is_null(), "{v}");
@@ -454,6 +462,17 @@ mod tests {
         assert_eq!(v["guest_addr"], "10.213.0.2", "{v}");
         assert_eq!(v["network"]["allow_out"][0], "pypi.org", "{v}");
         assert_eq!(serde_json::from_value::<Sandbox>(v).unwrap(), s);
+        let s = Sandbox {
+            kind: "vm".into(),
+            ..s
+        };
+        let mut v = serde_json::to_value(&s).unwrap();
+        assert_eq!(v["kind"], "vm", "{v}");
+        assert_eq!(serde_json::from_value::<Sandbox>(v.clone()).unwrap(), s);
+        // An older daemon's view has no kind: read as empty.
+        v.as_object_mut().unwrap().remove("kind");
+        let old = serde_json::from_value::<Sandbox>(v).unwrap();
+        assert_eq!(old.kind, "");
     }
 
     #[test]

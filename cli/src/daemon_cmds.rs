@@ -436,6 +436,7 @@ pub fn ls(g: &Global, state: Option<&str>, template: Option<&str>, meta: &[Strin
             vec![
                 s.id.clone(),
                 s.state.to_string(),
+                kind_text(&s.kind),
                 s.template.clone(),
                 format!("{}/{}M", s.vcpus, s.memory_mib),
                 age(now - s.created_at),
@@ -448,11 +449,18 @@ pub fn ls(g: &Global, state: Option<&str>, template: Option<&str>, meta: &[Strin
         .collect();
     table(
         &[
-            "ID", "STATE", "TEMPLATE", "CPU/MEM", "AGE", "PID", "NET", "PRIORITY", "METADATA",
+            "ID", "STATE", "KIND", "TEMPLATE", "CPU/MEM", "AGE", "PID", "NET", "PRIORITY",
+            "METADATA",
         ],
         &rows,
     );
     Ok(0)
+}
+
+/// A sandbox's kind as `shoal ls` shows it (an older daemon sends none:
+/// its sandboxes are microVMs).
+fn kind_text(kind: &str) -> String {
+    if kind.is_empty() { "microvm" } else { kind }.to_string()
 }
 
 /// `shoal exec`.
@@ -658,6 +666,7 @@ pub fn template(g: &Global, op: &crate::TemplateCmd) -> Result<i32> {
             memory,
             kind,
             no_agent,
+            net,
             root,
         } => {
             let vm = kind.as_deref() == Some("vm");
@@ -667,6 +676,7 @@ pub fn template(g: &Global, op: &crate::TemplateCmd) -> Result<i32> {
                 agent: no_agent.then_some(false),
                 vcpus: Some(*cpus),
                 memory_mib: *memory,
+                network: *net,
                 ..api::CreateTemplate::new(name, image)
             }
             .with_root(root.request()?);

@@ -318,7 +318,9 @@ mod tests {
     #[test]
     fn the_shoal_command_line() {
         use crate::{Cli, Cmd, TemplateCmd};
-        let c = Cli::try_parse_from(["shoal", "template", "create", "desk", "--kind", "vm"]);
+        let c = Cli::try_parse_from([
+            "shoal", "template", "create", "desk", "--kind", "vm", "--net",
+        ]);
         let Ok(Cli {
             cmd:
                 Cmd::Template {
@@ -328,6 +330,7 @@ mod tests {
                             image,
                             memory,
                             kind,
+                            net,
                             ..
                         },
                 },
@@ -337,8 +340,8 @@ mod tests {
             panic!("not template create");
         };
         assert_eq!(
-            (name.as_str(), image, memory, kind.as_deref()),
-            ("desk", None, None, Some("vm"))
+            (name.as_str(), image, memory, kind.as_deref(), net),
+            ("desk", None, None, Some("vm"), true)
         );
         assert!(
             Cli::try_parse_from(["shoal", "template", "create", "d", "--kind", "lxc"]).is_err()

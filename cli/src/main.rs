@@ -334,6 +334,10 @@ pub enum TemplateCmd {
         /// shell on its serial console that exec and files go through.
         #[arg(long)]
         no_agent: bool,
+        /// With a network device: its sandboxes are created with `--net`,
+        /// each on a network slot of its own.
+        #[arg(long)]
+        net: bool,
         #[command(flatten)]
         root: RootArgs,
     },

@@ -27,6 +27,7 @@ impl From<SandboxRow> for SandboxView {
         SandboxView {
             id: r.id,
             template: r.template,
+            kind: r.kind.as_str().to_string(),
             state: r.state,
             vcpus: r.vcpus,
             memory_mib: r.memory_mib,

@@ -19,6 +19,9 @@ fn create_exec_files_pause_resume_snapshot_kill() {
     assert_eq!(sb.state, SandboxState::Running);
     assert_eq!(sb.from_pool, Some(false));
     assert_eq!(sb.template, "tiny-1c-128m");
+    // Its kind, from its template's (this daemon's default backend).
+    assert_eq!(sb.kind, "fake");
+    assert_eq!(d.c.sandbox(&sb.id).unwrap().kind, "fake");
     let pid = sb.pid.expect("a VM process");
     assert!(!gone(pid));
     let tpl = d.c.template("tiny-1c-128m").unwrap();

@@ -175,6 +175,9 @@ async def test_a_vm_sandbox_with_its_screen_and_input(aclient):
         assert sb.last_result is not None and sb.last_result.text == "from q35\n"
         t = await aclient.get_template(args.template_name())
         assert (t.kind, t.memory_mib, t.state) == ("vm", 256, "ready")
+        # The sandbox says its kind itself, in every view of it.
+        assert sb.kind == sb.info.kind == "vm"
+        assert (await aclient.get(sb.id)).kind == "vm"
         png = await sb.screen()
         w, h = shoal.display.png_size(png)
         assert w >= 320 and h >= 200, (w, h)
@@ -186,9 +189,11 @@ async def test_a_vm_sandbox_with_its_screen_and_input(aclient):
         with pytest.raises(shoal.BadRequest):
             await sb.input([{"type": "move", "x": 0, "y": 40000}])
         # Listed by its labels like any sandbox.
-        assert (await aclient.list(metadata={"suite": "vm"}))[0].id == sb.id
+        listed = await aclient.list(metadata={"suite": "vm"})
+        assert (listed[0].id, listed[0].kind) == (sb.id, "vm")
     finally:
         await sb.kill()
     async with aclient.sandbox(template=TEMPLATE) as micro:
+        assert micro.kind == "microvm"
         with pytest.raises(shoal.Conflict):
             await micro.screen()

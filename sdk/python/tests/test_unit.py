@@ -167,6 +167,9 @@ def test_bodies_are_checked_before_sending():
     assert info.network == shoal.Network(allow_out=["x.y"]) and info.guest_addr == "10.213.0.2"
     bare = shoal.SandboxInfo.from_json({"id": "s", "network": None})
     assert bare.network is None and bare.guest_addr is None
+    # Its kind: as sent, and an older daemon's (none sent) are microVMs.
+    assert bare.kind == "microvm"
+    assert shoal.SandboxInfo.from_json({"id": "s", "kind": "vm"}).kind == "vm"
     assert _core.signal_number("term") == 15 and _core.signal_number("SIGKILL") == 9
     with pytest.raises(shoal.BadRequest):
         _core.signal_number("NOPE")

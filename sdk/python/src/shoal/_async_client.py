@@ -450,6 +450,7 @@ class AsyncShoal:
         disk_kernel: str | None = None,
         disk_root: str | None = None,
         disk_init: str | None = None,
+        network: bool = False,
         wait: bool = True,
         timeout: float = 600.0,
     ) -> TemplateInfo:
@@ -460,12 +461,16 @@ class AsyncShoal:
         ``tiny`` image, 256 MiB by default, no layers or upper layer
         choice); its sandboxes are created as any others'. With ``disk``
         (``kind="vm"``, ``image`` empty) it boots that raw or qcow2 file
-        instead (see :class:`VMArgs` for the ``disk_*`` options)."""
+        instead (see :class:`VMArgs` for the ``disk_*`` options). With
+        ``network`` it has a network device: its sandboxes are created with
+        a ``network`` policy, each on a network slot of its own."""
         body: dict[str, Any] = {"name": name}
         if image or disk is None:
             body["image"] = image
         if kind is not None:
             body["kind"] = kind
+        if network:
+            body["network"] = True
         for k, v in (
             ("disk", disk),
             ("disk_format", disk_format),

@@ -83,6 +83,12 @@ class Sandbox:
         self.kill(missing_ok=True)
 
     @property
+    def kind(self) -> str:
+        """How its VM runs: ``microvm`` or ``vm`` (``info.kind``; a
+        sandbox keeps its template's kind for life)."""
+        return self.info.kind
+
+    @property
     def _path(self) -> str:
         return f"/v1/sandboxes/{self.id}"
 

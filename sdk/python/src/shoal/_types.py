@@ -91,6 +91,9 @@ class SandboxInfo:
     #: change only): e.g. no SMT isolation on a kernel without core
     #: scheduling.
     warnings: list[str] = field(default_factory=list)
+    #: How its VM runs (its template's kind): ``microvm`` (plain, FnCall and
+    #: container sandboxes) or ``vm`` (a QEMU q35 guest with a display).
+    kind: str = "microvm"
 
     @classmethod
     def from_json(cls, v: Mapping[str, Any]) -> SandboxInfo:
@@ -117,6 +120,8 @@ class SandboxInfo:
             priority=str(v.get("priority") or "latency"),
             smt_isolation=v.get("smt_isolation"),
             warnings=[str(w) for w in v.get("warnings") or []],
+            # Older daemons send none: theirs are microVMs.
+            kind=str(v.get("kind") or "microvm"),
         )
 
 
