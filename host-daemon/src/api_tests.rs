@@ -549,6 +549,7 @@ fn every_field_is_documented() {
     let view = t::Sandbox {
         id: "i".into(),
         template: "t".into(),
+        kind: "microvm".into(),
         state: t::SandboxState::Running,
         vcpus: 1,
         memory_mib: 128,
