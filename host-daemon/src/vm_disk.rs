@@ -6,8 +6,6 @@
 //! off the async runtime and within [`CHECK_DEADLINE`]. The base is never
 //! written: the template and each sandbox get a qcow2 overlay over it.
 
-use crate::auth::Principal;
-use crate::db::TemplateRow;
 use crate::{ApiError, ApiResult, Daemon};
 use shoal_api::{CreateTemplate, TemplateDisk};
 use shoal_images::layer_files::{open_beneath_dir, BeneathError};
@@ -126,17 +124,17 @@ pub fn check_disk(
     })
 }
 
-/// `POST /v1/templates` of `kind` (not the daemon's default): with a
-/// `disk`, checked here first; then [`crate::vm_templates::create`].
-pub async fn create(
+/// The disk of a `POST /v1/templates` of `kind` (not the daemon's
+/// default), checked (`None`: it names none), for
+/// `crate::vm_templates::create`.
+pub async fn checked(
     d: &Arc<Daemon>,
-    req: CreateTemplate,
+    req: &CreateTemplate,
     kind: Kind,
-    who: &Principal,
-) -> ApiResult<TemplateRow> {
+) -> ApiResult<Option<CheckedDisk>> {
     let Some(path) = req.disk.clone() else {
-        refuse(&req)?;
-        return crate::vm_templates::create(d, req, kind, who, None);
+        refuse(req)?;
+        return Ok(None);
     };
     if kind != Kind::Vm {
         return Err(ApiError::BadRequest(format!(
@@ -149,7 +147,7 @@ pub async fn create(
         ));
     }
     crate::ops::check_name("template", &req.name)?;
-    let boot = boot_of(&req)?;
+    let boot = boot_of(req)?;
     let (dir, format) = (d.cfg.layers_dir(), req.disk_format.clone());
     let job = tokio::task::spawn_blocking(move || {
         check_disk(&QemuTools::default(), &dir, &path, format.as_deref(), boot)
@@ -166,5 +164,5 @@ pub async fn create(
             source,
         })??,
     };
-    crate::vm_templates::create(d, req, kind, who, Some(checked))
+    Ok(Some(checked))
 }

@@ -19,6 +19,7 @@ pub mod sandbox;
 pub mod sched;
 pub mod template;
 pub mod vm;
+pub mod vm_disk;
 pub mod vmm_balloon;
 pub mod vmm_net;
 pub mod vmm_process;

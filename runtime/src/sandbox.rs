@@ -61,7 +61,7 @@ pub struct TemplateSpec {
     pub balloon: Option<crate::vmm_balloon::BalloonOptions>,
     /// A `vm` template's own disk instead of the image (microVMs refuse
     /// one).
-    pub vm_disk: Option<crate::backend::qemu_disk::VmDisk>,
+    pub vm_disk: Option<crate::vm_disk::VmDisk>,
     /// The `vm` kind: the guest runs a shell on its serial console instead
     /// of Shoal's agent; exec and files go through that console.
     pub serial_console: bool,

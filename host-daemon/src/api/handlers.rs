@@ -436,7 +436,10 @@ pub(super) async fn tpl_create(
     // Another kind than the default (`vm`): its own checks, the same
     // registration and build.
     let t = match crate::vm_templates::other_kind(&d, req.kind.as_deref())? {
-        Some(kind) => crate::vm_disk::create(&d, req, kind, &who).await?,
+        Some(kind) => {
+            let disk = crate::vm_disk::checked(&d, &req, kind).await?;
+            crate::vm_templates::create(&d, req, kind, &who, disk)?
+        }
         None => {
             crate::vm_disk::refuse(&req)?;
             templates::create_template(&d, req, &who).await?

@@ -33,6 +33,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 pub use super::qemu_input::InputEvent;
+pub use super::qemu_launch::VmImage;
 
 /// The saved state of a sandbox paused to disk (in its QEMU directory).
 pub const PAUSED_FILE: &str = "paused.vmstate";
@@ -76,23 +77,6 @@ enum Stored {
     },
     /// Saved to `qdir/paused.vmstate`; no process.
     Paused { qdir: PathBuf, spec: VmSpec },
-}
-
-/// The disk and boot a template of this kind is built from.
-#[derive(Debug, Clone)]
-pub struct VmImage {
-    /// Base image (never written).
-    pub base: PathBuf,
-    /// `raw` or `qcow2`.
-    pub base_format: String,
-    /// A kernel to boot directly, else the disk boots.
-    pub kernel: Option<PathBuf>,
-    /// Its command line.
-    pub append: String,
-    /// Firmware.
-    pub firmware: Firmware,
-    /// The console line that says the guest is up.
-    pub ready_marker: Option<String>,
 }
 
 /// The `vm` kind.

@@ -11,6 +11,23 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// The disk and boot a template of this kind is built from.
+#[derive(Debug, Clone)]
+pub struct VmImage {
+    /// Base image (never written).
+    pub base: PathBuf,
+    /// `raw` or `qcow2`.
+    pub base_format: String,
+    /// A kernel to boot directly, else the disk boots.
+    pub kernel: Option<PathBuf>,
+    /// Its command line.
+    pub append: String,
+    /// Firmware.
+    pub firmware: Firmware,
+    /// The console line that says the guest is up.
+    pub ready_marker: Option<String>,
+}
+
 /// Files of a `vm` template or snapshot directory.
 pub const SPEC_FILE: &str = "vm.json";
 /// The migration stream (RAM and device state) in a template or snapshot.
