@@ -217,17 +217,7 @@ fn hostile_tx_chains_are_refused_and_the_device_keeps_working() {
 
 /// A socket in the test's netns that sends UDP frames to the guest.
 fn udp_to_guest(tap_name: &str) -> UdpSocket {
-    ip(&[
-        "neigh",
-        "replace",
-        &GUEST_IP.to_string(),
-        "lladdr",
-        &GUEST_MAC.to_string(),
-        "dev",
-        tap_name,
-        "nud",
-        "permanent",
-    ]);
+    guest_neighbour(tap_name);
     let s = UdpSocket::bind((HOST_IP, 0)).unwrap();
     s.connect((GUEST_IP, 9)).unwrap();
     s

@@ -173,17 +173,7 @@ fn the_tap_hands_partial_checksums_only_to_a_driver_that_took_them() {
             let mut g = Guest::with_features(dev, features);
             g.post_rx(16);
             let s = UdpSocket::bind((HOST_IP, 0)).unwrap();
-            ip(&[
-                "neigh",
-                "replace",
-                &GUEST_IP.to_string(),
-                "lladdr",
-                &GUEST_MAC.to_string(),
-                "dev",
-                &name,
-                "nud",
-                "permanent",
-            ]);
+            guest_neighbour(&name);
             s.send_to(b"to the guest", (GUEST_IP, 9)).unwrap();
             let mut got = None;
             g.wait_until("the datagram", |g| {

@@ -8,6 +8,18 @@ fn socket() -> (tempfile::TempDir, PathBuf, UnixListener) {
     (dir, path, l)
 }
 
+/// Serves `l`: stats answered, everything else refused ("nope").
+fn serve_stats(l: UnixListener) {
+    serve(l, |cmd| {
+        match cmd {
+            Command::Stats(r) => r.ok(crate::wire::tests::stats()),
+            other => other.refuse("nope"),
+        }
+        true
+    })
+    .unwrap();
+}
+
 fn read_line(r: &mut impl BufRead) -> String {
     let mut l = String::new();
     r.read_line(&mut l).unwrap();
@@ -17,14 +29,7 @@ fn read_line(r: &mut impl BufRead) -> String {
 #[test]
 fn bad_lines_are_answered_and_the_connection_stays() {
     let (_d, path, l) = socket();
-    serve(l, |cmd| {
-        match cmd {
-            Command::Stats(r) => r.ok(crate::wire::tests::stats()),
-            other => other.refuse("nope"),
-        }
-        true
-    })
-    .unwrap();
+    serve_stats(l);
     let mut s = UnixStream::connect(&path).unwrap();
     s.write_all(b"garbage\n{\"op\":\"pause\"}\n{\"op\":\"stats\"}\n")
         .unwrap();
@@ -105,14 +110,7 @@ fn stats_answered(path: &std::path::Path) -> String {
 fn many_idle_connections_do_not_grow_threads_and_extra_ones_are_refused() {
     let (_d, path, l) = socket();
     let before = threads_named("api-conn");
-    serve(l, |cmd| {
-        match cmd {
-            Command::Stats(r) => r.ok(crate::wire::tests::stats()),
-            other => other.refuse("nope"),
-        }
-        true
-    })
-    .unwrap();
+    serve_stats(l);
     let idle: Vec<UnixStream> = (0..64)
         .map(|_| UnixStream::connect(&path).unwrap())
         .collect();
@@ -209,14 +207,7 @@ fn every_server_thread_runs_init_and_a_failing_init_stops_serving() {
 #[test]
 fn a_client_retries_a_busy_refusal_until_a_connection_frees() {
     let (_d, path, l) = socket();
-    serve(l, |cmd| {
-        match cmd {
-            Command::Stats(r) => r.ok(crate::wire::tests::stats()),
-            other => other.refuse("nope"),
-        }
-        true
-    })
-    .unwrap();
+    serve_stats(l);
     let mut held: Vec<UnixStream> = (0..MAX_CONNECTIONS)
         .map(|_| UnixStream::connect(&path).unwrap())
         .collect();

@@ -98,6 +98,22 @@ pub fn tap_up() -> Tap {
     tap
 }
 
+/// Tells the kernel the guest's MAC for `GUEST_IP` on `tap_name` (no ARP
+/// needed before sending to it).
+pub fn guest_neighbour(tap_name: &str) {
+    ip(&[
+        "neigh",
+        "replace",
+        &GUEST_IP.to_string(),
+        "lladdr",
+        &GUEST_MAC.to_string(),
+        "dev",
+        tap_name,
+        "nud",
+        "permanent",
+    ]);
+}
+
 /// The kernel side's MAC of interface `name`.
 pub fn link_mac(name: &str) -> MacAddr {
     let out = ip(&["-br", "link", "show", "dev", name]);
