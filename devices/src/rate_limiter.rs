@@ -173,12 +173,24 @@ impl RateLimiter {
     /// Takes one packet of `bytes` from both buckets, or takes nothing and
     /// returns the instant to retry at (when both will have room).
     pub fn consume(&mut self, bytes: u64, now: Instant) -> Result<(), Instant> {
+        self.consume_packets(bytes, 1, now)
+    }
+
+    /// Takes `packets` packets of `bytes` in all from both buckets (a TCP
+    /// segment that goes out as several packets), or takes nothing and
+    /// returns the instant to retry at.
+    pub fn consume_packets(
+        &mut self,
+        bytes: u64,
+        packets: u64,
+        now: Instant,
+    ) -> Result<(), Instant> {
         let mut wait = Duration::ZERO;
         if let Some(b) = self.bytes.as_mut() {
             wait = wait.max(b.check(bytes, now).err().unwrap_or_default());
         }
         if let Some(p) = self.packets.as_mut() {
-            wait = wait.max(p.check(1, now).err().unwrap_or_default());
+            wait = wait.max(p.check(packets, now).err().unwrap_or_default());
         }
         if wait > Duration::ZERO {
             return Err(now
@@ -190,7 +202,7 @@ impl RateLimiter {
             let _ = b.consume(bytes, now);
         }
         if let Some(p) = self.packets.as_mut() {
-            let _ = p.consume(1, now);
+            let _ = p.consume(packets, now);
         }
         Ok(())
     }

@@ -12,6 +12,7 @@
 
 mod net_guest;
 
+use devices::rate_limiter::{BucketConfig, RateLimit};
 use devices::virtio::net::offload::{
     GSO_TCPV4, NEEDS_CSUM, VIRTIO_NET_F_CSUM, VIRTIO_NET_F_GUEST_CSUM, VIRTIO_NET_F_GUEST_TSO4,
     VIRTIO_NET_F_HOST_TSO4,
@@ -21,7 +22,8 @@ use devices::virtio::testing::layout;
 use devices::virtio::{INT_USED_RING, VIRTIO_RING_F_EVENT_IDX};
 use net_guest::*;
 use std::net::{Ipv4Addr, UdpSocket};
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 use vm_memory::{Bytes, GuestAddress};
 
 /// One's-complement sum of 16-bit words.
@@ -235,5 +237,37 @@ fn with_event_idx_notifications_follow_the_event_indexes() {
         g.d.notify_queue(1);
         g.d.notify_queue(0);
         assert_eq!(g.handle.counters().tx_packets, 2);
+    });
+}
+
+#[test]
+fn a_tcp_segment_counts_as_its_packets_against_the_rate_limit() {
+    in_netns(|| {
+        let tap = tap_up();
+        let host_mac = link_mac(tap.name());
+        let mut cfg = config(GUEST_MAC);
+        cfg.tx_rate = RateLimit {
+            packets: Some(BucketConfig {
+                rate_per_sec: 1,
+                burst: 10,
+            }),
+            bytes: None,
+        };
+        let dev = Net::new(tap, &cfg).unwrap();
+        let t0 = Instant::now();
+        dev.set_clock(Arc::new(move || t0));
+        let features = FEATURES | (1 << VIRTIO_NET_F_CSUM) | (1 << VIRTIO_NET_F_HOST_TSO4);
+        let mut g = Guest::with_features(dev, features);
+        // 1486 bytes after the Ethernet header in segments of 100: 15
+        // packets on the wire, more than the whole burst of 10.
+        let big = udp_frame(host_mac, HOST_IP, 7000, &[0u8; 1458], 0);
+        assert_eq!(big.len(), 14 + 1486);
+        g.send_with(&hdr(NEEDS_CSUM, GSO_TCPV4, 100, 34, 16), &big);
+        assert_eq!(g.d.take_used_on(1).len(), 1, "a full bucket lets it go");
+        // It left the bucket 5 packets in debt: one plain frame waits.
+        g.send(&udp_frame(host_mac, HOST_IP, 7000, b"x", 0));
+        assert!(g.d.take_used_on(1).is_empty(), "passed the limit");
+        assert_eq!(g.handle.counters().tx_throttled, 1);
+        assert_eq!(g.handle.retry_deadline(), Some(t0 + Duration::from_secs(6)));
     });
 }

@@ -169,6 +169,26 @@ pub fn rx_header(acked: u64, frame: &mut [u8]) -> bool {
     ok
 }
 
+/// How many packets a frame (header + Ethernet frame) stands for on the
+/// wire, as rate limits count them: one, or for a TCP segment the packets
+/// it is cut into (what follows the Ethernet header over `gso_size`,
+/// rounded up: the guest's `hdr_len` is not trusted, so headers count as
+/// payload and the figure errs high).
+pub fn wire_packets(frame: &[u8]) -> u64 {
+    if frame.len() < VNET_HDR_LEN || frame[1] == GSO_NONE {
+        return 1;
+    }
+    let size = u64::from(u16_at(frame, 4));
+    let len = frame
+        .len()
+        .saturating_sub(VNET_HDR_LEN + super::ETH_HDR_LEN);
+    let len = u64::try_from(len).unwrap_or(u64::MAX);
+    if size == 0 {
+        return 1;
+    }
+    len.div_ceil(size).max(1)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -184,6 +204,23 @@ mod tests {
         h.extend_from_slice(&7u16.to_le_bytes());
         h.extend_from_slice(&[0u8; 100]);
         h
+    }
+
+    #[test]
+    fn a_segment_counts_as_the_packets_it_becomes() {
+        let mut f = hdr(NEEDS_CSUM, GSO_TCPV4, 1448, 34, 16);
+        f.resize(VNET_HDR_LEN + 14 + 10 * 1448, 0);
+        assert_eq!(wire_packets(&f), 10);
+        f.push(0);
+        assert_eq!(wire_packets(&f), 11);
+        // Whatever hdr_len says.
+        f[2..4].copy_from_slice(&u16::MAX.to_le_bytes());
+        assert_eq!(wire_packets(&f), 11);
+        let mut one = hdr(NEEDS_CSUM, GSO_NONE, 1448, 34, 16);
+        one.resize(4000, 0);
+        assert_eq!(wire_packets(&one), 1);
+        assert_eq!(wire_packets(&hdr(NEEDS_CSUM, GSO_TCPV4, 0, 34, 16)), 1);
+        assert_eq!(wire_packets(&[0u8; 4]), 1);
     }
 
     #[test]

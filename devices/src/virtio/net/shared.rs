@@ -300,7 +300,12 @@ impl Inner {
                 Err(TxDrop::Oversize) => self.counters.tx_oversize += 1,
                 Ok(len) => {
                     let now = (self.clock)();
-                    if let Err(until) = self.tx_limiter.consume(frame_bytes(len), now) {
+                    // A TCP segment counts as the packets it becomes.
+                    let packets = offload::wire_packets(&self.tx_buf[..len]);
+                    let limited = self
+                        .tx_limiter
+                        .consume_packets(frame_bytes(len), packets, now);
+                    if let Err(until) = limited {
                         // The chain stays available for the retry.
                         a.tx.go_to_previous_position();
                         self.tx_retry = Some(until);
@@ -386,7 +391,11 @@ impl Inner {
             rechecked = false;
             let head = chain.head_index();
             let now = (self.clock)();
-            if let Err(until) = self.rx_limiter.consume(frame_bytes(len), now) {
+            let packets = offload::wire_packets(&self.rx_buf[..len]);
+            let limited = self
+                .rx_limiter
+                .consume_packets(frame_bytes(len), packets, now);
+            if let Err(until) = limited {
                 a.rx.go_to_previous_position();
                 self.rx_retry = Some(until);
                 self.counters.rx_throttled += 1;
