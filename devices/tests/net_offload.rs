@@ -5,10 +5,10 @@
 //! partial checksums and one that did not whole ones; offload fields a
 //! driver did not take are dropped and counted; with EVENT_IDX the device
 //! asks for the next notification and interrupts only when the driver's
-//! used_event says so, and a garbage avail index cannot make it spin.
-//! (64 KiB TCP segments in
-//! both directions are exercised by real guests: `tests/tests/net_*.rs`
-//! and `shoal bench net`.)
+//! used_event says so, and a garbage avail index cannot make it spin; a
+//! TCP segment counts against a packet rate limit as the packets it
+//! becomes. (64 KiB TCP segments in both directions are exercised by real
+//! guests: `tests/tests/net_*.rs` and `shoal bench net`.)
 
 mod net_guest;
 
