@@ -117,6 +117,7 @@ fn api_contract_end_to_end() {
             "id",
             "idle_timeout_s",
             "keep_running",
+            "kind",
             "last_active",
             "memory_mib",
             "metadata",
@@ -132,6 +133,8 @@ fn api_contract_end_to_end() {
         "{raw}"
     );
     assert!(raw["error"].is_null() && raw["state"] == "running", "{raw}");
+    assert_eq!(raw["kind"], "microvm", "{raw}");
+    assert_eq!(sb.kind, "microvm");
     let mut f = ListFilter {
         state: Some(SandboxState::Running),
         metadata: labels(&[("run", "contract")]),
