@@ -75,7 +75,7 @@ def test_a_node_whose_actor_dies_leaves_placement_and_its_sandboxes_are_lost(
             assert time.monotonic() - t0 < cluster.stale_s + 3, cluster.nodes()
             time.sleep(0.1)
         left = time.monotonic() - t0
-        print(f"n1 left placement {left:.2f} s after its actor was killed (stale_s 3)")
+        print(f"n1 left placement {left:.2f} s after its actor was killed (stale_s {cluster.stale_s:g})")
         st = {n.name: n for n in cluster.nodes()}["n1"]
         assert not st.live and "no report" in (st.reason or ""), st
         with pytest.raises(SandboxLost, match="n1"):
