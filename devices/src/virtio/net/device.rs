@@ -7,7 +7,7 @@ use super::shared::{lock, Active, Inner, NetCounters, Shared};
 use super::tap::Tap;
 use super::{
     MacAddr, MacError, NetConfig, QUEUE_SIZE, RXQ, TXQ, TYPE_NET, VIRTIO_NET_F_MAC,
-    VIRTIO_NET_F_STATUS, VIRTIO_NET_S_LINK_UP,
+    VIRTIO_NET_F_MRG_RXBUF, VIRTIO_NET_F_STATUS, VIRTIO_NET_S_LINK_UP,
 };
 use crate::rate_limiter::{RateLimitError, RateLimiter};
 use crate::virtio::persist::QueueState;
@@ -82,6 +82,7 @@ const FEATURES: u64 = (1 << VIRTIO_F_VERSION_1)
     | (1 << VIRTIO_RING_F_EVENT_IDX)
     | (1 << VIRTIO_NET_F_MAC)
     | (1 << VIRTIO_NET_F_STATUS)
+    | (1 << VIRTIO_NET_F_MRG_RXBUF)
     | super::offload::OFFLOAD_FEATURES;
 
 impl Net {
@@ -235,7 +236,7 @@ impl VirtioDevice for Net {
         rx.set_event_idx(event_idx);
         tx.set_event_idx(event_idx);
         inner.set_tap_offload();
-        inner.active = Some(Active { mem, irq, rx, tx });
+        inner.active = Some(Active::new(mem, irq, rx, tx));
         // Frames may have queued on the TAP before the driver came.
         inner.process();
         Ok(())

@@ -39,6 +39,7 @@ mod device;
 mod events;
 pub mod offload;
 mod persist;
+mod rx;
 mod shared;
 pub mod tap;
 
@@ -61,6 +62,9 @@ pub const TXQ: usize = 1;
 pub const QUEUE_SIZE: u16 = 256;
 /// Feature: the device has a MAC in config space.
 pub const VIRTIO_NET_F_MAC: u32 = 5;
+/// Feature: the driver takes a frame across several rx buffers
+/// (`num_buffers` in the header says how many).
+pub const VIRTIO_NET_F_MRG_RXBUF: u32 = 15;
 /// Feature: the config space has a link status field.
 pub const VIRTIO_NET_F_STATUS: u32 = 16;
 /// Link status bit: up.

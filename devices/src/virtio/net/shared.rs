@@ -9,7 +9,7 @@ use super::{MacAddr, ETH_HDR_LEN, MAX_FRAME_LEN, VNET_HDR_LEN};
 use crate::rate_limiter::RateLimiter;
 use crate::virtio::{VirtioInterrupt, INT_USED_RING};
 use serde::{Deserialize, Serialize};
-use std::io::ErrorKind;
+use std::num::Wrapping;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 use virtio_queue::{DescriptorChain, Queue, QueueOwnedT, QueueT};
@@ -61,6 +61,22 @@ pub(super) struct Active {
     pub irq: Arc<VirtioInterrupt>,
     pub rx: Queue,
     pub tx: Queue,
+    /// The rx queue's used index when the guest was last considered for
+    /// an interrupt (rx publishes its used entries itself: [`super::rx`]).
+    pub rx_signalled: Wrapping<u16>,
+}
+
+impl Active {
+    pub fn new(mem: GuestMemoryMmap, irq: Arc<VirtioInterrupt>, rx: Queue, tx: Queue) -> Self {
+        let rx_signalled = Wrapping(rx.next_used());
+        Self {
+            mem,
+            irq,
+            rx,
+            tx,
+            rx_signalled,
+        }
+    }
 }
 
 /// State shared by [`super::Net`], [`super::NetEvents`] and
@@ -75,9 +91,9 @@ pub(super) struct Inner {
     pub rx_limiter: RateLimiter,
     pub tx_limiter: RateLimiter,
     /// The one frame rx holds (read from the TAP, not yet delivered).
-    rx_buf: Box<[u8]>,
+    pub(super) rx_buf: Box<[u8]>,
     /// Length of the frame in `rx_buf`, header included.
-    rx_held: Option<usize>,
+    pub(super) rx_held: Option<usize>,
     tx_buf: Box<[u8]>,
     /// When the rate limiters let rx / tx go on.
     pub rx_retry: Option<Instant>,
@@ -103,13 +119,7 @@ enum TxDrop {
     Oversize,
 }
 
-/// Why a guest rx buffer was refused.
-enum RxDrop {
-    Malformed,
-    TooSmall,
-}
-
-type Chain<'a> = DescriptorChain<&'a GuestMemoryMmap>;
+pub(super) type Chain<'a> = DescriptorChain<&'a GuestMemoryMmap>;
 
 /// Copies a tx chain into `buf`: only device-readable descriptors, every
 /// one inside guest memory, at most `buf.len()` bytes in all.
@@ -135,31 +145,7 @@ fn read_chain(mem: &GuestMemoryMmap, chain: Chain<'_>, buf: &mut [u8]) -> Result
     Ok(len)
 }
 
-/// Copies `data` into an rx chain of device-writable descriptors inside
-/// guest memory; returns the bytes written.
-fn write_chain(mem: &GuestMemoryMmap, chain: Chain<'_>, data: &[u8]) -> Result<u32, RxDrop> {
-    let mut off = 0usize;
-    for d in chain {
-        if off == data.len() {
-            break;
-        }
-        if !d.is_write_only() {
-            return Err(RxDrop::Malformed);
-        }
-        let room = usize::try_from(d.len()).unwrap_or(usize::MAX);
-        let n = room.min(data.len() - off);
-        mem.write_slice(&data[off..off + n], d.addr())
-            .map_err(|_| RxDrop::Malformed)?;
-        off += n;
-    }
-    if off < data.len() {
-        return Err(RxDrop::TooSmall);
-    }
-    // At most MAX_FRAME_LEN.
-    u32::try_from(off).map_err(|_| RxDrop::TooSmall)
-}
-
-fn frame_bytes(len: usize) -> u64 {
+pub(super) fn frame_bytes(len: usize) -> u64 {
     u64::try_from(len.saturating_sub(VNET_HDR_LEN)).unwrap_or(u64::MAX)
 }
 
@@ -217,7 +203,7 @@ impl Inner {
         let rx_used = self.process_rx(&mut a);
         // Both asked (each call ends that queue's count of new entries);
         // with EVENT_IDX the driver's used_event says whether it wants it.
-        let rx_wants = rx_used && a.rx.needs_notification(&a.mem).unwrap_or(true);
+        let rx_wants = rx_used && super::rx::needs_interrupt(&mut a);
         let tx_wants = tx_used && a.tx.needs_notification(&a.mem).unwrap_or(true);
         let notify = rx_wants || tx_wants;
         if notify {
@@ -334,91 +320,6 @@ impl Inner {
             // Fails only for a head outside the table: that entry is
             // consumed and nothing is returned for it.
             used |= a.tx.add_used(&a.mem, head, 0).is_ok();
-        }
-        used
-    }
-
-    /// Fills the one held slot from the TAP; false when nothing is queued.
-    fn fill_held(&mut self) -> bool {
-        loop {
-            match self.tap.read(&mut self.rx_buf) {
-                Ok(n) if (VNET_HDR_LEN + ETH_HDR_LEN..=MAX_FRAME_LEN).contains(&n) => {
-                    // Offloads the driver did not take: dropped. One buffer.
-                    if offload::rx_header(self.acked, &mut self.rx_buf[..n]) {
-                        self.rx_held = Some(n);
-                        return true;
-                    }
-                    self.counters.rx_tap_errors += 1;
-                }
-                Ok(_) => self.counters.rx_tap_errors += 1,
-                Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(e) if e.kind() == ErrorKind::WouldBlock => return false,
-                Err(_) => {
-                    self.counters.rx_tap_errors += 1;
-                    return false;
-                }
-            }
-        }
-    }
-
-    /// Moves frames from the TAP into the guest's rx buffers until the TAP
-    /// is empty, the guest has no buffer, or the rate limit says wait; at
-    /// most one frame is held meanwhile. Returns whether a chain was used.
-    fn process_rx(&mut self, a: &mut Active) -> bool {
-        let mut used = false;
-        if self.rx_retry.is_some_and(|t| (self.clock)() < t) {
-            return false;
-        }
-        let mut rechecked = false;
-        loop {
-            if self.rx_held.is_none() && !self.fill_held() {
-                break;
-            }
-            let len = self.rx_held.unwrap_or(0);
-            let Some(chain) = a.rx.pop_descriptor_chain(&a.mem) else {
-                // No buffer: keep the frame, read no more until the guest
-                // adds buffers (its notify runs this again; with EVENT_IDX
-                // avail_event moves here so it does notify), unless it
-                // added one meanwhile.
-                match a.rx.enable_notification(&a.mem) {
-                    Ok(true) if !rechecked => {
-                        rechecked = true;
-                        continue;
-                    }
-                    _ => break,
-                }
-            };
-            rechecked = false;
-            let head = chain.head_index();
-            let now = (self.clock)();
-            let packets = offload::wire_packets(&self.rx_buf[..len]);
-            let limited = self
-                .rx_limiter
-                .consume_packets(frame_bytes(len), packets, now);
-            if let Err(until) = limited {
-                a.rx.go_to_previous_position();
-                self.rx_retry = Some(until);
-                self.counters.rx_throttled += 1;
-                break;
-            }
-            self.rx_retry = None;
-            self.rx_held = None;
-            let written = match write_chain(&a.mem, chain, &self.rx_buf[..len]) {
-                Ok(n) => {
-                    self.counters.rx_packets += 1;
-                    self.counters.rx_bytes += frame_bytes(len);
-                    n
-                }
-                Err(RxDrop::TooSmall) => {
-                    self.counters.rx_too_small += 1;
-                    0
-                }
-                Err(RxDrop::Malformed) => {
-                    self.counters.rx_malformed += 1;
-                    0
-                }
-            };
-            used |= a.rx.add_used(&a.mem, head, written).is_ok();
         }
         used
     }
