@@ -140,7 +140,7 @@ pub async fn create(d: &Arc<Daemon>, mut req: CreateSandbox) -> ApiResult<Sandbo
     if let (Some(policy), Some(spec)) = (policy, spec) {
         // No warm pool or VMM stock: each networked sandbox restores onto
         // its own slot.
-        let slot = d.net.take(d, &policy).await?;
+        let (slot, has_policy) = d.net.take(d, &policy).await?;
         row.net = Some(db::SandboxNet {
             slot: slot.index(),
             guest_addr: slot.guest_ip(),
@@ -151,12 +151,16 @@ pub async fn create(d: &Arc<Daemon>, mut req: CreateSandbox) -> ApiResult<Sandbo
             return Err(e);
         }
         d.net.hold(&row.id, slot);
-        // The policy goes in while the VM restores.
+        // The policy goes in while the VM restores (unless the slot was
+        // made with it).
         let id = row.id.clone();
-        let (applied, made) = tokio::join!(
-            d.net.set_policy(&id, policy),
-            restore_new(d, row, &tpl, None, t0)
-        );
+        let apply = async {
+            match has_policy {
+                true => Ok(()),
+                false => d.net.set_policy(&id, policy).await,
+            }
+        };
+        let (applied, made) = tokio::join!(apply, restore_new(d, row, &tpl, None, t0));
         return match (applied, made) {
             (Ok(()), made) => made,
             (Err(e), Ok(v)) => {

@@ -207,27 +207,38 @@ impl Networks {
     }
 
     /// A slot for a sandbox that will have `policy` (from the pool,
-    /// waiting a while if it is empty), denying everything until
-    /// [`Networks::set_policy`] applies it (done while the VM restores:
-    /// the guest sends nothing before the agent configures its link);
-    /// held by the sandbox once its row is recorded ([`Networks::hold`]).
-    pub async fn take(&self, d: &Arc<Daemon>, policy: &EgressPolicy) -> ApiResult<Arc<Slot>> {
+    /// waiting a while if it is empty), and whether it has that policy
+    /// already (made ahead with it: [`SlotPool::prepare`]). If not,
+    /// [`Networks::set_policy`] applies it while the VM restores: until
+    /// then the slot has the policy it was made with (none, or an earlier
+    /// create's), but the clone sends nothing that passes before the
+    /// agent gives it the slot's MAC and address (the slot drops frames
+    /// from any other). Held by the sandbox once its row is recorded
+    /// ([`Networks::hold`]).
+    pub async fn take(
+        &self,
+        d: &Arc<Daemon>,
+        policy: &EgressPolicy,
+    ) -> ApiResult<(Arc<Slot>, bool)> {
         self.check(policy)?;
         let a = self.active(d).await?;
         self.check(policy)?;
-        let a2 = a.clone();
-        let slot = blocking("taking a network slot", SLOT_WAIT * 2, move || {
-            let slot = a2
-                .pool
-                .take_wait(SLOT_WAIT)
-                .ok_or_else(|| match a2.pool.last_error() {
+        let (a2, want) = (a.clone(), policy.clone());
+        blocking("taking a network slot", SLOT_WAIT * 2, move || {
+            // Slots made from now on get this policy: the next create
+            // with it (a job's sandboxes share one) runs no nft.
+            a2.pool.prepare(&want);
+            let slot = a2.pool.take_wait_for(&want, SLOT_WAIT).ok_or_else(|| {
+                match a2.pool.last_error() {
                     Some(e) => unavailable(format!("no slot is ready ({e})")),
                     None => unavailable(format!("no slot was ready within {SLOT_WAIT:?}")),
-                })?;
-            Ok(Arc::new(slot))
+                }
+            })?;
+            // A failure to tell: apply it.
+            let ready = slot.has_policy(&want).unwrap_or(false);
+            Ok((Arc::new(slot), ready))
         })
-        .await?;
-        Ok(slot)
+        .await
     }
 
     /// Records `slot` as sandbox `id`'s (its row is in the database, so
@@ -243,9 +254,17 @@ impl Networks {
     pub async fn boot_slot(&self, d: &Arc<Daemon>) -> ApiResult<Slot> {
         let a = self.active(d).await?;
         blocking("taking a network slot", SLOT_WAIT * 2, move || {
-            a.pool
-                .take_wait(SLOT_WAIT)
-                .ok_or_else(|| unavailable("no slot is ready for the template's boot"))
+            let none = EgressPolicy::default();
+            let slot = a
+                .pool
+                .take_wait_for(&none, SLOT_WAIT)
+                .ok_or_else(|| unavailable("no slot is ready for the template's boot"))?;
+            // One made with a sandbox's policy is closed first.
+            if slot.policy() != none {
+                slot.set_policy(none)
+                    .map_err(|e| ApiError::Internal(format!("closing a boot slot: {e}")))?;
+            }
+            Ok(slot)
         })
         .await
     }

@@ -196,33 +196,45 @@ impl HostNet {
         cmd::run("ip", args, None, self.cfg.cmd_timeout)
     }
 
-    /// Runs an nft script in a slot's netns.
+    /// Runs an nft script in a slot's netns: `nft` started from a thread
+    /// inside it (no `ip netns exec`, which also makes a mount namespace
+    /// and remounts /sys for each call).
     pub(crate) fn nft_in(&self, netns: &str, script: &str) -> Result<String, CmdError> {
-        cmd::run(
-            "ip",
-            &["netns", "exec", netns, "nft", "-f", "-"],
-            Some(script),
-            self.cfg.cmd_timeout,
-        )
+        self.nft_args_in(netns, &["-f", "-"], Some(script))
     }
 
-    /// The host netns's own IPv4 addresses (and their subnet broadcasts).
-    pub fn host_addrs(&self) -> Result<Vec<Ipv4Addr>, HostError> {
-        let out = self.ip(&["-j", "-4", "addr", "show"])?;
-        let v: serde_json::Value = serde_json::from_str(&out)?;
-        let mut addrs = Vec::new();
-        for link in v.as_array().into_iter().flatten() {
-            for a in link["addr_info"].as_array().into_iter().flatten() {
-                for key in ["local", "broadcast"] {
-                    if let Some(ip) = a[key].as_str().and_then(|s| s.parse().ok()) {
-                        addrs.push(ip);
-                    }
-                }
-            }
+    /// Runs `nft ARGS` (with `stdin`) in a slot's netns.
+    pub(crate) fn nft_args_in(
+        &self,
+        netns: &str,
+        args: &[&str],
+        stdin: Option<&str>,
+    ) -> Result<String, CmdError> {
+        let timeout = self.cfg.cmd_timeout;
+        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        let stdin = stdin.map(str::to_string);
+        let cmd_line = format!("nft {} (in netns {netns})", args.join(" "));
+        let ran = netns::run_in(netns, move || {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            Ok(cmd::run("nft", &args, stdin.as_deref(), timeout))
+        });
+        match ran {
+            Ok(r) => r,
+            Err(source) => Err(CmdError::Spawn {
+                cmd: cmd_line,
+                source,
+            }),
         }
-        addrs.sort();
-        addrs.dedup();
-        Ok(addrs)
+    }
+
+    /// The host netns's own IPv4 addresses (and their subnet broadcasts),
+    /// read in-process (`getifaddrs`, no `ip` run: every policy change
+    /// reads them). Call from a thread in the host netns.
+    pub fn host_addrs(&self) -> Result<Vec<Ipv4Addr>, HostError> {
+        crate::ifaddrs::ipv4_addrs().map_err(|source| HostError::Io {
+            what: "reading the host's addresses (getifaddrs)".into(),
+            source,
+        })
     }
 
     /// What no slot reaches unless named explicitly: the host's addresses

@@ -20,6 +20,7 @@ pub mod cmd;
 pub mod dns;
 pub mod forward;
 pub mod host;
+mod ifaddrs;
 pub mod netns;
 pub mod nft;
 pub mod policy;

@@ -2,9 +2,14 @@
 //! that taking one is a queue pop (a mutex and a `VecDeque`): measured
 //! 16 µs for a take against 95 ms to make a slot (about 15 `ip` calls and
 //! one `nft`) on the shared 2-core host; `tests/slots.rs`'s pool test
-//! prints both (`--nocapture`), it asserts neither. A taken slot denies everything and its TAP is root's: the caller
-//! sets its policy ([`Slot::set_policy`]) and owner
-//! ([`Slot::set_tap_owner`]), one nft call and two ioctls.
+//! prints both (`--nocapture`), it asserts neither. A slot is made with
+//! the policy the pool was last asked to prepare ([`SlotPool::prepare`];
+//! at first none: it denies everything), and a take prefers a slot that
+//! already has the policy wanted ([`SlotPool::take_wait_for`]): the
+//! sandboxes of one job mostly share one policy, and then a create runs no
+//! `nft` at all ([`Slot::has_policy`]). Otherwise the caller sets the
+//! policy ([`Slot::set_policy`], one nft call); its TAP is root's until
+//! the caller sets its owner ([`Slot::set_tap_owner`], two ioctls).
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -23,6 +28,8 @@ const MAX_BACKOFF: Duration = Duration::from_secs(30);
 #[derive(Default)]
 struct State {
     ready: VecDeque<Slot>,
+    /// The policy new slots are made with.
+    prepare: EgressPolicy,
     stopping: bool,
     last_error: Option<String>,
 }
@@ -84,16 +91,32 @@ impl SlotPool {
 
     /// A ready slot, waiting up to `timeout` for one.
     pub fn take_wait(&self, timeout: Duration) -> Option<Slot> {
+        self.take_wait_for(&EgressPolicy::default(), timeout)
+    }
+
+    /// A ready slot, waiting up to `timeout` for one: one made with
+    /// `want` if there is one ready, else the oldest.
+    pub fn take_wait_for(&self, want: &EgressPolicy, timeout: Duration) -> Option<Slot> {
         let st = self.inner.lock();
         let (mut st, _) = self
             .inner
             .cv
             .wait_timeout_while(st, timeout, |s| s.ready.is_empty() && !s.stopping)
             .unwrap_or_else(|e| e.into_inner());
-        let slot = st.ready.pop_front();
+        let at = st.ready.iter().position(|s| s.policy() == *want);
+        let slot = st.ready.remove(at.unwrap_or(0));
         drop(st);
         self.inner.cv.notify_all();
         slot
+    }
+
+    /// Makes the slots made from now on with `policy` (slots already ready
+    /// keep theirs).
+    pub fn prepare(&self, policy: &EgressPolicy) {
+        let mut st = self.inner.lock();
+        if st.prepare != *policy {
+            st.prepare = policy.clone();
+        }
     }
 
     /// How many slots are ready.
@@ -145,7 +168,7 @@ impl Drop for SlotPool {
 fn fill(inner: &Inner) {
     let mut backoff = Duration::from_millis(100);
     loop {
-        {
+        let policy = {
             let st = inner.lock();
             let st = inner
                 .cv
@@ -154,12 +177,9 @@ fn fill(inner: &Inner) {
             if st.stopping {
                 return;
             }
-        }
-        let made = Slot::create(
-            &inner.net,
-            &GuestLink::Tap { owner: None },
-            EgressPolicy::default(),
-        );
+            st.prepare.clone()
+        };
+        let made = Slot::create(&inner.net, &GuestLink::Tap { owner: None }, policy);
         let mut st = inner.lock();
         match made {
             Ok(slot) if !st.stopping => {

@@ -31,7 +31,7 @@ pub const BLOCKED_WAIT: Duration = Duration::from_secs(3);
 /// How long a probe that should pass may take.
 pub const OK_WAIT: Duration = Duration::from_secs(20);
 
-const T: Duration = Duration::from_secs(60);
+pub const T: Duration = Duration::from_secs(60);
 
 pub fn ip(args: &[&str]) -> String {
     cmd::run("ip", args, None, T).unwrap_or_else(|e| panic!("{e}"))
