@@ -24,7 +24,7 @@ use super::shared::{frame_bytes, Active, Chain, Inner};
 use super::{ETH_HDR_LEN, MAX_FRAME_LEN, VIRTIO_NET_F_MRG_RXBUF, VNET_HDR_LEN};
 use std::io::ErrorKind;
 use std::num::Wrapping;
-use std::sync::atomic::{fence, Ordering};
+use std::sync::atomic::Ordering;
 use virtio_queue::{QueueOwnedT, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
@@ -109,28 +109,6 @@ fn publish(a: &mut Active, entries: &[(u16, u32)]) -> bool {
     a.mem
         .store(next.0.to_le(), idx_at, Ordering::Release)
         .is_ok()
-}
-
-/// Whether the guest wants an interrupt for the rx entries published since
-/// the last time this was asked: always without VIRTIO_RING_F_EVENT_IDX,
-/// with it when the driver's `used_event` lies among them.
-pub(super) fn needs_interrupt(a: &mut Active) -> bool {
-    let new = Wrapping(a.rx.next_used());
-    let old = std::mem::replace(&mut a.rx_signalled, new);
-    if !a.rx.event_idx_enabled() {
-        return true;
-    }
-    // The used entries are visible before the driver's event is read.
-    fence(Ordering::SeqCst);
-    let at = 4 + u64::from(a.rx.size()) * 2;
-    let Some(addr) = a.rx.avail_ring().checked_add(at).map(GuestAddress) else {
-        return true;
-    };
-    let Ok(event) = a.mem.load::<u16>(addr, Ordering::Relaxed) else {
-        return true;
-    };
-    let event = Wrapping(u16::from_le(event));
-    new - event - Wrapping(1) < new - old
 }
 
 /// Asks the driver to notify when it adds buffers after the ones it has

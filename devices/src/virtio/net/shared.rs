@@ -10,10 +10,11 @@ use crate::rate_limiter::RateLimiter;
 use crate::virtio::{VirtioInterrupt, INT_USED_RING};
 use serde::{Deserialize, Serialize};
 use std::num::Wrapping;
+use std::sync::atomic::{fence, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 use virtio_queue::{DescriptorChain, Queue, QueueOwnedT, QueueT};
-use vm_memory::{Bytes, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 use vmm_sys_util::timerfd::TimerFd;
 
 /// Where the device reads the time (a test freezes it).
@@ -62,7 +63,7 @@ pub(super) struct Active {
     pub rx: Queue,
     pub tx: Queue,
     /// The rx queue's used index when the guest was last considered for
-    /// an interrupt (rx publishes its used entries itself: [`super::rx`]).
+    /// an interrupt (rx publishes its used entries itself, in one store).
     pub rx_signalled: Wrapping<u16>,
 }
 
@@ -203,7 +204,7 @@ impl Inner {
         let rx_used = self.process_rx(&mut a);
         // Both asked (each call ends that queue's count of new entries);
         // with EVENT_IDX the driver's used_event says whether it wants it.
-        let rx_wants = rx_used && super::rx::needs_interrupt(&mut a);
+        let rx_wants = rx_used && rx_needs_interrupt(&mut a);
         let tx_wants = tx_used && a.tx.needs_notification(&a.mem).unwrap_or(true);
         let notify = rx_wants || tx_wants;
         if notify {
@@ -323,4 +324,26 @@ impl Inner {
         }
         used
     }
+}
+
+/// Whether the guest wants an interrupt for the rx entries published since
+/// the last time this was asked: always without VIRTIO_RING_F_EVENT_IDX,
+/// with it when the driver's `used_event` lies among them.
+fn rx_needs_interrupt(a: &mut Active) -> bool {
+    let new = Wrapping(a.rx.next_used());
+    let old = std::mem::replace(&mut a.rx_signalled, new);
+    if !a.rx.event_idx_enabled() {
+        return true;
+    }
+    // The used entries are visible before the driver's event is read.
+    fence(Ordering::SeqCst);
+    let at = 4 + u64::from(a.rx.size()) * 2;
+    let Some(addr) = a.rx.avail_ring().checked_add(at).map(GuestAddress) else {
+        return true;
+    };
+    let Ok(event) = a.mem.load::<u16>(addr, Ordering::Relaxed) else {
+        return true;
+    };
+    let event = Wrapping(u16::from_le(event));
+    new - event - Wrapping(1) < new - old
 }
