@@ -47,7 +47,7 @@ TIMES = "target/test-times.json"
 NETWORK = {
     ("tests", "net_daemon"), ("tests", "net_guest"), ("tests", "net_pool"), ("tests", "net_flood"),
     ("tests", "jail"),
-    ("hostnet", "slots"), ("hostnet", "dns"), ("devices", "net"), ("guest-agent", "net"),
+    ("hostnet", "slots"), ("hostnet", "slot_prepare"), ("hostnet", "dns"), ("devices", "net"), ("guest-agent", "net"),
     ("guest-agent", "tcp_forward"), ("jailer", "jail"),
 }
 

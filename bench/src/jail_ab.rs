@@ -274,7 +274,7 @@ fn four_ways(
             }
             let _ = std::fs::remove_dir_all(&dir);
             let dir = be_dir.join(format!("stock-{i}-{jailed}"));
-            match b.stock(&dir, printer, 1, mem_mib) {
+            match b.stock(&dir, printer, 1, mem_mib, None) {
                 Ok(Some(s)) => {
                     std::thread::sleep(crate::prewarm::SETTLE);
                     let t0 = std::time::Instant::now();

@@ -138,15 +138,27 @@ pub async fn create(d: &Arc<Daemon>, mut req: CreateSandbox) -> ApiResult<Sandbo
         priority: req.priority,
     };
     if let (Some(policy), Some(spec)) = (policy, spec) {
-        // No warm pool or VMM stock: each networked sandbox restores onto
-        // its own slot.
-        let (slot, has_policy) = d.net.take(d, &policy).await?;
+        // No warm pool: each networked sandbox restores onto its own slot,
+        // into a VMM stocked with that slot if there is one.
+        let (slot, has_policy, stocked) = networked_slot(d, &tpl, &policy).await?;
+        if let Some(e) = &stocked {
+            row.id.clone_from(&e.0);
+            row.dir.clone_from(&e.1);
+        }
+        let stocked = stocked.map(|e| e.2);
         row.net = Some(db::SandboxNet {
             slot: slot.index(),
             guest_addr: slot.guest_ip(),
             policy: spec,
         });
         if let Err(e) = admit_and_insert(d, &row, true) {
+            if let Some(vm) = stocked {
+                let dir = row.dir.clone();
+                tokio::task::spawn_blocking(move || {
+                    vm.discard();
+                    let _ = std::fs::remove_dir_all(dir);
+                });
+            }
             super::net::remove_slot(slot).await;
             return Err(e);
         }
@@ -160,7 +172,7 @@ pub async fn create(d: &Arc<Daemon>, mut req: CreateSandbox) -> ApiResult<Sandbo
                 false => d.net.set_policy(&id, policy).await,
             }
         };
-        let (applied, made) = tokio::join!(apply, restore_new(d, row, &tpl, None, t0));
+        let (applied, made) = tokio::join!(apply, restore_new(d, row, &tpl, stocked, t0));
         return match (applied, made) {
             (Ok(()), made) => made,
             (Err(e), Ok(v)) => {
@@ -203,6 +215,14 @@ pub async fn create(d: &Arc<Daemon>, mut req: CreateSandbox) -> ApiResult<Sandbo
     let stocked = (tpl.kind == d.backend.kind())
         .then(|| d.stock.take(&tpl))
         .flatten();
+    // (A networked template's VMM never serves a sandbox without network.)
+    let stocked = match stocked {
+        Some(e) if e.slot.is_some() => {
+            super::stock::discard(vec![e]);
+            None
+        }
+        e => e,
+    };
     if let Some(e) = &stocked {
         row.id.clone_from(&e.id);
         row.dir.clone_from(&e.dir);
@@ -212,6 +232,46 @@ pub async fn create(d: &Arc<Daemon>, mut req: CreateSandbox) -> ApiResult<Sandbo
         return Err(e);
     }
     restore_new(d, row, &tpl, stocked.map(|e| e.vm), t0).await
+}
+
+/// A stocked VMM's id, directory and process.
+type StockedFor = (
+    String,
+    std::path::PathBuf,
+    Box<dyn shoal_runtime::backend::StockedVm>,
+);
+
+/// The slot of a networked create of `tpl` with `policy`: a stocked VMM's
+/// (made on a slot of its own) if one is ready, else one from the pool;
+/// whether it has `policy` already; and the stocked VMM.
+async fn networked_slot(
+    d: &Arc<Daemon>,
+    tpl: &TemplateRow,
+    policy: &shoal_hostnet::EgressPolicy,
+) -> ApiResult<(Arc<shoal_hostnet::Slot>, bool, Option<StockedFor>)> {
+    d.net.check(policy)?;
+    let stocked = (tpl.kind == d.backend.kind())
+        .then(|| d.stock.take(tpl))
+        .flatten();
+    match stocked {
+        Some(super::stock::Entry {
+            id,
+            dir,
+            vm,
+            slot: Some(slot),
+        }) => {
+            // The pool's next slots (for the stock's refill) get it too.
+            d.net.prepare(policy);
+            // (getifaddrs: no process run.)
+            let ready = slot.has_policy(policy).unwrap_or(false);
+            Ok((slot, ready, Some((id, dir, vm))))
+        }
+        other => {
+            super::stock::discard(other.into_iter().collect());
+            let (slot, ready) = d.net.take(d, policy).await?;
+            Ok((slot, ready, None))
+        }
+    }
 }
 
 /// The end of a create that restores: the VMM from `tpl` (into `stocked`
@@ -226,6 +286,10 @@ async fn restore_new(
 ) -> ApiResult<SandboxView> {
     let id = row.id.clone();
     let from = Source::Template(tpl.dir.clone());
+    let into = match stocked.is_some() {
+        true => " into a stocked VMM",
+        false => "",
+    };
     let r = match start_vmm_with(d, row, from, State::Running, true, stocked).await {
         Ok(r) => r,
         Err(e) => {
@@ -240,10 +304,10 @@ async fn restore_new(
     d.metrics.create.observe(t0.elapsed().as_secs_f64());
     let how = match &r.net {
         Some(n) => format!(
-            "restored from '{}' onto network slot {}",
+            "restored from '{}'{into} onto network slot {}",
             r.template, n.slot
         ),
-        None => format!("restored from '{}'", r.template),
+        None => format!("restored from '{}'{into}", r.template),
     };
     d.event(&r.id, "created", &how);
     let mut v = SandboxView::from(r);

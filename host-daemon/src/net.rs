@@ -241,6 +241,38 @@ impl Networks {
         .await
     }
 
+    /// Makes the pool's next slots with `policy` (a create that found a
+    /// stocked VMM with its slot took none from the pool).
+    pub fn prepare(&self, policy: &EgressPolicy) {
+        if let Some(a) = self.active.get() {
+            a.pool.prepare(policy);
+        }
+    }
+
+    /// A slot for a networked template's stocked VMM (with the policy the
+    /// pool prepares now) and its TAP, opened for the VMM.
+    pub async fn stock_slot(&self, d: &Arc<Daemon>) -> ApiResult<(Arc<Slot>, NetAttach)> {
+        let a = self.active(d).await?;
+        let limits = self.opts.limits;
+        blocking("taking a network slot", SLOT_WAIT * 2, move || {
+            let slot = a
+                .pool
+                .take_wait_for(&a.pool.prepared(), SLOT_WAIT)
+                .ok_or_else(|| unavailable("no slot is ready for the VMM stock"))?;
+            let tap = slot
+                .open_tap_fd()
+                .map_err(|e| ApiError::Internal(format!("opening the slot's TAP: {e}")))?;
+            let attach = NetAttach {
+                netns: slot.netns_path(),
+                tap: Arc::new(std::fs::File::from(tap)),
+                mac: slot.guest_mac().0,
+                limits,
+            };
+            Ok((Arc::new(slot), attach))
+        })
+        .await
+    }
+
     /// Records `slot` as sandbox `id`'s (its row is in the database, so
     /// the sweep keeps it).
     pub fn hold(&self, id: &str, slot: Arc<Slot>) {

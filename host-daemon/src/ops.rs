@@ -139,18 +139,19 @@ pub async fn start_vmm_with(
     let (d2, id, networked) = (d.clone(), row.id.clone(), row.net.is_some());
     let priority = row.priority;
     let res = blocking("restore", Duration::from_secs(90), move || {
-        // A networked sandbox restores onto its slot's TAP (never into a
-        // stocked VMM: those are made without a net device).
-        let net = match networked {
-            true => Some(d2.net.attach(&id)?),
-            false => None,
-        };
+        // A networked sandbox restores onto its slot's TAP: a stocked VMM
+        // given to it was made on that slot (its TAP and netns); any other
+        // VMM is started with them.
         let vm = match (stocked, &from) {
-            (Some(s), Source::Template(t)) if net.is_none() => s.restore(t),
+            (Some(s), Source::Template(t)) => s.restore(t),
             (s, _) => {
                 if let Some(s) = s {
                     s.discard();
                 }
+                let net = match networked {
+                    true => Some(d2.net.attach(&id)?),
+                    false => None,
+                };
                 backend.restore(&dir, &from, net.as_ref())
             }
         }

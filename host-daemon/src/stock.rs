@@ -15,6 +15,12 @@
 //! name (another directory) or no longer ready loses its entries, and the
 //! daemon ends them all when it stops.
 //!
+//! A networked template's entries each hold a network slot of their own
+//! (taken from the slot pool, with the policy it prepares), the VMM
+//! started in that slot's netns with its net device on the slot's TAP, so
+//! that a networked create, too, pays only the restore (and the policy,
+//! when the slot was made with another).
+//!
 //! Stocked VMMs are not sandboxes: they reserve no guest memory (their
 //! guest RAM is a mapping nothing has touched until a restore maps the
 //! snapshot over it; a 128 MiB one: 3.5 MiB RSS, 2.0 MiB PSS), but each is
@@ -25,6 +31,7 @@
 
 use super::db::TemplateRow;
 use super::{admission, Daemon};
+use shoal_hostnet::Slot;
 use shoal_runtime::backend::StockedVm;
 use shoal_runtime::fresh::random_id;
 use std::collections::HashMap;
@@ -50,6 +57,9 @@ pub struct Entry {
     pub dir: PathBuf,
     /// The VM process.
     pub vm: Box<dyn StockedVm>,
+    /// Its network slot (a networked template's entry); removed with the
+    /// entry unless a create takes it.
+    pub slot: Option<Arc<Slot>>,
 }
 
 /// The stock of one template (by its directory: a template rebuilt under
@@ -57,6 +67,8 @@ pub struct Entry {
 #[derive(Debug)]
 struct Shelf {
     name: String,
+    /// A networked template: entries get slots.
+    net: bool,
     vcpus: u8,
     memory_mib: u32,
     ready: Vec<Entry>,
@@ -105,6 +117,7 @@ impl Stock {
             let mut g = self.lock();
             let shelf = g.entry(t.dir.clone()).or_insert_with(|| Shelf {
                 name: t.name.clone(),
+                net: t.net,
                 vcpus: u8::try_from(t.vcpus).unwrap_or(u8::MAX),
                 memory_mib: t.memory_mib,
                 ready: vec![],
@@ -182,11 +195,17 @@ pub fn discard(entries: Vec<Entry>) {
     }
 }
 
-/// Ends stocked VMMs and removes their directories, now (blocking).
+/// Ends stocked VMMs and removes their directories and slots, now
+/// (blocking).
 pub fn discard_now(entries: Vec<Entry>) {
     for e in entries {
         e.vm.discard();
         let _ = std::fs::remove_dir_all(&e.dir);
+        if let Some(s) = e.slot.and_then(|s| Arc::try_unwrap(s).ok()) {
+            if let Err(err) = s.remove() {
+                tracing::warn!("removing a stocked VMM's network slot: {err}");
+            }
+        }
     }
 }
 
@@ -264,7 +283,7 @@ async fn refill(d: &Arc<Daemon>) {
         }
     }
     discard(gone);
-    let want: Vec<(PathBuf, u8, u32, usize)> = d
+    let want: Vec<(PathBuf, Shape, usize)> = d
         .stock
         .lock()
         .iter()
@@ -274,11 +293,16 @@ async fn refill(d: &Arc<Daemon>) {
                 .target
                 .saturating_sub(s.ready.len() + s.starting)
                 .min(PARALLEL.saturating_sub(s.starting));
-            (k.clone(), s.vcpus, s.memory_mib, n)
+            let shape = Shape {
+                vcpus: s.vcpus,
+                memory_mib: s.memory_mib,
+                net: s.net,
+            };
+            (k.clone(), shape, n)
         })
-        .filter(|w| w.3 > 0)
+        .filter(|w| w.2 > 0)
         .collect();
-    for (tpl, vcpus, memory_mib, n) in want {
+    for (tpl, shape, n) in want {
         for _ in 0..n {
             if !admitted(d) {
                 return;
@@ -289,16 +313,44 @@ async fn refill(d: &Arc<Daemon>) {
             }
             let d = d.clone();
             let tpl = tpl.clone();
-            tokio::spawn(async move { fill_one(&d, tpl, vcpus, memory_mib).await });
+            tokio::spawn(async move { fill_one(&d, tpl, shape).await });
         }
     }
 }
 
-async fn fill_one(d: &Arc<Daemon>, tpl: PathBuf, vcpus: u8, memory_mib: u32) {
+/// What a shelf's VMMs are made as.
+#[derive(Debug, Clone, Copy)]
+struct Shape {
+    vcpus: u8,
+    memory_mib: u32,
+    net: bool,
+}
+
+async fn fill_one(d: &Arc<Daemon>, tpl: PathBuf, shape: Shape) {
     let id = random_id();
     let dir = d.cfg.sandboxes_dir().join(&id);
+    // A networked template's VMM is made on a slot of its own.
+    let net = match shape.net {
+        true => match d.net.stock_slot(d).await {
+            Ok(n) => Some(n),
+            Err(e) => {
+                tracing::warn!(template = %tpl.display(), "VMM stock: {e}");
+                tokio::time::sleep(Duration::from_secs(2)).await;
+                if let Some(s) = d.stock.lock().get_mut(&tpl) {
+                    s.starting = s.starting.saturating_sub(1);
+                }
+                return;
+            }
+        },
+        false => None,
+    };
+    let (slot, attach) = net.unzip();
     let (backend, t, sd) = (d.backend.clone(), tpl.clone(), dir.clone());
-    let res = tokio::task::spawn_blocking(move || backend.stock(&sd, &t, vcpus, memory_mib)).await;
+    let (vcpus, memory_mib) = (shape.vcpus, shape.memory_mib);
+    let res = tokio::task::spawn_blocking(move || {
+        backend.stock(&sd, &t, vcpus, memory_mib, attach.as_ref())
+    })
+    .await;
     let vm = match res {
         Ok(Ok(Some(vm))) => Some(vm),
         Ok(Ok(None)) => None,
@@ -312,22 +364,26 @@ async fn fill_one(d: &Arc<Daemon>, tpl: PathBuf, vcpus: u8, memory_mib: u32) {
         }
     };
     let failed = vm.is_none().then(|| dir.clone());
-    let left = {
+    let (left, unused_slot) = {
         let mut g = d.stock.lock();
         match (g.get_mut(&tpl), vm) {
             (Some(s), Some(vm)) => {
                 s.starting = s.starting.saturating_sub(1);
-                s.ready.push(Entry { id, dir, vm });
-                None
+                s.ready.push(Entry { id, dir, vm, slot });
+                (None, None)
             }
             // Still counted as starting while it backs off (below).
-            (Some(_), None) => None,
+            (Some(_), None) => (None, slot),
             // The template left the stock meanwhile.
-            (None, vm) => vm.map(|vm| Entry { id, dir, vm }),
+            (None, Some(vm)) => (Some(Entry { id, dir, vm, slot }), None),
+            (None, None) => (None, slot),
         }
     };
     if let Some(e) = left {
         discard(vec![e]);
+    }
+    if let Some(s) = unused_slot {
+        crate::net::remove_slot(s).await;
     }
     if let Some(dir) = failed {
         crate::remove_vm_dir(dir).await;

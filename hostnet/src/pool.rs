@@ -110,6 +110,11 @@ impl SlotPool {
         slot
     }
 
+    /// The policy slots are made with now.
+    pub fn prepared(&self) -> EgressPolicy {
+        self.inner.lock().prepare.clone()
+    }
+
     /// Makes the slots made from now on with `policy` (slots already ready
     /// keep theirs).
     pub fn prepare(&self, policy: &EgressPolicy) {

@@ -14,7 +14,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use crate::addr::{AddrError, Ipv4Net, MacAddr, SlotAddrs, LINK_PREFIX};
+use crate::addr::{AddrError, MacAddr, SlotAddrs, LINK_PREFIX};
 use crate::cmd::CmdError;
 use crate::host::{ignore_missing, HostError, HostNet};
 use crate::netns;
@@ -117,9 +117,9 @@ pub struct Slot {
     netns: String,
     link: String,
     policy: Mutex<EgressPolicy>,
-    /// The always-denied ranges the policy was applied with (the host's
-    /// addresses then).
-    blocked: Mutex<Vec<Ipv4Net>>,
+    /// The sets the policy was applied as (with the host's addresses
+    /// then); None until applied.
+    applied: Mutex<Option<PolicySets>>,
     removed: bool,
 }
 
@@ -146,7 +146,7 @@ impl Slot {
             netns: net.netns_name(index),
             link: net.link_name(index),
             policy: Mutex::new(policy),
-            blocked: Mutex::new(Vec::new()),
+            applied: Mutex::new(None),
             removed: false,
         };
         // On an error the slot drops here, which removes what was made.
@@ -174,7 +174,7 @@ impl Slot {
             netns,
             link,
             policy: Mutex::new(EgressPolicy::default()),
-            blocked: Mutex::new(Vec::new()),
+            applied: Mutex::new(None),
             removed: false,
         };
         match slot.set_policy(policy) {
@@ -264,11 +264,10 @@ impl Slot {
                 source,
             },
         )?;
-        let blocked = self.net.blocked()?;
-        let sets = PolicySets::new(&self.policy(), &blocked)?;
+        let sets = PolicySets::new(&self.policy(), &self.net.blocked()?)?;
         let script = nft::render_slot(a, self.net.config().forwarder, &sets)?;
         self.net.nft_in(ns, &script).map_err(self.cmd_err())?;
-        *self.lock_blocked() = blocked;
+        *self.lock_applied() = Some(sets);
         Ok(())
     }
 
@@ -348,8 +347,7 @@ impl Slot {
     /// forwarder's addresses are kept if the domains did not change.
     pub fn set_policy(&self, new: EgressPolicy) -> Result<(), SlotError> {
         let mut cur = self.lock_policy();
-        let blocked = self.net.blocked()?;
-        let sets = PolicySets::new(&new, &blocked)?;
+        let sets = PolicySets::new(&new, &self.net.blocked()?)?;
         if new.allow_dns() && self.net.config().forwarder.is_none() {
             return Err(NftError::NoForwarder.into());
         }
@@ -358,24 +356,26 @@ impl Slot {
             .nft_in(&self.netns, &script)
             .map_err(self.cmd_err())?;
         *cur = new;
-        *self.lock_blocked() = blocked;
+        *self.lock_applied() = Some(sets);
         Ok(())
     }
 
     /// Whether `policy` is in force as [`Slot::set_policy`] would apply it
-    /// now: the same policy, applied while the host had the addresses it
-    /// has now (they are always denied). A slot made ahead with the
-    /// policy a create asks for then needs no nft run.
+    /// now: the same policy, applied as the same sets as the host's
+    /// addresses now give (they are always denied; those inside the pool,
+    /// as other slots' links are, change nothing). A slot made ahead with
+    /// the policy a create asks for then needs no nft run.
     pub fn has_policy(&self, policy: &EgressPolicy) -> Result<bool, SlotError> {
         let cur = self.lock_policy();
         if *cur != *policy {
             return Ok(false);
         }
-        Ok(*self.lock_blocked() == self.net.blocked()?)
+        let now = PolicySets::new(policy, &self.net.blocked()?)?;
+        Ok(self.lock_applied().as_ref() == Some(&now))
     }
 
-    fn lock_blocked(&self) -> MutexGuard<'_, Vec<Ipv4Net>> {
-        self.blocked.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock_applied(&self) -> MutexGuard<'_, Option<PolicySets>> {
+        self.applied.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Lets the guest reach `ip` (TCP, UDP, ICMP; any port) for `ttl`: the

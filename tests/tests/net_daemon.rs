@@ -339,6 +339,14 @@ fn networked_sandboxes_get_their_own_slot_policy_and_cleanup() {
     for s in &clones {
         d.kill(&s.id);
     }
+    // Networked creates are served by VMMs stocked on slots of their own
+    // (the stock keeps one: at least some of 20 in a row found it).
+    let log = d.log();
+    let stocked = log.matches("into a stocked VMM onto network slot").count();
+    assert!(
+        stocked > 0,
+        "no networked create used the VMM stock:\n{log}"
+    );
 
     // A kill removes the slot.
     let before = ours();

@@ -302,9 +302,17 @@ impl SandboxBackend for Fake {
         template: &Path,
         _vcpus: u8,
         _memory_mib: u32,
+        net: Option<&NetAttach>,
     ) -> Result<Option<Box<dyn StockedVm>>, BackendError> {
         if !template.join(TEMPLATE_MARKER).is_file() {
             return Err(BackendError::NoSource(template.into()));
+        }
+        // As for a restore: no device, but the slot's netns must exist.
+        if let Some(n) = net {
+            std::fs::metadata(&n.netns).map_err(|source| BackendError::Io {
+                path: n.netns.clone(),
+                source,
+            })?;
         }
         Ok(Some(Box::new(FakeStocked {
             sb: self.start(dir)?,

@@ -365,8 +365,9 @@ impl SandboxBackend for MicroVm {
         template: &Path,
         vcpus: u8,
         memory_mib: u32,
+        net: Option<&NetAttach>,
     ) -> Result<Option<Box<dyn super::StockedVm>>, BackendError> {
-        stock::stock(self, dir, template, vcpus, memory_mib).map(Some)
+        stock::stock(self, dir, template, (vcpus, memory_mib), net).map(Some)
     }
 
     fn reattach(&self, dir: &Path, state: &BackendState) -> Result<Reattached, BackendError> {

@@ -18,7 +18,7 @@
 //! for both.
 
 use super::{guest_bytes, log_tail, stop, wait_ready, MicroVm, MicroVmSandbox, READY_TIMEOUT};
-use crate::backend::{BackendError, Proc, SandboxVm, StockedVm};
+use crate::backend::{BackendError, NetAttach, Proc, SandboxVm, StockedVm};
 use crate::jail;
 use crate::vm::{self, Paths};
 use crate::vmm_process::{Io, Serial, VmmProcess, VmmProcessError};
@@ -52,13 +52,15 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> BackendError + '_ {
 }
 
 /// Starts the VMM of a sandbox in `dir` that `template` will be restored
-/// into, and waits until its control socket serves.
+/// into, and waits until its control socket serves. With `net`, its net
+/// device will be on that TAP and its jail joins that netns (a networked
+/// template's stock: each entry has a slot of its own).
 pub(super) fn stock(
     b: &MicroVm,
     dir: &Path,
     template: &Path,
-    vcpus: u8,
-    memory_mib: u32,
+    (vcpus, memory_mib): (u8, u32),
+    net: Option<&NetAttach>,
 ) -> Result<Box<dyn StockedVm>, BackendError> {
     if !template.join("state").is_file() {
         return Err(BackendError::NoSource(template.into()));
@@ -71,13 +73,20 @@ pub(super) fn stock(
     let mut p = VmmProcess::prewarm_once(&b.vmm)
         .memory_mib(memory_mib)
         .vcpus(vcpus);
+    if let Some(n) = net {
+        p = p.net_tap(n.tap.clone(), n.mac, n.limits);
+    }
     let mut uid = None;
     let mut cgroups = vec![];
     if let Some(j) = &b.jail {
         let _ = std::fs::remove_file(dir.join(jail::PID_FILE));
-        let j = j
+        let mut j = j
             .jail_for(dir, &files, guest_bytes(template, &files))
             .map_err(|e| BackendError::Jail(e.to_string()))?;
+        if let Some(n) = net {
+            let ns = std::fs::File::open(&n.netns).map_err(io(&n.netns))?;
+            j.netns = Some(Arc::new(ns));
+        }
         uid = Some(j.spec.uid);
         cgroups = j.cgroup_dirs();
         p = p.jail(j);

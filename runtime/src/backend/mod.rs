@@ -357,13 +357,17 @@ pub trait SandboxBackend: Send + Sync {
     /// Starts, ahead of its sandbox, the VM process of a sandbox in `dir`
     /// that will be restored from `template` (of `vcpus` and `memory_mib`),
     /// and waits until it is ready for that; `Ok(None)` where this kind
-    /// makes nothing ahead.
+    /// makes nothing ahead. With `net` (a networked template's stock, made
+    /// with a network slot of its own), the VM's net device will be on
+    /// that TAP and the VM is in that network namespace, as
+    /// [`SandboxBackend::restore`] with `net` would make it.
     fn stock(
         &self,
         _dir: &Path,
         _template: &Path,
         _vcpus: u8,
         _memory_mib: u32,
+        _net: Option<&NetAttach>,
     ) -> Result<Option<Box<dyn StockedVm>>, BackendError> {
         Ok(None)
     }
