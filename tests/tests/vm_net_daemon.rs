@@ -4,7 +4,8 @@
 //! a create from it with `network` restores onto a slot of its own (QEMU
 //! on the slot's TAP), the agent gives the guest the slot's MAC and
 //! address; busybox `wget` fetches from the test host's allowed port and
-//! is refused on a port the policy does not allow; a second sandbox gets
+//! is refused on a port the policy does not allow, also after a pause to
+//! disk and resume (a new QEMU on the same slot); a second sandbox gets
 //! another address and MAC; a kill removes the slot. A test host in a
 //! netns of the test's stands in for the internet.
 
@@ -16,6 +17,11 @@ use shoal_client::api::{CreateSandbox, CreateTemplate, NetworkSpec, Sandbox, Tem
 use shoal_test_support::{ip, PeerNs};
 use std::io::{BufRead, BufReader, Write};
 use std::net::{Ipv4Addr, TcpListener};
+use std::time::Instant;
+
+fn qemus(d: &Daemon) -> usize {
+    shoal_runtime::vm::processes_under(&d.dir, "qemu-system-x86_64").len()
+}
 
 fn netns_list() -> Vec<String> {
     ip(&["netns", "list"])
@@ -164,10 +170,19 @@ fn a_networked_vm_sandbox_gets_its_slot_and_policy() {
     let (status, _, m) = d.err("POST", "/v1/sandboxes", r#"{"template":"vmnet"}"#);
     assert_eq!((status, m.contains("network")), (400, true), "{m}");
 
+    let t0 = Instant::now();
     let a = create(&d, std::slice::from_ref(&open));
+    let created = t0.elapsed();
     assert_eq!(a.kind, "vm");
     let a_addr = a.guest_addr.expect("a networked sandbox has an address");
+    let t0 = Instant::now();
     let (body, rc) = wget(&d, &a.id, &format!("http://{open}/"), 30);
+    // The first exec connects the agent, which configures the link.
+    eprintln!(
+        "create {} ms; first fetch (agent connect, NetConfigure, ARP, TCP) {} ms",
+        created.as_millis(),
+        t0.elapsed().as_millis()
+    );
     if body != "allowed-port" {
         panic!(
             "a fetched {body:?} (rc {rc})\n{}\n{}",
@@ -185,6 +200,24 @@ fn a_networked_vm_sandbox_gets_its_slot_and_policy() {
     );
     assert!(r.stdout.contains(&a_addr.to_string()), "{r:?}");
     let a_mac = r.stdout.lines().last().unwrap_or_default().to_string();
+    let t0 = Instant::now();
+    let (body, _) = wget(&d, &a.id, &format!("http://{open}/"), 30);
+    assert_eq!(body, "allowed-port");
+    eprintln!("a second fetch {} ms", t0.elapsed().as_millis());
+
+    // Paused to disk (its QEMU ends, the slot stays) and resumed: a new
+    // QEMU on the same slot's TAP, the guest's link as it was.
+    d.must("pause", d.c.pause(&a.id));
+    wait_for("the paused sandbox's QEMU to end", 30, || qemus(&d) == 0);
+    assert!(
+        slot_of(&prefix, a_addr).is_some(),
+        "a paused sandbox keeps its slot"
+    );
+    d.must("resume", d.c.resume(&a.id));
+    let (body, _) = wget(&d, &a.id, &format!("http://{open}/"), 30);
+    assert_eq!(body, "allowed-port", "{}", evidence(&d, &prefix, &a.id));
+    let (body, _) = wget(&d, &a.id, &format!("http://{other}/"), 4);
+    assert_eq!(body, "", "the policy holds after the resume");
 
     // A second sandbox: another slot, address and MAC; its own policy.
     let b = create(&d, std::slice::from_ref(&other));
@@ -214,8 +247,6 @@ fn a_networked_vm_sandbox_gets_its_slot_and_policy() {
     d.kill(&b.id);
     wait_for("b's slot to go", 20, || !ours().contains(&b_slot));
     assert_eq!(ours().len(), before.len() - 2, "{before:?} {:?}", ours());
-    wait_for("every QEMU to end", 30, || {
-        shoal_runtime::vm::processes_under(&d.dir, "qemu-system-x86_64").is_empty()
-    });
+    wait_for("every QEMU to end", 30, || qemus(&d) == 0);
     d.assert_no_sandbox_dirs();
 }
