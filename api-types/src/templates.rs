@@ -90,8 +90,8 @@ pub struct CreateTemplate {
     pub network: bool,
     /// The kind of its sandboxes: `microvm` (default) or `vm` (a QEMU q35
     /// guest with a display: `/screen`, `/input`; the tiny image only, no
-    /// layers, upper layer choice or network; the daemon runs it where the
-    /// host has QEMU).
+    /// layers or upper layer choice; a `network` needs the agent; the
+    /// daemon runs it where the host has QEMU).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(example = "microvm")]
     pub kind: Option<String>,

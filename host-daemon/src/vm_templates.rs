@@ -1,8 +1,10 @@
 //! Templates of a kind other than the daemon's default (the `vm` kind:
 //! QEMU q35 guests): `POST /v1/templates` with `"kind"`. They go through
 //! the same registration, build, admission and sandbox paths as the
-//! default kind's; what that kind does not have (layers, a choice of
-//! upper layer, a network, warm pools, VMM stock) is refused.
+//! default kind's, a network included (a networked template boots on a
+//! slot lent for the boot, each sandbox restores onto its own); what that
+//! kind does not have (layers, a choice of upper layer, warm pools, VMM
+//! stock) is refused.
 
 use crate::db::{self, TemplateRow};
 use crate::{templates, ApiError, ApiResult, Daemon};
@@ -64,8 +66,13 @@ pub fn create(
     if req.upper_size_mib.is_some() || req.upper_disk_mib.is_some() {
         return refuse("upper layer size or scratch disk");
     }
-    if req.network {
-        return refuse("network");
+    // A network is configured by the agent after each restore (issue 18):
+    // a guest without it cannot have one.
+    if req.network && req.agent == Some(false) {
+        return Err(ApiError::BadRequest(format!(
+            "a {kind} template without the agent takes no network (the agent configures \
+             the guest's link)"
+        )));
     }
     let (vcpus, mem) = (
         req.vcpus.unwrap_or(1),
@@ -102,7 +109,7 @@ pub fn create(
         owner: Some(owner),
         image: None,
         root: RootRequest::default(),
-        net: false,
+        net: req.network,
         disk: disk.as_ref().map(|c| c.view.clone()),
     };
     // The backend boots its configured image or the template's disk: no

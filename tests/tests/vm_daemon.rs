@@ -64,9 +64,9 @@ fn a_vm_sandbox_through_the_daemon() {
     let (status, _, m) = d.err(
         "POST",
         "/v1/templates",
-        r#"{"name":"net","image":"tiny","kind":"vm","network":true}"#,
+        r#"{"name":"upper","image":"tiny","kind":"vm","upper_size_mib":64}"#,
     );
-    assert_eq!((status, m.contains("network")), (400, true), "{m}");
+    assert_eq!((status, m.contains("upper layer")), (400, true), "{m}");
     let (status, _, m) = d.err("PUT", "/v1/pools/desk", r#"{"target":1}"#);
     assert_eq!((status, m.contains("warm pools")), (400, true), "{m}");
 

@@ -23,6 +23,7 @@ fn spec(base: &Path) -> VmSpec {
         firmware: Firmware::Bios,
         ready_marker: None,
         serial_console: false,
+        net: false,
     }
 }
 

@@ -40,6 +40,7 @@ fn spec() -> VmSpec {
         firmware: Firmware::Bios,
         ready_marker: Some("SHOAL-INIT-READY".into()),
         serial_console: false,
+        net: false,
     }
 }
 

@@ -25,6 +25,7 @@ pub mod qemu_console_agent;
 pub mod qemu_disk;
 pub mod qemu_input;
 pub mod qemu_launch;
+pub mod qemu_net;
 pub mod qemu_probe;
 
 pub use qemu_input::InputEvent;

@@ -4,7 +4,8 @@
 //! pause-to-disk, snapshots and templates are a migration stream written
 //! to a file (`exec:cat > FILE`, as QEMU 7.2 has no `file:` URI) next to a
 //! copy of the overlay, and a restore is a new QEMU with
-//! `-incoming "exec:cat FILE"`.
+//! `-incoming "exec:cat FILE"`. A networked template and its sandboxes
+//! have a virtio-net device on their network slot's TAP (`qemu_net.rs`).
 //!
 //! Confinement: each QEMU runs in its own session, in its own directory
 //! (`<sandbox>/qemu`: overlay, QMP socket, logs, saved state), in its own
@@ -18,6 +19,7 @@ use super::qemu_launch::{
     self as launch, Firmware, QemuTools, VmSpec, CONSOLE_LOG, DISK_FILE, QEMU_DIR, SPEC_FILE,
     VMSTATE_FILE,
 };
+use super::qemu_net::Nic;
 use super::{
     BackendError, BackendState, Kind, NetAttach, Proc, Reattached, SandboxBackend, SandboxVm,
     Source, Transport, VmStats,
@@ -47,8 +49,10 @@ const MIGRATE_TIMEOUT: Duration = Duration::from_secs(120);
 const MAX_SCREEN: u64 = 64 << 20;
 
 /// The kernel command line of a `vm` guest booting our kernel from an
-/// erofs base image on its first virtio disk, with Shoal's agent as PID 1:
-/// the microVM base line without `pci=off` (q35 has a PCI bus), then the
+/// erofs base image on its first virtio disk, with Shoal's agent as PID 1
+/// in a writable overlay of it (`shoal.overlay=1`: a tmpfs upper layer, as
+/// a microVM's; the agent writes `/etc/resolv.conf` for a network): the
+/// microVM base line without `pci=off` (q35 has a PCI bus), then the
 /// host's CPU words (`pvm`: on PVM hosts `shoal.pvm clearcpuid=...`,
 /// which QEMU does not add; `vmm::vm::profile_kernel_args`).
 pub fn vm_cmdline(base: &str, pvm: &str) -> String {
@@ -57,7 +61,7 @@ pub fn vm_cmdline(base: &str, pvm: &str) -> String {
         .filter(|w| *w != "pci=off")
         .collect();
     format!(
-        "{} root=/dev/vda rootfstype=erofs ro init=/sbin/shoal-agent {pvm} --",
+        "{} root=/dev/vda rootfstype=erofs ro shoal.overlay=1 init=/sbin/shoal-agent {pvm} --",
         base.join(" ")
     )
     .replace("  ", " ")
@@ -107,6 +111,17 @@ impl Qemu {
     /// Boots `spec` cold in the sandbox directory `dir` and waits until it
     /// is up (its ready marker, else running).
     pub fn boot(&self, dir: &Path, spec: &VmSpec) -> Result<Arc<QemuVm>, BackendError> {
+        self.boot_with(dir, spec, None)
+    }
+
+    /// [`Qemu::boot`] with a net device on `nic` (given exactly when
+    /// `spec.net`).
+    pub fn boot_with(
+        &self,
+        dir: &Path,
+        spec: &VmSpec,
+        nic: Option<&Nic>,
+    ) -> Result<Arc<QemuVm>, BackendError> {
         spec.check()?;
         let qdir = prepare(dir)?;
         launch::create_overlay(&self.tools, spec, &qdir.join(DISK_FILE))?;
@@ -114,7 +129,7 @@ impl Qemu {
             copy(vars, &qdir.join("OVMF_VARS.fd"))?;
         }
         write_spec(&qdir, spec)?;
-        let cmd = launch::command(&self.tools, spec, &qdir, None)?;
+        let cmd = launch::command(&self.tools, spec, &qdir, None, nic)?;
         let vm = self.start(dir, &qdir, spec, cmd)?;
         if spec.serial_console {
             if let Err(e) = vm.wait_shell(self.boot_timeout) {
@@ -160,8 +175,13 @@ impl Qemu {
     }
 
     /// Restores a saved VM (`from`: a template, snapshot or own pause) into
-    /// `dir` and continues it.
-    fn restore_vm(&self, dir: &Path, from: &Source) -> Result<Arc<QemuVm>, BackendError> {
+    /// `dir` and continues it; one with a net device onto `net`'s TAP.
+    fn restore_vm(
+        &self,
+        dir: &Path,
+        from: &Source,
+        net: Option<&NetAttach>,
+    ) -> Result<Arc<QemuVm>, BackendError> {
         let (spec, qdir, stream) = match from {
             Source::Template(t) | Source::Snapshot(t) => {
                 let spec = read_spec(t)?;
@@ -184,7 +204,8 @@ impl Qemu {
         if !stream.is_file() {
             return Err(BackendError::NoSource(stream));
         }
-        let cmd = launch::command(&self.tools, &spec, &qdir, Some(&stream))?;
+        let nic = super::qemu_net::check_restore(spec.net, net)?;
+        let cmd = launch::command(&self.tools, &spec, &qdir, Some(&stream), nic.as_ref())?;
         let vm = self.start(dir, &qdir, &spec, cmd)?;
         let r = vm.with_qmp(|q| {
             launch::wait_migration(q, MIGRATE_TIMEOUT)?;
@@ -274,9 +295,18 @@ impl SandboxBackend for Qemu {
         layers: &[Layer],
         dir: &Path,
     ) -> Result<(), BackendError> {
-        if !layers.is_empty() || spec.net.is_some() || !spec.layers.is_empty() {
+        if !layers.is_empty() || !spec.layers.is_empty() {
+            return Err(BackendError::Reply("the vm kind takes no layers".into()));
+        }
+        // A networked template boots on the TAP lent for it; the guest
+        // leaves its link down until a restore's NetConfigure.
+        let nic = spec.net.as_ref().map(|n| Nic {
+            tap: n.tap.clone(),
+            mac: n.mac,
+        });
+        if nic.is_some() && spec.serial_console {
             return Err(BackendError::Reply(
-                "the vm kind takes no layers or network yet".into(),
+                "a vm without the agent takes no network (the agent configures the link)".into(),
             ));
         }
         let image = super::qemu_disk::image_for(self.image.as_ref(), spec.vm_disk.as_ref())?;
@@ -294,13 +324,16 @@ impl SandboxBackend for Qemu {
             firmware: image.firmware,
             ready_marker: image.ready_marker.filter(|_| !console),
             serial_console: console,
+            net: nic.is_some(),
         };
         let boot_dir = dir.with_extension("boot");
-        let r = self.boot(&boot_dir, &vm_spec).and_then(|vm| {
-            let r = vm.snapshot(dir);
-            vm.destroy(Duration::from_secs(5));
-            r
-        });
+        let r = self
+            .boot_with(&boot_dir, &vm_spec, nic.as_ref())
+            .and_then(|vm| {
+                let r = vm.snapshot(dir);
+                vm.destroy(Duration::from_secs(5));
+                r
+            });
         let _ = std::fs::remove_dir_all(&boot_dir);
         if r.is_err() {
             let _ = std::fs::remove_dir_all(dir);
@@ -314,10 +347,7 @@ impl SandboxBackend for Qemu {
         from: &Source,
         net: Option<&NetAttach>,
     ) -> Result<Arc<dyn SandboxVm>, BackendError> {
-        if net.is_some() {
-            return Err(BackendError::Reply("the vm kind has no network yet".into()));
-        }
-        Ok(self.restore_vm(dir, from)?)
+        Ok(self.restore_vm(dir, from, net)?)
     }
 
     fn reattach(&self, _dir: &Path, state: &BackendState) -> Result<Reattached, BackendError> {
@@ -659,7 +689,7 @@ mod tests {
         let c = super::vm_cmdline("console=ttyS0 pci=off loglevel=6", "shoal.pvm");
         assert_eq!(
             c,
-            "console=ttyS0 loglevel=6 root=/dev/vda rootfstype=erofs ro \
+            "console=ttyS0 loglevel=6 root=/dev/vda rootfstype=erofs ro shoal.overlay=1 \
              init=/sbin/shoal-agent shoal.pvm --"
         );
     }

@@ -205,7 +205,8 @@ fn run_deadline(cmd: &mut Command, deadline: Duration) -> std::io::Result<(bool,
 
 /// The kernel command line for a disk booted with Shoal's kernel: the
 /// backend's line for the tiny image (`append`, [`super::qemu::vm_cmdline`])
-/// with its root, root type, `ro` and `init` replaced by the disk's.
+/// with its root, root type, `ro` and `init` replaced by the disk's (a
+/// writable disk root: no overlay over it).
 pub fn disk_cmdline(append: &str, root: &str, init: &str) -> String {
     let keep: Vec<&str> = append
         .split_whitespace()
@@ -214,7 +215,7 @@ pub fn disk_cmdline(append: &str, root: &str, init: &str) -> String {
             !(w.starts_with("root=")
                 || w.starts_with("rootfstype=")
                 || w.starts_with("init=")
-                || matches!(*w, "ro" | "rw"))
+                || matches!(*w, "ro" | "rw" | "shoal.overlay=1"))
         })
         .collect();
     format!("{} root={root} rw init={init} --", keep.join(" "))

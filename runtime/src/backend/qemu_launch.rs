@@ -86,6 +86,10 @@ pub struct VmSpec {
     /// which exec and files go through (`qemu_console.rs`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub serial_console: bool,
+    /// It has a virtio-net device (a networked template and its
+    /// sandboxes, each restored onto its own slot's TAP: `qemu_net.rs`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub net: bool,
 }
 
 impl VmSpec {
@@ -209,13 +213,22 @@ pub fn sh_quote(p: &Path) -> Result<String, BackendError> {
 
 /// The QEMU command line for `spec` in `qdir` (overlay, sockets and logs
 /// there); `incoming`: restore from that migration stream (the VM stays
-/// paused until `cont`).
+/// paused until `cont`); `nic`: its net device's TAP and MAC (given
+/// exactly when `spec.net`).
 pub fn command(
     tools: &QemuTools,
     spec: &VmSpec,
     qdir: &Path,
     incoming: Option<&Path>,
+    nic: Option<&super::qemu_net::Nic>,
 ) -> Result<Command, BackendError> {
+    if spec.net != nic.is_some() {
+        return Err(BackendError::Reply(format!(
+            "a vm {} a network device, and its QEMU was given {}",
+            if spec.net { "has" } else { "has no" },
+            if nic.is_some() { "one" } else { "none" }
+        )));
+    }
     let mut c = Command::new(&tools.qemu);
     c.args(["-M", "q35", "-accel", "kvm"])
         // PVM hosts refuse the arch-capabilities MSR (plain `host` aborts).
@@ -278,6 +291,11 @@ pub fn command(
             "if=pflash,format=raw,unit=1,file={}",
             qdir.join("OVMF_VARS.fd").display()
         ));
+    }
+    // After every other device: the same PCI addresses at the boot and
+    // at each restore.
+    if let Some(n) = nic {
+        n.add_to(&mut c);
     }
     if let Some(k) = &spec.kernel {
         c.arg("-kernel").arg(k).arg("-append").arg(&spec.append);
@@ -598,6 +616,7 @@ mod tests {
             firmware: Firmware::Bios,
             ready_marker: None,
             serial_console: false,
+            net: false,
         };
         spec.check().unwrap();
         let e = VmSpec {

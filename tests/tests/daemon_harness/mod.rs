@@ -218,7 +218,9 @@ impl Drop for Daemon {
         if let Some(mut c) = self.child.take() {
             let _ = c.wait();
         }
-        for p in vm::vmms_under(&self.dir) {
+        // And the `vm` kind's QEMUs (a failed vm test left them running).
+        let qemus = vm::processes_under(&self.dir, "qemu-system-x86_64");
+        for p in vm::vmms_under(&self.dir).into_iter().chain(qemus) {
             p.kill();
             p.wait_gone(Duration::from_secs(2));
         }
