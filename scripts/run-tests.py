@@ -46,7 +46,7 @@ TIMES = "target/test-times.json"
 # each other. (package folder, target name)
 NETWORK = {
     ("tests", "net_daemon"), ("tests", "net_guest"), ("tests", "net_pool"), ("tests", "net_flood"),
-    ("tests", "jail"),
+    ("tests", "jail"), ("tests", "vm_net_daemon"),
     ("hostnet", "slots"), ("hostnet", "slot_prepare"), ("hostnet", "dns"), ("devices", "net"), ("guest-agent", "net"),
     ("guest-agent", "tcp_forward"), ("jailer", "jail"),
 }
