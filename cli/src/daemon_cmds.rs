@@ -668,10 +668,11 @@ pub fn template(g: &Global, op: &crate::TemplateCmd) -> Result<i32> {
             no_agent,
             net,
             root,
+            disk,
         } => {
             let vm = kind.as_deref() == Some("vm");
             let image = image.as_deref().unwrap_or(if vm { "tiny" } else { "base" });
-            let req = api::CreateTemplate {
+            let mut req = api::CreateTemplate {
                 kind: kind.clone(),
                 agent: no_agent.then_some(false),
                 vcpus: Some(*cpus),
@@ -680,6 +681,7 @@ pub fn template(g: &Global, op: &crate::TemplateCmd) -> Result<i32> {
                 ..api::CreateTemplate::new(name, image)
             }
             .with_root(root.request()?);
+            disk.apply(&mut req)?;
             let v = ensure_template(g, &c, &req, true)?;
             print(g, &v, |v| v.name.clone())
         }

@@ -45,6 +45,7 @@ mod net_arg;
 mod oci_image_cmd;
 mod progress;
 mod sandbox_cmds;
+mod vm_disk_arg;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
@@ -340,6 +341,8 @@ pub enum TemplateCmd {
         net: bool,
         #[command(flatten)]
         root: RootArgs,
+        #[command(flatten)]
+        disk: Box<vm_disk_arg::VmDiskArgs>,
     },
     /// List templates.
     Ls,
