@@ -151,7 +151,11 @@ fn networked_sandboxes_get_their_own_slot_policy_and_cleanup() {
     ]));
     peer.serve_dns(zone);
     let upstream = format!("{}:53", peer.addr);
+    // A VMM stock of one per template: networked creates are served by
+    // VMMs stocked on slots of their own (asserted below).
     let mut d = Daemon::start(&[
+        "--vmm-stock",
+        "1",
         "--net-dns-upstream",
         &upstream,
         "--net-pool",
