@@ -249,4 +249,14 @@ fn a_networked_vm_sandbox_gets_its_slot_and_policy() {
     assert_eq!(ours().len(), before.len() - 2, "{before:?} {:?}", ours());
     wait_for("every QEMU to end", 30, || qemus(&d) == 0);
     d.assert_no_sandbox_dirs();
+    // The daemon's stop removes the rest: pooled slots and the DNS
+    // forwarder's link.
+    drop(d);
+    assert_eq!(
+        ours(),
+        Vec::<String>::new(),
+        "slots left after the daemon stopped"
+    );
+    let links = ip(&["-j", "link", "show"]);
+    assert!(!links.contains(&link_prefix), "links left: {links}");
 }
