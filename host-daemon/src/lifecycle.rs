@@ -142,23 +142,16 @@ pub async fn create(d: &Arc<Daemon>, mut req: CreateSandbox) -> ApiResult<Sandbo
         // into a VMM stocked with that slot if there is one.
         let (slot, has_policy, stocked) = networked_slot(d, &tpl, &policy).await?;
         if let Some(e) = &stocked {
-            row.id.clone_from(&e.0);
-            row.dir.clone_from(&e.1);
+            row.id.clone_from(&e.id);
+            row.dir.clone_from(&e.dir);
         }
-        let stocked = stocked.map(|e| e.2);
         row.net = Some(db::SandboxNet {
             slot: slot.index(),
             guest_addr: slot.guest_ip(),
             policy: spec,
         });
         if let Err(e) = admit_and_insert(d, &row, true) {
-            if let Some(vm) = stocked {
-                let dir = row.dir.clone();
-                tokio::task::spawn_blocking(move || {
-                    vm.discard();
-                    let _ = std::fs::remove_dir_all(dir);
-                });
-            }
+            super::stock::discard(stocked.into_iter().collect());
             super::net::remove_slot(slot).await;
             return Err(e);
         }
@@ -172,7 +165,8 @@ pub async fn create(d: &Arc<Daemon>, mut req: CreateSandbox) -> ApiResult<Sandbo
                 false => d.net.set_policy(&id, policy).await,
             }
         };
-        let (applied, made) = tokio::join!(apply, restore_new(d, row, &tpl, stocked, t0));
+        let (applied, made) =
+            tokio::join!(apply, restore_new(d, row, &tpl, stocked.map(|e| e.vm), t0));
         return match (applied, made) {
             (Ok(()), made) => made,
             (Err(e), Ok(v)) => {
@@ -234,37 +228,27 @@ pub async fn create(d: &Arc<Daemon>, mut req: CreateSandbox) -> ApiResult<Sandbo
     restore_new(d, row, &tpl, stocked.map(|e| e.vm), t0).await
 }
 
-/// A stocked VMM's id, directory and process.
-type StockedFor = (
-    String,
-    std::path::PathBuf,
-    Box<dyn shoal_runtime::backend::StockedVm>,
-);
-
 /// The slot of a networked create of `tpl` with `policy`: a stocked VMM's
 /// (made on a slot of its own) if one is ready, else one from the pool;
-/// whether it has `policy` already; and the stocked VMM.
+/// whether it has `policy` already; and the stocked VMM's entry (its slot
+/// taken out).
 async fn networked_slot(
     d: &Arc<Daemon>,
     tpl: &TemplateRow,
     policy: &shoal_hostnet::EgressPolicy,
-) -> ApiResult<(Arc<shoal_hostnet::Slot>, bool, Option<StockedFor>)> {
+) -> ApiResult<(Arc<shoal_hostnet::Slot>, bool, Option<super::stock::Entry>)> {
     d.net.check(policy)?;
     let stocked = (tpl.kind == d.backend.kind())
         .then(|| d.stock.take(tpl))
         .flatten();
     match stocked {
-        Some(super::stock::Entry {
-            id,
-            dir,
-            vm,
-            slot: Some(slot),
-        }) => {
+        Some(mut e) if e.slot.is_some() => {
+            let slot = e.slot.take().expect("checked just above");
             // The pool's next slots (for the stock's refill) get it too.
             d.net.prepare(policy);
             // (getifaddrs: no process run.)
             let ready = slot.has_policy(policy).unwrap_or(false);
-            Ok((slot, ready, Some((id, dir, vm))))
+            Ok((slot, ready, Some(e)))
         }
         other => {
             super::stock::discard(other.into_iter().collect());

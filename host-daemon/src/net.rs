@@ -259,15 +259,7 @@ impl Networks {
                 .pool
                 .take_wait_for(&a.pool.prepared(), SLOT_WAIT)
                 .ok_or_else(|| unavailable("no slot is ready for the VMM stock"))?;
-            let tap = slot
-                .open_tap_fd()
-                .map_err(|e| ApiError::Internal(format!("opening the slot's TAP: {e}")))?;
-            let attach = NetAttach {
-                netns: slot.netns_path(),
-                tap: Arc::new(std::fs::File::from(tap)),
-                mac: slot.guest_mac().0,
-                limits,
-            };
+            let attach = attach_to(&slot, limits)?;
             Ok((Arc::new(slot), attach))
         })
         .await
@@ -313,15 +305,7 @@ impl Networks {
         let s = self
             .slot(id)
             .ok_or_else(|| unavailable(format!("sandbox '{id}' has no slot on this daemon")))?;
-        let tap = s
-            .open_tap_fd()
-            .map_err(|e| ApiError::Internal(format!("opening the slot's TAP: {e}")))?;
-        Ok(NetAttach {
-            netns: s.netns_path(),
-            tap: Arc::new(std::fs::File::from(tap)),
-            mac: s.guest_mac().0,
-            limits: self.opts.limits,
-        })
+        attach_to(&s, self.opts.limits)
     }
 
     /// Applies `spec` to the slot of the running sandbox `id` at once.
@@ -491,6 +475,20 @@ pub async fn render_metrics(d: &Daemon) -> String {
         }
     }
     s
+}
+
+/// What a VMM needs to run on `slot`: its TAP, opened inside the slot
+/// (blocking: enters the slot's netns), its netns and MAC, and `limits`.
+fn attach_to(slot: &Slot, limits: NetLimits) -> ApiResult<NetAttach> {
+    let tap = slot
+        .open_tap_fd()
+        .map_err(|e| ApiError::Internal(format!("opening the slot's TAP: {e}")))?;
+    Ok(NetAttach {
+        netns: slot.netns_path(),
+        tap: Arc::new(std::fs::File::from(tap)),
+        mac: slot.guest_mac().0,
+        limits,
+    })
 }
 
 /// Removes a slot (on a blocking thread).

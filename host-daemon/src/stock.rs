@@ -35,7 +35,7 @@ use shoal_hostnet::Slot;
 use shoal_runtime::backend::StockedVm;
 use shoal_runtime::fresh::random_id;
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -326,34 +326,33 @@ struct Shape {
     net: bool,
 }
 
-async fn fill_one(d: &Arc<Daemon>, tpl: PathBuf, shape: Shape) {
-    let id = random_id();
-    let dir = d.cfg.sandboxes_dir().join(&id);
-    // A networked template's VMM is made on a slot of its own.
+/// Starts one VMM of `tpl` for the sandbox directory `dir` (a networked
+/// template's on a slot of its own, returned with it); None, logged, if
+/// it could not.
+async fn start_one(
+    d: &Arc<Daemon>,
+    tpl: &Path,
+    shape: Shape,
+    dir: &Path,
+) -> (Option<Box<dyn StockedVm>>, Option<Arc<Slot>>) {
     let net = match shape.net {
         true => match d.net.stock_slot(d).await {
             Ok(n) => Some(n),
             Err(e) => {
                 tracing::warn!(template = %tpl.display(), "VMM stock: {e}");
-                tokio::time::sleep(Duration::from_secs(2)).await;
-                if let Some(s) = d.stock.lock().get_mut(&tpl) {
-                    s.starting = s.starting.saturating_sub(1);
-                }
-                return;
+                return (None, None);
             }
         },
         false => None,
     };
     let (slot, attach) = net.unzip();
-    let (backend, t, sd) = (d.backend.clone(), tpl.clone(), dir.clone());
-    let (vcpus, memory_mib) = (shape.vcpus, shape.memory_mib);
+    let (backend, t, sd) = (d.backend.clone(), tpl.to_path_buf(), dir.to_path_buf());
     let res = tokio::task::spawn_blocking(move || {
-        backend.stock(&sd, &t, vcpus, memory_mib, attach.as_ref())
+        backend.stock(&sd, &t, shape.vcpus, shape.memory_mib, attach.as_ref())
     })
     .await;
     let vm = match res {
-        Ok(Ok(Some(vm))) => Some(vm),
-        Ok(Ok(None)) => None,
+        Ok(Ok(vm)) => vm,
         Ok(Err(e)) => {
             tracing::warn!(template = %tpl.display(), "VMM stock: {e}");
             None
@@ -363,6 +362,13 @@ async fn fill_one(d: &Arc<Daemon>, tpl: PathBuf, shape: Shape) {
             None
         }
     };
+    (vm, slot)
+}
+
+async fn fill_one(d: &Arc<Daemon>, tpl: PathBuf, shape: Shape) {
+    let id = random_id();
+    let dir = d.cfg.sandboxes_dir().join(&id);
+    let (vm, slot) = start_one(d, &tpl, shape, &dir).await;
     let failed = vm.is_none().then(|| dir.clone());
     let (left, unused_slot) = {
         let mut g = d.stock.lock();
