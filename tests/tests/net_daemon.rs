@@ -11,18 +11,12 @@
 #[allow(dead_code)] // shared with the daemon tests; this binary uses part
 mod daemon_harness;
 
+use daemon_harness::net::{net_args, netns_list, slots_of};
 use daemon_harness::{wait_for, Daemon};
 use shoal_client::api::{CreateSandbox, ErrorCode, NetworkSpec};
 use shoal_test_support::{ip, PeerNs};
 use std::io::Write;
 use std::net::{Ipv4Addr, TcpListener, UdpSocket};
-
-fn netns_list() -> Vec<String> {
-    ip(&["netns", "list"])
-        .lines()
-        .filter_map(|l| l.split_whitespace().next().map(str::to_string))
-        .collect()
-}
 
 /// A test host: a netns joined to the host by a veth (host side `.1/30`,
 /// its side `.2/30`), with TCP listeners answering one line each.
@@ -153,26 +147,14 @@ fn networked_sandboxes_get_their_own_slot_policy_and_cleanup() {
     let upstream = format!("{}:53", peer.addr);
     // A VMM stock of one per template: networked creates are served by
     // VMMs stocked on slots of their own (asserted below).
-    let mut d = Daemon::start(&[
-        "--vmm-stock",
-        "1",
-        "--net-dns-upstream",
-        &upstream,
-        "--net-pool",
-        &pool,
-        "--net-slots",
-        "2",
-        "--net-netns-prefix",
-        &prefix,
-        "--net-link-prefix",
-        &link_prefix,
-    ]);
-    let ours = || -> Vec<String> {
-        netns_list()
-            .into_iter()
-            .filter(|n| n.starts_with(&prefix))
-            .collect()
-    };
+    let mut d = Daemon::start(
+        &[
+            &["--vmm-stock", "1", "--net-dns-upstream", &upstream][..],
+            &net_args(&pool, &prefix, &link_prefix),
+        ]
+        .concat(),
+    );
+    let ours = || slots_of(&prefix);
     let open = format!("{}:8080", peer.addr);
     let other = format!("{}:9090", peer.addr);
 

@@ -9,6 +9,7 @@
 #[allow(dead_code)] // shared with the daemon tests; this binary uses part
 mod daemon_harness;
 
+use daemon_harness::net::net_args;
 use daemon_harness::Daemon;
 use shoal_client::api::{CreateSandbox, ExecRequest, NetworkSpec};
 use shoal_client::ClientError;
@@ -174,20 +175,13 @@ fn a_flooding_sandbox_leaves_its_neighbours_throughput_alone() {
     // Dropped after the daemon: whatever slot a failure left goes too.
     let _sweep = Sweep(prefix.clone());
     let rate = PPS.to_string();
-    let d = Daemon::start(&[
-        "--net-rate-pps",
-        &rate,
-        "--net-dns",
-        "off",
-        "--net-pool",
-        &pool,
-        "--net-slots",
-        "2",
-        "--net-netns-prefix",
-        &prefix,
-        "--net-link-prefix",
-        &link_prefix,
-    ]);
+    let d = Daemon::start(
+        &[
+            &["--net-rate-pps", &rate, "--net-dns", "off"][..],
+            &net_args(&pool, &prefix, &link_prefix),
+        ]
+        .concat(),
+    );
     let net = NetworkSpec {
         allow_out: vec![format!("{}/32", peer.addr)],
         deny_out: vec![],

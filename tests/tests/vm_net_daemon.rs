@@ -12,6 +12,7 @@
 #[allow(dead_code)] // shared with the daemon tests; this binary uses part
 mod daemon_harness;
 
+use daemon_harness::net::{net_args, netns_list, slots_of};
 use daemon_harness::{wait_for, Daemon};
 use shoal_client::api::{CreateSandbox, CreateTemplate, NetworkSpec, Sandbox, TemplateState};
 use shoal_test_support::{ip, PeerNs};
@@ -21,13 +22,6 @@ use std::time::Instant;
 
 fn qemus(d: &Daemon) -> usize {
     shoal_runtime::vm::processes_under(&d.dir, "qemu-system-x86_64").len()
-}
-
-fn netns_list() -> Vec<String> {
-    ip(&["netns", "list"])
-        .lines()
-        .filter_map(|l| l.split_whitespace().next().map(str::to_string))
-        .collect()
 }
 
 /// A test host answering HTTP GETs with `body` on `port`.
@@ -126,24 +120,14 @@ fn a_networked_vm_sandbox_gets_its_slot_and_policy() {
     serve_http(&peer, 8080, "allowed-port");
     serve_http(&peer, 9090, "other-port");
     let upstream = format!("{}:53", peer.addr);
-    let d = Daemon::start(&[
-        "--net-dns-upstream",
-        &upstream,
-        "--net-pool",
-        &pool,
-        "--net-slots",
-        "2",
-        "--net-netns-prefix",
-        &prefix,
-        "--net-link-prefix",
-        &link_prefix,
-    ]);
-    let ours = || -> Vec<String> {
-        netns_list()
-            .into_iter()
-            .filter(|n| n.starts_with(&prefix))
-            .collect()
-    };
+    let d = Daemon::start(
+        &[
+            &["--net-dns-upstream", &upstream][..],
+            &net_args(&pool, &prefix, &link_prefix),
+        ]
+        .concat(),
+    );
+    let ours = || slots_of(&prefix);
     let open = format!("{}:8080", peer.addr);
     let other = format!("{}:9090", peer.addr);
 

@@ -1,6 +1,8 @@
 //! The harness of the shoald tests: a daemon process on a temporary
 //! state directory, driven through the typed client.
 
+pub mod net;
+
 use serde_json::Value;
 use shoal_client::api::{self, CreateSandbox, ErrorCode, ExecResult, Sandbox, SandboxState};
 use shoal_client::{Body, ClientError, DaemonClient};
