@@ -167,7 +167,7 @@ impl Inner {
                 break;
             }
             let len = self.rx_held.unwrap_or(0);
-            let mem = a.mem.clone();
+            let mem = &a.mem;
             let mut chains: Vec<Chain<'_>> = Vec::new();
             let mut have = 0usize;
             let gathered = loop {
@@ -177,7 +177,7 @@ impl Inner {
                 if chains.len() >= usize::from(a.rx.size()) {
                     break Gathered::Never;
                 }
-                let Some(chain) = a.rx.pop_descriptor_chain(&mem) else {
+                let Some(chain) = a.rx.pop_descriptor_chain(mem) else {
                     break Gathered::Short;
                 };
                 let r = room(&chain);
@@ -225,7 +225,7 @@ impl Inner {
             let outcome = match gathered {
                 Gathered::Malformed => Err(RxDrop::Malformed),
                 Gathered::Never => Err(RxDrop::TooSmall),
-                _ => self.write_frame(&mem, &chains, len, &mut entries),
+                _ => self.write_frame(mem, &chains, len, &mut entries),
             };
             match outcome {
                 Ok(()) => {
